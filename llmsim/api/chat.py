@@ -1,0 +1,631 @@
+"""``POST /v1/chat/completions``: validation, simulation, JSON and SSE rendering.
+
+Everything the model will say and every delay is decided before the first byte (so errors are
+always a proper status line). The stream plan is a generator of ``(offset, type, data)``:
+the role chunk at TTFT (after any hidden reasoning), one content token per chunk at the
+inter-token pace, all ``n`` choices advancing in lock-step, then the finish chunk, the optional
+usage chunk (``choices: []``) and ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import APIError
+from ..messages import JSONResponse, Request, StreamResponse
+from ..sim import schema as sch
+from ..sim import text as txt
+from ..sim import tokens as tok
+from ..sim.latency import Latency
+from ..sim.models import ModelProfile
+from ..sim.prompt import chat_prompt_tokens, content_text
+from ..sim.rng import derive, new_id, request_rng
+from ..stream import EventStream
+from .validate import FUNCTION_NAME, V, unsupported, unsupported_value
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["register", "ChatRequest", "parse", "simulate"]
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+USER_PARTS = ("text", "image_url", "input_audio", "file")
+FINGERPRINT = "fp_llmsim"
+_dumps = orjson.dumps
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A validated chat request: everything the simulation needs."""
+
+    body: dict[str, Any]
+    profile: ModelProfile
+    model: str
+    messages: list[dict[str, Any]]
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    limit: int | None = None  # max_completion_tokens / max_tokens
+    stops: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    effort: str | None = None
+    prompt_tokens: int = 0
+    service_tier: str | None = None
+
+
+@dataclass(slots=True)
+class ToolCallOut:
+    id: str
+    name: str
+    arguments: str
+    pieces: list[str]
+
+
+@dataclass(slots=True)
+class ChoiceOut:
+    index: int
+    content: list[str] | None  # token pieces, None for a tool-call-only answer
+    tool_calls: list[ToolCallOut]
+    finish_reason: str
+    tokens: int  # visible completion tokens of this choice
+    reasoning: int = 0
+    logprobs: list[dict[str, Any]] | None = None
+
+    @property
+    def text(self) -> str | None:
+        return None if self.content is None else "".join(self.content)
+
+
+@dataclass(slots=True)
+class ChatOut:
+    id: str
+    created: int
+    choices: list[ChoiceOut]
+    prompt_tokens: int
+    ttft: float
+    gaps: list[float]  # seconds between step k and k+1 (shared by all choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens + c.reasoning for c in self.choices)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(c.reasoning for c in self.choices)
+
+    def usage(self) -> dict[str, Any]:
+        ct = self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": ct,
+                "total_tokens": self.prompt_tokens + ct,
+                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens,
+                                              "audio_tokens": 0,
+                                              "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0}}
+
+
+# ------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------
+
+def _check_messages(messages: list[Any]) -> None:
+    for i, m in enumerate(messages):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise APIError(400, f"Invalid type for '{p}': expected an object.", param=p,
+                           code="invalid_type")
+        role = m.get("role")
+        if role is None:
+            raise APIError(400, f"Missing required parameter: '{p}.role'.", param=f"{p}.role",
+                           code="missing_required_parameter")
+        if role not in ROLES:
+            raise APIError(400, f"Invalid value: '{role}'. Supported values are: 'system', "
+                           "'assistant', 'user', 'function', 'tool', and 'developer'.",
+                           param=f"{p}.role", code="invalid_value")
+        content = m.get("content")
+        if content is None:
+            if role == "assistant" and (m.get("tool_calls") or m.get("function_call")
+                                        or "content" in m):
+                pass
+            elif role == "assistant":
+                raise APIError(400, f"Missing required parameter: '{p}.content'.",
+                               param=f"{p}.content", code="missing_required_parameter")
+            else:
+                raise APIError(400, f"Missing required parameter: '{p}.content'.",
+                               param=f"{p}.content", code="missing_required_parameter")
+        elif isinstance(content, list):
+            allowed = USER_PARTS if role == "user" else ("text", "refusal")
+            for j, part in enumerate(content):
+                pp = f"{p}.content[{j}]"
+                if not isinstance(part, dict) or "type" not in part:
+                    raise APIError(400, f"Missing required parameter: '{pp}.type'.",
+                                   param=f"{pp}.type", code="missing_required_parameter")
+                if part["type"] not in allowed:
+                    opts = ", ".join(f"'{a}'" for a in allowed)
+                    raise APIError(400, f"Invalid value: '{part['type']}'. Supported values "
+                                   f"are: {opts}.", param=f"{pp}.type", code="invalid_value")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise APIError(400, f"Missing required parameter: '{pp}.text'.",
+                                   param=f"{pp}.text", code="missing_required_parameter")
+                if part["type"] == "image_url":
+                    iu = part.get("image_url")
+                    if not isinstance(iu, dict) or not isinstance(iu.get("url"), str):
+                        raise APIError(400, f"Missing required parameter: '{pp}.image_url.url'.",
+                                       param=f"{pp}.image_url.url",
+                                       code="missing_required_parameter")
+        elif not isinstance(content, str):
+            raise APIError(400, f"Invalid type for '{p}.content': expected one of a string or "
+                           "array of objects, but got an object instead.", param=f"{p}.content",
+                           code="invalid_type")
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise APIError(400, f"Missing required parameter: '{p}.tool_call_id'.",
+                           param=f"{p}.tool_call_id", code="missing_required_parameter")
+        tcs = m.get("tool_calls")
+        if tcs is not None:
+            if role != "assistant" or not isinstance(tcs, list):
+                raise APIError(400, f"Invalid '{p}.tool_calls'.", param=f"{p}.tool_calls",
+                               code="invalid_value")
+            for j, tc in enumerate(tcs):
+                if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict) \
+                        or not isinstance(tc.get("id"), str):
+                    raise APIError(400, f"Invalid '{p}.tool_calls[{j}]': expected an object "
+                                   "with 'id', 'type' and 'function'.",
+                                   param=f"{p}.tool_calls[{j}]", code="invalid_value")
+
+
+def _check_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise APIError(400, f"Invalid type for '{p}': expected an object.", param=p,
+                           code="invalid_type")
+        ttype = t.get("type", "function")
+        if ttype == "custom":
+            c = t.get("custom")
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                raise APIError(400, f"Missing required parameter: '{p}.custom.name'.",
+                               param=f"{p}.custom.name", code="missing_required_parameter")
+            out.append(t)
+            continue
+        if ttype != "function":
+            raise APIError(400, f"Invalid value: '{ttype}'. Supported values are: 'function' "
+                           "and 'custom'.", param=f"{p}.type", code="invalid_value")
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise APIError(400, f"Missing required parameter: '{p}.function'.",
+                           param=f"{p}.function", code="missing_required_parameter")
+        name = fn.get("name")
+        if not isinstance(name, str):
+            raise APIError(400, f"Missing required parameter: '{p}.function.name'.",
+                           param=f"{p}.function.name", code="missing_required_parameter")
+        if not FUNCTION_NAME.match(name):
+            raise APIError(400, f"Invalid '{p}.function.name': string does not match pattern. "
+                           "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+                           param=f"{p}.function.name", code="invalid_value")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise APIError(400, f"Invalid type for '{p}.function.parameters': expected an "
+                           "object.", param=f"{p}.function.parameters", code="invalid_type")
+        out.append(t)
+    return out
+
+
+def _tool_name(t: dict[str, Any]) -> str:
+    return t["custom"]["name"] if t.get("type") == "custom" else t["function"]["name"]
+
+
+def parse(req: Request, app: App) -> ChatRequest:
+    """Validate a Chat Completions body; raise APIError naming the first bad parameter."""
+    body = req.json_object()
+    v = V(body)
+    profile = app.model(body.get("model"))
+    model = body["model"]
+    messages = v.list("messages")
+    if messages is None:
+        raise APIError(400, "Missing required parameter: 'messages'.", param="messages",
+                       code="missing_required_parameter")
+    if not messages:
+        raise APIError(400, "Invalid 'messages': empty array. Expected an array with minimum "
+                       "length 1, but got an empty array instead.", param="messages",
+                       code="empty_array")
+    _check_messages(messages)
+    stream = bool(v.bool("stream", False))
+    so = v.dict("stream_options")
+    if so is not None and not stream:
+        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
+                       "enabled.", param="stream_options", code="invalid_value")
+    include_usage = bool(V(so or {}, "stream_options.").bool("include_usage", False))
+    n = v.int("n", 1, lo=1, hi=128) or 1
+    reasoning = profile.reasoning
+    temperature = v.num("temperature", None, lo=0, hi=2)
+    top_p = v.num("top_p", None, lo=0, hi=1)
+    v.num("presence_penalty", None, lo=-2, hi=2)
+    v.num("frequency_penalty", None, lo=-2, hi=2)
+    v.dict("logit_bias")
+    v.int("seed")
+    v.str("user")
+    v.metadata()
+    v.bool("store")
+    v.dict("prediction")
+    v.dict("web_search_options")
+    v.list("modalities")
+    v.dict("audio")
+    v.str("verbosity", choices=("low", "medium", "high"))
+    v.str("prompt_cache_key")
+    v.str("safety_identifier")
+    service_tier = v.str("service_tier", None,
+                         choices=("auto", "default", "flex", "scale", "priority"))
+    max_tokens = v.int("max_tokens", None, lo=1)
+    max_completion = v.int("max_completion_tokens", None, lo=1)
+    if reasoning:
+        if max_tokens is not None:
+            raise unsupported("max_tokens", model, "Use 'max_completion_tokens' instead.")
+        if temperature is not None and temperature != 1:
+            raise unsupported_value("temperature", f"'temperature' does not support "
+                                    f"{body['temperature']} with this model. Only the "
+                                    "default (1) value is supported.")
+        if top_p is not None and top_p != 1:
+            raise unsupported_value("top_p", f"'top_p' does not support {body['top_p']} with "
+                                    "this model. Only the default (1) value is supported.")
+    limit = max_completion if max_completion is not None else max_tokens
+    limit_param = "max_completion_tokens" if max_completion is not None else "max_tokens"
+    if limit is not None and limit > profile.max_output_tokens:
+        raise APIError(400, f"{limit_param} is too large: {limit}. This model supports at most "
+                       f"{profile.max_output_tokens} completion tokens, whereas you provided "
+                       f"{limit}.", param=limit_param, code="invalid_value")
+    stop = body.get("stop")
+    stops: list[str] = []
+    if stop is not None:
+        if isinstance(stop, str):
+            stops = [stop]
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            if len(stop) > 4:
+                raise APIError(400, "Invalid 'stop': array too long. Expected an array with "
+                               f"maximum length 4, but got an array with length {len(stop)} "
+                               "instead.", param="stop", code="array_above_max_length")
+            stops = list(stop)
+        else:
+            raise APIError(400, "Invalid type for 'stop': expected one of a string or array "
+                           "of strings.", param="stop", code="invalid_type")
+    logprobs = bool(v.bool("logprobs", False))
+    top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
+    if top_logprobs is not None and not logprobs:
+        raise APIError(400, "Invalid value for 'top_logprobs': 'logprobs' must be set to true "
+                       "when 'top_logprobs' is used.", param="top_logprobs",
+                       code="invalid_value")
+    if logprobs and reasoning:
+        raise unsupported("logprobs", model)
+    effort = v.str("reasoning_effort", None,
+                   choices=("none", "minimal", "low", "medium", "high", "xhigh"))
+    if effort is not None:
+        if not reasoning:
+            raise unsupported("reasoning_effort", model)
+        if effort not in profile.efforts:
+            opts = ", ".join(f"'{e}'" for e in profile.efforts)
+            raise unsupported_value("reasoning_effort", f"'{effort}' is not supported with "
+                                    f"this model. Supported values are: {opts}.")
+    tools = _check_tools(v.list("tools", []) or [])
+    names = {_tool_name(t) for t in tools}
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None:
+        if isinstance(tool_choice, str):
+            if tool_choice not in ("none", "auto", "required"):
+                raise APIError(400, f"Invalid value: '{tool_choice}'. Supported values are: "
+                               "'none', 'auto', and 'required'.", param="tool_choice",
+                               code="invalid_value")
+            if tool_choice == "required" and not tools:
+                raise APIError(400, "Invalid value for 'tool_choice': 'tool_choice' is only "
+                               "allowed when 'tools' are specified.", param="tool_choice",
+                               code="invalid_value")
+        elif isinstance(tool_choice, dict):
+            fn = tool_choice.get("function") or tool_choice.get("custom") or {}
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if tool_choice.get("type") == "allowed_tools":
+                pass
+            elif not isinstance(name, str):
+                raise APIError(400, "Missing required parameter: 'tool_choice.function.name'.",
+                               param="tool_choice.function.name",
+                               code="missing_required_parameter")
+            elif name not in names:
+                raise APIError(400, f"Invalid value for 'tool_choice': function '{name}' not "
+                               "found in 'tools'.", param="tool_choice", code="invalid_value")
+        else:
+            raise APIError(400, "Invalid type for 'tool_choice': expected one of a string or "
+                           "an object.", param="tool_choice", code="invalid_type")
+    if tool_choice is not None and not tools and tool_choice != "none":
+        raise APIError(400, "Invalid value for 'tool_choice': 'tool_choice' is only allowed "
+                       "when 'tools' are specified.", param="tool_choice", code="invalid_value")
+    parallel = v.bool("parallel_tool_calls", True)
+    rf = v.dict("response_format")
+    if rf is not None:
+        rtype = rf.get("type")
+        if rtype not in ("text", "json_object", "json_schema"):
+            raise APIError(400, f"Invalid value: '{rtype}'. Supported values are: 'text', "
+                           "'json_object', and 'json_schema'.", param="response_format.type",
+                           code="invalid_value")
+        if rtype == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict):
+                raise APIError(400, "Missing required parameter: "
+                               "'response_format.json_schema'.",
+                               param="response_format.json_schema",
+                               code="missing_required_parameter")
+            if not isinstance(js.get("name"), str):
+                raise APIError(400, "Missing required parameter: "
+                               "'response_format.json_schema.name'.",
+                               param="response_format.json_schema.name",
+                               code="missing_required_parameter")
+            if js.get("schema") is not None and not isinstance(js.get("schema"), dict):
+                raise APIError(400, "Invalid type for 'response_format.json_schema.schema': "
+                               "expected an object.", param="response_format.json_schema.schema",
+                               code="invalid_type")
+        if rtype == "json_object" and not any(
+                "json" in content_text(m.get("content"))[0].lower() for m in messages):
+            raise APIError(400, "'messages' must contain the word 'json' in some form, to use "
+                           "'response_format' of type 'json_object'.", param="messages",
+                           code=None)
+    enc = profile.encoding
+    prompt_tokens = chat_prompt_tokens(messages, tools or None, enc)
+    cw = profile.context_window
+    if prompt_tokens + (limit or 0) > cw:
+        raise APIError(400, f"This model's maximum context length is {cw} tokens. However, you "
+                       f"requested {prompt_tokens + (limit or 0)} tokens ({prompt_tokens} in the "
+                       f"messages, {limit or 0} in the completion). Please reduce the length of "
+                       "the messages or completion.", param="messages",
+                       code="context_length_exceeded")
+    return ChatRequest(
+        body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
+        include_usage=include_usage, limit=limit, stops=stops, tools=tools,
+        tool_choice=tool_choice, parallel_tool_calls=bool(parallel), response_format=rf,
+        logprobs=logprobs, top_logprobs=top_logprobs or 0,
+        effort=(effort or profile.default_effort) if reasoning else None,
+        prompt_tokens=prompt_tokens, service_tier=service_tier)
+
+
+# ------------------------------------------------------------------------------------------
+# Simulation (sans-IO)
+# ------------------------------------------------------------------------------------------
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return content_text(m.get("content"))[0]
+    return ""
+
+
+def _wants_tools(cr: ChatRequest, rng: random.Random, p_auto: float) -> list[dict[str, Any]]:
+    """Which tools this choice calls (empty list: answer with text)."""
+    tc = cr.tool_choice
+    if not cr.tools or tc == "none":
+        return []
+    if isinstance(tc, dict) and tc.get("type") != "allowed_tools":
+        fn = tc.get("function") or tc.get("custom") or {}
+        return [t for t in cr.tools if _tool_name(t) == fn.get("name")][:1]
+    if tc != "required":
+        # auto: after a tool result the model usually answers; otherwise it calls with p_auto
+        last = cr.messages[-1].get("role")
+        p = p_auto * (0.2 if last in ("tool", "function") else 1.0)
+        if rng.random() >= p:
+            return []
+    k = 1
+    if cr.parallel_tool_calls and len(cr.tools) > 1:
+        k = rng.choice((1, 1, 1, 2, 2, 3))
+    k = min(k, len(cr.tools))
+    return rng.sample(cr.tools, k)
+
+
+def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str) -> ToolCallOut:
+    if tool.get("type") == "custom":
+        args = " ".join(tok.lorem_pieces(rng.randint(3, 12), rng)).strip()
+    else:
+        params = tool["function"].get("parameters")
+        args = _dumps(sch.generate_tool_arguments(params, rng)).decode()
+    pieces, _ = tok.split_pieces_counted(args, enc)
+    return ToolCallOut(new_id("call_"), _tool_name(tool), args, pieces)
+
+
+def _json_text(cr: ChatRequest, rng: random.Random, length: int) -> str:
+    rf = cr.response_format or {}
+    if rf.get("type") == "json_schema":
+        schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return _dumps(sch.generate(schema, rng)).decode()
+    words = "".join(tok.lorem_pieces(max(1, length - 6), rng))
+    return _dumps({"response": words}).decode()
+
+
+def _logprobs(pieces: list[str], top: int, rng: random.Random) -> list[dict[str, Any]]:
+    out = []
+    for p in pieces:
+        lp = -abs(rng.gauss(0.0, 0.6))
+        alts = []
+        for w in rng.sample(tok.WORDS, top) if top else ():
+            alts.append({"token": w, "logprob": round(lp - rng.uniform(0.5, 6.0), 6),
+                         "bytes": list(w.encode())})
+        out.append({"token": p, "logprob": round(lp, 6), "bytes": list(p.encode()),
+                    "top_logprobs": [{"token": p, "logprob": round(lp, 6),
+                                      "bytes": list(p.encode())}] + alts[: max(0, top - 1)]
+                    if top else []})
+    return out
+
+
+def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> ChatOut:
+    """Decide the whole answer: choices, tokens, tool calls, timing."""
+    cfg = app.config
+    enc = cr.profile.encoding
+    choices: list[ChoiceOut] = []
+    for i in range(cr.n):
+        crng = derive(rng, f"choice{i}")
+        natural = txt.draw_length(crng, cfg.output_tokens_mean, cfg.output_tokens_sigma,
+                                  cfg.output_tokens_min, cfg.output_tokens_max)
+        limit = cr.limit
+        reasoning = 0
+        if cr.profile.reasoning:
+            if limit is not None:
+                # max_completion_tokens bounds reasoning + visible output together
+                mult = txt.EFFORT_MULTIPLIER.get(cr.effort or "medium", 3.0)
+                reasoning = min(limit - 1, txt.reasoning_tokens(crng, natural, cr.effort))
+                if mult > 0:
+                    reasoning = min(reasoning, int(limit * mult / (1 + mult)))
+                limit = max(1, limit - reasoning)
+            else:
+                reasoning = txt.reasoning_tokens(crng, natural, cr.effort)
+        calls = _wants_tools(cr, crng, cfg.tool_call_probability)
+        if calls:
+            tcs = [make_tool_call(t, crng, enc) for t in calls]
+            ntok = sum(len(t.pieces) + 4 for t in tcs)
+            named = isinstance(cr.tool_choice, dict)
+            choices.append(ChoiceOut(i, None, tcs, "stop" if named else "tool_calls", ntok,
+                                     reasoning))
+            continue
+        rf_type = (cr.response_format or {}).get("type")
+        if rf_type in ("json_object", "json_schema"):
+            out = txt.generate("fixed", crng, length=natural, limit=limit,
+                               source=_json_text(cr, crng, natural), encoding=enc)
+        else:
+            mode = cfg.text
+            source = ""
+            if mode == "echo":
+                source = last_user_text(cr.messages) or "."
+            elif mode == "fixed":
+                source = cfg.fixed_text
+            length = limit if (limit is not None and mode in ("lorem", "sequence")
+                               and cfg.max_tokens_mode == "exact") else natural
+            out = txt.generate(mode, crng, length=length, limit=limit, source=source,
+                               encoding=enc)
+        out = txt.apply_stop(out, cr.stops)
+        lps = _logprobs(out.pieces, cr.top_logprobs, crng) if cr.logprobs else None
+        choices.append(ChoiceOut(i, out.pieces, [], out.finish, out.tokens, reasoning, lps))
+    steps = max((len(c.content) if c.content is not None
+                 else 1 + sum(len(t.pieces) + 1 for t in c.tool_calls)) for c in choices)
+    think = max((c.reasoning for c in choices), default=0)
+    ttft = lat.ttft(rng, cr.prompt_tokens) + lat.reasoning_time(rng, think)
+    gaps = [lat.gap(rng) for _ in range(max(0, steps - 1))] if not lat.is_zero else []
+    created = int(app.clock.time())
+    return ChatOut(new_id("chatcmpl-"), created, choices, cr.prompt_tokens, ttft, gaps)
+
+
+# ------------------------------------------------------------------------------------------
+# Rendering
+# ------------------------------------------------------------------------------------------
+
+def completion_json(cr: ChatRequest, out: ChatOut) -> dict[str, Any]:
+    choices = []
+    for c in out.choices:
+        msg: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None,
+                               "annotations": []}
+        if c.tool_calls:
+            msg["tool_calls"] = [
+                {"id": t.id, "type": "function", "function": {"name": t.name,
+                                                              "arguments": t.arguments}}
+                for t in c.tool_calls]
+        choices.append({"index": c.index, "message": msg,
+                        "logprobs": {"content": c.logprobs, "refusal": None}
+                        if c.logprobs is not None else None,
+                        "finish_reason": c.finish_reason})
+    return {"id": out.id, "object": "chat.completion", "created": out.created,
+            "model": cr.model, "choices": choices, "usage": out.usage(),
+            "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
+
+
+def _tier(cr: ChatRequest) -> str:
+    return "default" if cr.service_tier in (None, "auto") else cr.service_tier  # type: ignore
+
+
+def _choice_steps(c: ChoiceOut) -> list[dict[str, Any]]:
+    """The deltas of one choice after its role chunk, one per step."""
+    steps: list[dict[str, Any]] = []
+    for j, t in enumerate(c.tool_calls):
+        steps.append({"tool_calls": [{"index": j, "id": t.id, "type": "function",
+                                      "function": {"name": t.name, "arguments": ""}}]})
+        for p in t.pieces:
+            steps.append({"tool_calls": [{"index": j, "function": {"arguments": p}}]})
+    return steps
+
+
+def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float, str, Any]]:
+    """The SSE plan: role chunks at TTFT, one token per chunk per step, finish, usage, DONE."""
+    head = {"id": out.id, "object": "chat.completion.chunk", "created": out.created,
+            "model": cr.model, "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
+    if cr.include_usage:
+        head["usage"] = None
+    # "...,"choices":[{"index":I,"delta":{"content":<TOKEN>},"logprobs":null,
+    # "finish_reason":null}]<,"usage":null>}" rendered by hand around the token's JSON
+    head_json = _dumps({**head, "choices": None})
+    pre = head_json[: head_json.index(b'"choices":null')]
+    post = head_json[head_json.index(b'"choices":null') + len(b'"choices":null'):]
+    tok_pre = [pre + b'"choices":[{"index":%d,"delta":{"content":' % c.index
+               for c in out.choices]
+    tok_post = b'},"logprobs":null,"finish_reason":null}]' + post
+
+    def chunk(choice: int, delta: dict[str, Any], finish: str | None = None,
+              logprobs: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": choice, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish}]}
+
+    gaps = out.gaps
+    first = True
+    for c in out.choices:
+        role: dict[str, Any] = {"role": "assistant", "content": "" if c.content is not None
+                                else None, "refusal": None}
+        yield (out.ttft if first else 0.0), "chunk", chunk(c.index, role)
+        first = False
+    seqs = [c.content if c.content is not None else _choice_steps(c) for c in out.choices]
+    steps = max(len(s) for s in seqs)
+    for k in range(steps):
+        delay = gaps[k - 1] if k and gaps else 0.0
+        for c, seq in zip(out.choices, seqs, strict=True):
+            if k >= len(seq):
+                continue
+            item = seq[k]
+            if type(item) is str:
+                if c.logprobs is not None:
+                    yield delay, "chunk", chunk(c.index, {"content": item},
+                                                logprobs={"content": [c.logprobs[k]],
+                                                          "refusal": None})
+                else:
+                    yield delay, "chunk", tok_pre[c.index] + _dumps(item) + tok_post
+            else:
+                yield delay, "chunk", chunk(c.index, item)
+            delay = 0.0
+    for c in out.choices:
+        yield 0.0, "chunk", chunk(c.index, {}, c.finish_reason)
+    if cr.include_usage:
+        yield 0.0, "chunk", {**head, "choices": [], "usage": out.usage()}
+    app.stats.usage(out.prompt_tokens, out.completion_tokens, out.reasoning_tokens)
+    yield 0.0, "done", None
+
+
+# ------------------------------------------------------------------------------------------
+# Handler
+# ------------------------------------------------------------------------------------------
+
+async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
+    cr = parse(req, app)
+    rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
+    lat = app.latency(cr.profile)
+    out = simulate(cr, app, rng, lat)
+    if cr.stream:
+        stream = EventStream(stream_plan(cr, out, app), kind="chat",
+                             meta={"model": cr.model, "endpoint": "chat.completions"})
+        return StreamResponse(stream)
+    total = out.ttft + sum(out.gaps)
+    if total > 0:
+        await app.clock.sleep(total)
+    app.stats.usage(out.prompt_tokens, out.completion_tokens, out.reasoning_tokens)
+    return JSONResponse(completion_json(cr, out))
+
+
+def register(app: App) -> None:
+    app.router.add("POST", "/v1/chat/completions", create, "chat.completions",
+                   stream_capable=True)

@@ -1,0 +1,159 @@
+"""Request-field validation shared by the API families, with the real API's error wording."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import APIError
+
+__all__ = ["V"]
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "an array", dict: "an object"}
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _bad_type(param: str, expected: str) -> APIError:
+    return APIError(400, f"Invalid type for '{param}': expected {expected}.", param=param,
+                    code="invalid_type")
+
+
+class V:
+    """Typed getters over a request body; each raises a 400 naming the parameter."""
+
+    def __init__(self, body: dict[str, Any], prefix: str = "") -> None:
+        self.body = body
+        self.prefix = prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def required(self, key: str) -> Any:
+        v = self.body.get(key)
+        if v is None:
+            raise APIError(400, f"Missing required parameter: '{self.name(key)}'.",
+                           param=self.name(key), code="missing_required_parameter")
+        return v
+
+    def bool(self, key: str, default: bool | None = None) -> bool | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise _bad_type(self.name(key), "a boolean")
+        return v
+
+    def int(self, key: str, default: int | None = None, *, lo: int | None = None,
+            hi: int | None = None) -> int | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise _bad_type(self.name(key), "an integer")
+        self._range(key, v, lo, hi)
+        return v
+
+    def num(self, key: str, default: float | None = None, *, lo: float | None = None,
+            hi: float | None = None) -> float | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _bad_type(self.name(key), "a number")
+        self._range(key, v, lo, hi)
+        return float(v)
+
+    def _range(self, key: str, v: float, lo: float | None, hi: float | None) -> None:
+        if lo is not None and v < lo:
+            raise APIError(400, f"Invalid '{self.name(key)}': decimal below minimum value. "
+                           f"Expected a value >= {lo}, but got {v} instead.",
+                           param=self.name(key), code="decimal_below_min_value"
+                           if isinstance(v, float) else "integer_below_min_value")
+        if hi is not None and v > hi:
+            raise APIError(400, f"Invalid '{self.name(key)}': decimal above maximum value. "
+                           f"Expected a value <= {hi}, but got {v} instead.",
+                           param=self.name(key), code="decimal_above_max_value"
+                           if isinstance(v, float) else "integer_above_max_value")
+
+    def str(self, key: str, default: str | None = None, *,
+            choices: tuple[str, ...] | None = None, max_len: int | None = None) -> str | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise _bad_type(self.name(key), "a string")
+        if choices is not None and v not in choices:
+            opts = ", ".join(f"'{c}'" for c in choices)
+            raise APIError(400, f"Invalid value: '{v}'. Supported values are: {opts}.",
+                           param=self.name(key), code="invalid_value")
+        if max_len is not None and len(v) > max_len:
+            raise APIError(400, f"Invalid '{self.name(key)}': string too long. Expected a "
+                           f"string with maximum length {max_len}, but got a string with "
+                           f"length {len(v)} instead.", param=self.name(key),
+                           code="string_above_max_length")
+        return v
+
+    def list(self, key: str, default: list[Any] | None = None, *,
+             max_len: int | None = None, min_len: int | None = None) -> list[Any] | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, list):
+            raise _bad_type(self.name(key), "an array")
+        if min_len is not None and len(v) < min_len:
+            raise APIError(400, f"Invalid '{self.name(key)}': empty array. Expected an array "
+                           f"with minimum length {min_len}, but got an empty array instead."
+                           if not v else f"Invalid '{self.name(key)}': array too short.",
+                           param=self.name(key), code="empty_array" if not v
+                           else "array_below_min_length")
+        if max_len is not None and len(v) > max_len:
+            raise APIError(400, f"Invalid '{self.name(key)}': array too long. Expected an "
+                           f"array with maximum length {max_len}, but got an array with "
+                           f"length {len(v)} instead.", param=self.name(key),
+                           code="array_above_max_length")
+        return v
+
+    def dict(self, key: str, default: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        v = self.body.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, dict):
+            raise _bad_type(self.name(key), "an object")
+        return v
+
+    def metadata(self, key: str = "metadata") -> dict[str, str] | None:
+        """The real limits: at most 16 pairs, keys ≤ 64 chars, values strings ≤ 512 chars."""
+        md = self.dict(key)
+        if md is None:
+            return None
+        p = self.name(key)
+        if len(md) > 16:
+            raise APIError(400, f"Invalid '{p}': too many properties. Expected an object with "
+                           f"at most 16 properties, but got an object with {len(md)} "
+                           "properties instead.", param=p, code="object_above_max_properties")
+        for k, v in md.items():
+            if len(k) > 64:
+                raise APIError(400, f"Invalid '{p}': key '{k[:70]}' is too long. Expected a "
+                               "key with maximum length 64.", param=p,
+                               code="metadata_key_too_long")
+            if not isinstance(v, str):
+                raise APIError(400, f"Invalid type for '{p}.{k}': expected a string.",
+                               param=f"{p}.{k}", code="invalid_type")
+            if len(v) > 512:
+                raise APIError(400, f"Invalid '{p}.{k}': string too long. Expected a string "
+                               "with maximum length 512.", param=f"{p}.{k}",
+                               code="string_above_max_length")
+        return md
+
+
+def unsupported(param: str, model: str, hint: str = "") -> APIError:
+    return APIError(400, f"Unsupported parameter: '{param}' is not supported with this model."
+                    + (f" {hint}" if hint else ""), param=param, code="unsupported_parameter")
+
+
+def unsupported_value(param: str, msg: str) -> APIError:
+    return APIError(400, f"Unsupported value: {msg}", param=param, code="unsupported_value")

@@ -1,0 +1,108 @@
+"""The application: config, clock, model registry, router, state, and the dispatch step that
+turns a Request into a Result (JSON, raw or stream) with errors decided in one place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .clock import Clock, RealClock
+from .config import Config
+from .errors import APIError, not_found_model
+from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .routing import Route, Router
+from .sim.latency import Latency
+from .sim.models import ModelProfile, Registry
+from .state.stats import Stats
+
+__all__ = ["App"]
+
+log = logging.getLogger("llmsim")
+
+# A hook runs before the handler; it may return a Result (e.g. an injected fault) or raise
+# APIError (auth, rate limit) to answer instead of the handler.
+BeforeHook = Callable[[Request, Route, "App"], Awaitable[Result | None]]
+# An after-hook may add headers to any result (rate-limit headers, ...).
+AfterHook = Callable[[Request, Route, Result], None]
+
+
+class App:
+    """Everything a handler needs, passed explicitly (no globals)."""
+
+    def __init__(self, config: Config | None = None, clock: Clock | None = None) -> None:
+        self.config = config or Config()
+        self.clock: Clock = clock or RealClock()
+        self.registry = Registry(self.config.models, strict=self.config.strict_models)
+        self.router = Router()
+        self.stats = Stats()
+        self.before: list[BeforeHook] = []
+        self.after: list[AfterHook] = []
+        self.extensions: dict[str, Any] = {}  # per-feature state (stores, fault engine, ...)
+        self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
+        from .api import register_all
+
+        register_all(self)
+
+    # -- helpers for handlers ---------------------------------------------------------------
+    def model(self, name: Any, param: str = "model") -> ModelProfile:
+        """Resolve a request's model or raise the real API's error."""
+        if name is None:
+            raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
+                           code="missing_required_parameter")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, f"Invalid type for '{param}': expected a string.",
+                           param=param, code="invalid_type")
+        prof = self.registry.get(name)
+        if prof is None:
+            raise not_found_model(name)
+        return prof
+
+    def latency(self, profile: ModelProfile) -> Latency:
+        c = self.config
+        return Latency(profile, instant=c.latency == "instant", fixed_ttft_ms=c.ttft_ms,
+                       fixed_itl_ms=c.itl_ms)
+
+    # -- dispatch --------------------------------------------------------------------------
+    def resolve(self, req: Request) -> tuple[Route, dict[str, str]]:
+        return self.router.resolve(req.method, req.path)
+
+    async def dispatch(self, req: Request, route: Route | None = None) -> Result:
+        """Run hooks and the handler; every failure becomes an error Result."""
+        try:
+            if route is None:
+                route, params = self.resolve(req)
+                if params:
+                    object.__setattr__(req, "params", params)
+            for hook in self.before:
+                res = await hook(req, route, self)
+                if res is not None:
+                    return self._after(req, route, res)
+            res = await route.handler(req, self)
+            return self._after(req, route, res)
+        except APIError as exc:
+            return self._after(req, route, error_result(exc))
+        except Exception:  # a handler bug must not kill the connection without an answer
+            log.exception("handler failed for %s %s", req.method, req.path)
+            return self._after(req, route, error_result(
+                APIError(500, "The server had an error while processing your request. "
+                         "Sorry about that!", type="server_error", code="server_error")))
+
+    def _after(self, req: Request, route: Route | None, res: Result) -> Result:
+        if route is not None:
+            for hook in self.after:
+                hook(req, route, res)
+        return res
+
+
+def error_result(exc: APIError) -> RawResponse:
+    return RawResponse(exc.body(), status=exc.status, content_type="application/json",
+                       headers=list(exc.headers))
+
+
+def is_stream(res: Result) -> bool:
+    return isinstance(res, StreamResponse)
+
+
+def json_ok(data: Any, headers: list[tuple[str, str]] | None = None) -> JSONResponse:
+    return JSONResponse(data, 200, headers or [])

@@ -1,0 +1,142 @@
+"""Command line: flags derived once from the Config dataclasses; signals live here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import Config, ConfigError, iter_options, load_config
+
+__all__ = ["main", "build_parser"]
+
+EPILOG = """\
+precedence: flags > LLMSIM_* environment variables > --config file > defaults.
+Every flag has an environment variable: --ttft-ms → LLMSIM_TTFT_MS, --strict-models →
+LLMSIM_STRICT_MODELS=1, and a config-file key: ttft_ms = 200 (sections become TOML tables).
+
+examples:
+  llmsim                                   # realistic per-model latency on 127.0.0.1:8080
+  llmsim --latency instant --seed 1        # CI: no delays, reproducible output
+  llmsim --ttft-ms 200 --itl-ms 10         # benchmark: fixed TTFT and inter-token gap
+  llmsim --config llmsim.toml --port 0     # settings from a file, any free port
+
+Point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=x
+"""
+
+
+def _flag_type(tp: Any) -> Any:
+    base = tp
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, __import__("types").UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        base = args[0] if args else str
+    if base in (int, float):
+        return base
+    return str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmsim",
+        description="llmsim — a fast, faithful OpenAI-compatible LLM API simulator "
+                    "(Chat Completions, Responses over HTTP/SSE and WebSocket, models).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"llmsim {__version__}")
+    p.add_argument("--config", metavar="FILE.toml", default=None,
+                   help="Read settings from a TOML file (env: LLMSIM_CONFIG). Unknown keys "
+                        "are an error.")
+    for o in iter_options():
+        base = typing.get_args(o.type)[0] if typing.get_origin(o.type) is not None and \
+            typing.get_origin(o.type) is not typing.Literal else o.type
+        default_txt = "" if o.default in (None, False, (), "") else f" (default: {o.default})"
+        help_txt = f"{o.help}{default_txt} [env {o.env}]"
+        if o.type is bool:
+            p.add_argument(o.flag, dest=o.dest, action=argparse.BooleanOptionalAction,
+                           default=None, help=help_txt)
+        elif typing.get_origin(o.type) is tuple:
+            p.add_argument(o.flag, dest=o.dest, action="append", default=None,
+                           metavar=o.metavar or "VALUE", help=help_txt + " (repeatable)")
+        else:
+            p.add_argument(o.flag, dest=o.dest, default=None, type=_flag_type(o.type),
+                           choices=o.choices, metavar=o.metavar if not o.choices else None,
+                           help=help_txt)
+        del base
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None,
+                     env: dict[str, str] | None = None) -> tuple[Config, argparse.Namespace]:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    env = dict(os.environ) if env is None else env
+    overrides = {}
+    for o in iter_options():
+        v = getattr(ns, o.dest)
+        if v is not None:
+            overrides[".".join(o.path)] = v
+    cfg = load_config(ns.config or env.get("LLMSIM_CONFIG"), env=env, overrides=overrides)
+    return cfg, ns
+
+
+def banner(url: str, cfg: Config) -> str:
+    mode = cfg.latency
+    if cfg.ttft_ms is not None or cfg.itl_ms is not None:
+        mode = f"fixed (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms)"
+    return (f"llmsim {__version__} listening on {url}  (latency: {mode}, seed: {cfg.seed}, "
+            f"text: {cfg.text})\n"
+            f"Try it:\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"    -d '{{\"model\": \"gpt-4o\", \"messages\": [{{\"role\": \"user\", "
+            f"\"content\": \"Hello\"}}]}}'\n"
+            f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=sk-test python your_app.py\n"
+            f"Press Ctrl+C to stop.")
+
+
+async def _serve(cfg: Config) -> None:
+    from .server import Server
+
+    server = Server(cfg)
+    await server.start()
+    if not cfg.quiet:
+        print(banner(server.url, cfg), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if not cfg.quiet:
+        print("llmsim: shutting down (waiting for in-flight requests)...", file=sys.stderr,
+              flush=True)
+    await server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg, _ns = config_from_args(argv)
+    except ConfigError as exc:
+        print(f"llmsim: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(_serve(cfg))
+    except OSError as exc:
+        print(f"llmsim: error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

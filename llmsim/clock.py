@@ -1,0 +1,197 @@
+"""Clocks: one shared timer heap for every stream, and a fake clock for tests.
+
+Theory of operation. Pacing thousands of token streams with one ``asyncio.sleep`` per token
+costs a task wake-up per token and drifts (each relative sleep adds the loop's lateness). Here
+every due action is a :class:`Timer` in one heap of *absolute* deadlines, and the clock keeps
+exactly one ``loop.call_at`` armed for the earliest of them. When it fires, every timer due
+within ``coalesce`` seconds runs in that same pass, so events of many streams that fall due
+together are written in one loop iteration. A stream computes its deadlines from its start time
+plus the scheduled offsets, never from "now", so lateness never accumulates.
+
+:class:`FakeClock` runs the same heap on virtual time: whenever the loop has been idle for a
+few passes it jumps to the earliest deadline. Tests that are about timing run instantly and
+see exact scheduled times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
+
+
+class Timer:
+    """A scheduled callback; ``cancel()`` is O(1) (lazy deletion from the heap)."""
+
+    __slots__ = ("deadline", "callback", "cancelled")
+
+    def __init__(self, deadline: float, callback: Callable[[], Any]) -> None:
+        self.deadline = deadline
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock:
+    """Interface: monotonic ``now()``, wall ``time()``, ``call_at``, and ``sleep``."""
+
+    coalesce = 0.0002  # run timers due within 0.2 ms of each other in one pass
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Timer]] = []
+        self._counter = itertools.count()
+
+    # -- to be provided by subclasses ----------------------------------------------------
+    def now(self) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (for ``created`` fields)."""
+        return time.time()
+
+    def _arm(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------
+    def call_at(self, deadline: float, callback: Callable[[], Any]) -> Timer:
+        """Run ``callback()`` at monotonic time ``deadline`` (or as soon as possible)."""
+        t = Timer(deadline, callback)
+        heap = self._heap
+        heapq.heappush(heap, (deadline, next(self._counter), t))
+        if heap[0][2] is t:
+            self._arm()
+        return t
+
+    def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
+        return self.call_at(self.now() + delay, callback)
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until ``deadline`` on this clock."""
+        if deadline <= self.now():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        t = self.call_at(deadline, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            t.cancel()
+
+    async def sleep(self, delay: float) -> None:
+        if delay <= 0:
+            return
+        await self.sleep_until(self.now() + delay)
+
+    def _run_due(self, now: float) -> None:
+        heap = self._heap
+        limit = now + self.coalesce
+        pop = heapq.heappop
+        while heap and heap[0][0] <= limit:
+            t = pop(heap)[2]
+            if not t.cancelled:
+                t.cancelled = True  # fired; a late cancel() is a no-op
+                try:
+                    t.callback()
+                except Exception:  # a broken callback must not stop every other stream
+                    import logging
+
+                    logging.getLogger("llmsim").exception("timer callback failed")
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for _, _, t in self._heap if not t.cancelled)
+
+
+class RealClock(Clock):
+    """The loop's monotonic clock with one armed ``call_at`` for the whole heap."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__()
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = float("inf")
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def _arm(self) -> None:
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if not heap:
+            return
+        when = heap[0][0]
+        if when >= self._armed_at and self._handle is not None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_at = when
+        self._handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed_at = float("inf")
+        self._run_due(self.loop.time())
+        self._arm()
+
+
+class FakeClock(Clock):
+    """Virtual time for tests: jumps to the next deadline once the loop has gone quiet."""
+
+    settle_passes = 8
+
+    def __init__(self, start: float = 1000.0, wall: float = 1_700_000_000.0) -> None:
+        super().__init__()
+        self._now = start
+        self._wall0 = wall - start
+        self._scheduled = False
+        self._quiet = 0
+
+    def now(self) -> float:
+        return self._now
+
+    def time(self) -> float:
+        return self._wall0 + self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by hand (runs what falls due)."""
+        self._now += seconds
+        self._run_due(self._now)
+
+    def _arm(self) -> None:
+        self._quiet = 0
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if not heap:
+            return
+        if heap[0][0] <= self._now:
+            self._run_due(self._now)
+            self._quiet = 0
+        elif self._quiet < self.settle_passes:
+            self._quiet += 1
+        else:
+            self._quiet = 0
+            self._now = heap[0][0]
+            self._run_due(self._now)
+        if heap:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)

@@ -1,0 +1,166 @@
+"""Pacing and backpressure: drive an EventStream on the shared clock into a sink.
+
+Theory of operation. A :class:`Pump` owns one stream. Each time the clock fires it, it pulls
+every event whose deadline has come (coalescing events that fall due together into one write),
+encodes them and hands the bytes to its sink, then arms one timer for the next deadline. No
+task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
+
+Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
+reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
+of growing a buffer. ``resume()`` (called from ``resume_writing``) shifts the remaining schedule
+by the time spent paused and carries on. A vanished client calls ``cancel()``: the timer is
+dropped, the plan is closed (its ``finally`` blocks run) and ``on_done`` fires exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .clock import Clock, Timer
+from .stream import DISCONNECT, STOP, EventStream
+
+__all__ = ["Pump", "Sink", "NullSink"]
+
+MAX_BATCH = 256  # events per write before the pump re-checks backpressure
+
+
+class Sink(Protocol):
+    """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session."""
+
+    paused: bool
+
+    def write_events(self, frames: list[bytes]) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class NullSink:
+    """A sink with no client (background responses): never pauses, discards bytes."""
+
+    paused = False
+
+    def write_events(self, frames: list[bytes]) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class Pump:
+    """Paces one stream into one sink. ``on_done(reason)`` fires once: ``"completed"``,
+    ``"stopped"`` (truncated by plan), ``"disconnect"`` (fault) or ``"cancelled"``."""
+
+    __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "_timer",
+                 "_pending", "_paused_at", "_done", "first_write", "last_write", "events")
+
+    def __init__(self, stream: EventStream, clock: Clock,
+                 encode: Callable[[str, Any], bytes], sink: Sink,
+                 on_done: Callable[[str], None] | None = None,
+                 observer: Callable[[str, Any, float], None] | None = None) -> None:
+        self.stream = stream
+        self.clock = clock
+        self.encode = encode
+        self.sink = sink
+        self.on_done = on_done
+        self.observer = observer
+        self._timer: Timer | None = None
+        self._pending: tuple[float, str, Any] | None = None
+        self._paused_at: float | None = None
+        self._done = False
+        self.first_write: float | None = None
+        self.last_write: float | None = None
+        self.events = 0
+
+    def start(self) -> None:
+        self.stream.begin(self.clock.now())
+        self._tick()
+
+    def resume(self) -> None:
+        """The sink drained below its low-water mark: continue, later by the pause."""
+        if self._done or self._paused_at is None:
+            return
+        paused_for = self.clock.now() - self._paused_at
+        self._paused_at = None
+        self.stream.shift(paused_for)
+        if self._pending is not None:
+            d, t, x = self._pending
+            self._pending = (d + paused_for, t, x)
+        self._tick()
+
+    def cancel(self) -> None:
+        """The client went away: stop everything, release the plan."""
+        self._finish("cancelled")
+
+    def _finish(self, reason: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.stream.close()
+        if self.on_done is not None:
+            self.on_done(reason)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        sink = self.sink
+        if sink.paused:
+            if self._paused_at is None:
+                self._paused_at = self.clock.now()
+            return
+        clock = self.clock
+        now = clock.now()
+        limit = now + clock.coalesce
+        frames: list[bytes] = []
+        stream = self.stream
+        encode = self.encode
+        observer = self.observer
+        while True:
+            ev = self._pending
+            if ev is None:
+                ev = stream.pull()
+                if ev is None:
+                    self._flush(frames, now)
+                    self._finish("completed")
+                    return
+            deadline, etype, data = ev
+            if deadline > limit:
+                self._pending = ev
+                self._flush(frames, now)
+                if not self._done:
+                    self._timer = clock.call_at(deadline, self._tick)
+                return
+            self._pending = None
+            if etype[0] == "_":
+                self._flush(frames, now)
+                if etype == DISCONNECT:
+                    sink.abort()
+                    self._finish("disconnect")
+                elif etype == STOP:
+                    self._finish("stopped")
+                if self._done:
+                    return
+                continue  # unknown control items are ignored
+            frames.append(encode(etype, data))
+            if observer is not None:
+                observer(etype, data, now)
+            if len(frames) >= MAX_BATCH:
+                self._flush(frames, now)
+                frames = []
+                if sink.paused or self._done:
+                    if not self._done:
+                        self._paused_at = now
+                    return
+
+    def _flush(self, frames: list[bytes], now: float) -> None:
+        if not frames:
+            return
+        if self.first_write is None:
+            self.first_write = now
+        self.last_write = now
+        self.events += len(frames)
+        self.sink.write_events(frames)

@@ -1,0 +1,102 @@
+"""Small frozen values passed between the transport, the router and the API handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import APIError
+
+if TYPE_CHECKING:
+    from .stream import EventStream
+
+__all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One parsed HTTP request (or one WebSocket client event turned into a request)."""
+
+    method: str
+    path: str  # without the query string
+    query: Mapping[str, list[str]]
+    headers: Mapping[str, str]  # lower-case names; repeated headers joined with ", "
+    body: bytes
+    request_id: str
+    transport: str = "http"  # "http" | "ws"
+    client: str = ""
+    params: Mapping[str, str] = field(default_factory=dict)  # path parameters
+    received_at: float = 0.0  # clock time the request was complete
+
+    def json(self) -> Any:
+        """The body parsed as JSON, or a 400 in the real API's wording."""
+        if not self.body:
+            raise APIError(400, "We could not parse the JSON body of your request. (HINT: This "
+                           "likely means you aren't using your HTTP library correctly. The "
+                           "OpenAI API expects a JSON payload, but what was sent was not valid "
+                           "JSON. If you have trouble figuring out how to fix this, please "
+                           "contact us through our help center at help.openai.com.)")
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            raise APIError(400, "We could not parse the JSON body of your request. (HINT: "
+                           "This likely means you aren't using your HTTP library correctly. "
+                           "The OpenAI API expects a JSON payload, but what was sent was not "
+                           "valid JSON.)") from None
+
+    def json_object(self) -> dict[str, Any]:
+        data = self.json()
+        if not isinstance(data, dict):
+            raise APIError(400, "The request body must be a JSON object.", param=None,
+                           code="invalid_type")
+        return data
+
+    def query_one(self, name: str, default: str | None = None) -> str | None:
+        v = self.query.get(name)
+        return v[-1] if v else default
+
+    @property
+    def api_key(self) -> str | None:
+        auth = self.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            return auth[7:].strip() or None
+        return self.headers.get("api-key") or None
+
+
+@dataclass(slots=True)
+class JSONResponse:
+    """A complete response whose body is ``orjson.dumps(data)``."""
+
+    data: Any
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RawResponse:
+    """A complete response with a ready body."""
+
+    body: bytes
+    status: int = 200
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StreamResponse:
+    """A streamed response: the transport renders ``stream`` as SSE (or WS frames).
+
+    ``on_close`` runs exactly once when the stream ends for any reason (finished, failed,
+    client gone), so handlers can release capacity slots and counters.
+    """
+
+    stream: EventStream
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    on_close: Callable[[str], None] | None = None
+
+
+Result = JSONResponse | RawResponse | StreamResponse

@@ -1,0 +1,87 @@
+"""(method, path) → handler. Every API path is served under ``/v1/...`` and
+``/openai/v1/...``; unknown paths are 404 and known paths with the wrong method 405, both in
+the OpenAI error envelope."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import APIError
+
+__all__ = ["Router", "Route"]
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    pattern: str  # as registered, e.g. "/v1/responses/{id}"
+    handler: Handler
+    name: str  # endpoint name for stats, e.g. "chat.completions"
+    stream_capable: bool = False
+
+
+class Router:
+    """A small router: a dict for static paths, compiled regexes for parameterised ones."""
+
+    def __init__(self) -> None:
+        self._static: dict[str, dict[str, Route]] = {}
+        self._dynamic: list[tuple[re.Pattern[str], dict[str, Route]]] = []
+
+    def add(self, method: str, pattern: str, handler: Handler, name: str,
+            *, aliases: bool = True, stream_capable: bool = False) -> None:
+        """Register ``pattern``; ``/v1/...`` patterns also get ``/openai/v1/...``."""
+        route = Route(method.upper(), pattern, handler, name, stream_capable)
+        paths = [pattern]
+        if aliases and pattern.startswith("/v1/"):
+            paths.append("/openai" + pattern)
+        for p in paths:
+            if "{" not in p:
+                self._static.setdefault(p, {})[route.method] = route
+                continue
+            rx = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p) + "$")
+            for existing, methods in self._dynamic:
+                if existing.pattern == rx.pattern:
+                    methods[route.method] = route
+                    break
+            else:
+                self._dynamic.append((rx, {route.method: route}))
+
+    def resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route and path parameters, or an APIError (404/405)."""
+        if len(path) > 1 and path.endswith("/"):
+            path = path.rstrip("/")
+        methods = self._static.get(path)
+        params: dict[str, str] = {}
+        if methods is None:
+            for rx, ms in self._dynamic:
+                m = rx.match(path)
+                if m:
+                    methods, params = ms, m.groupdict()
+                    break
+        if methods is None:
+            raise APIError(404, f"Invalid URL ({method} {path})", type="invalid_request_error",
+                           code=None)
+        route = methods.get(method)
+        if route is None and method == "HEAD":
+            route = methods.get("GET")
+        if route is None:
+            allow = ", ".join(sorted(methods))
+            raise APIError(405, f"Invalid method for URL ({method} {path}); allowed: {allow}",
+                           type="invalid_request_error", code="method_not_allowed",
+                           headers=[("allow", allow)])
+        return route, params
+
+    def routes(self) -> list[Route]:
+        seen: dict[int, Route] = {}
+        for ms in self._static.values():
+            for r in ms.values():
+                seen[id(r)] = r
+        for _, ms in self._dynamic:
+            for r in ms.values():
+                seen[id(r)] = r
+        return list(seen.values())

@@ -1,0 +1,202 @@
+"""The embeddable server: ``async with Server(config) as srv: ... srv.url``.
+
+``Server`` binds on ``start()`` (port 0 allowed: the real port is read back from the socket),
+serves until ``close()``, which stops accepting, lets in-flight requests finish for up to
+``grace`` seconds, then aborts what is left. :class:`ServerThread` runs one in a background
+thread with its own loop for synchronous test code::
+
+    with ServerThread(Config(port=0, latency="instant")) as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="x")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+from .app import App
+from .clock import Clock
+from .config import Config
+from .protocol import HTTPProtocol
+
+__all__ = ["Server", "ServerThread"]
+
+
+class Server:
+    """An llmsim server bound to ``config.host:config.port``."""
+
+    def __init__(self, config: Config | None = None, *, clock: Clock | None = None,
+                 sock: socket.socket | None = None) -> None:
+        self.config = config or Config()
+        self.app = App(self.config, clock=clock)
+        self.connections: set[HTTPProtocol] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._sock = sock
+        self._idle: asyncio.Event | None = None  # created on start (needs a loop)
+        self.host = self.config.host
+        self.port = self.config.port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the bound socket (IPv6 hosts in brackets)."""
+        host = self.host
+        if ":" in host:
+            host = f"[{host}]"
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> Server:
+        loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        kwargs: dict[str, Any] = {"backlog": 4096}
+        if self._sock is not None:
+            self._server = await loop.create_server(lambda: HTTPProtocol(self),
+                                                    sock=self._sock, **kwargs)
+        else:
+            self._server = await loop.create_server(lambda: HTTPProtocol(self),
+                                                    self.config.host, self.config.port,
+                                                    reuse_address=True, **kwargs)
+        # load the tokenizer files off the loop now; the first request waits only if needed
+        from .sim import tokens
+
+        for enc in ("o200k_base", "cl100k_base"):
+            loop.run_in_executor(None, tokens.get_encoding, enc)
+        s = self._server.sockets[0]
+        addr = s.getsockname()
+        self.host, self.port = addr[0], addr[1]
+        for hook in self.app.extensions.get("on_start", []):
+            await hook(self.app)
+        return self
+
+    def _conn_closed(self) -> None:
+        if not self.connections and self._idle is not None:
+            self._idle.set()
+
+    async def close(self, grace: float | None = None) -> None:
+        """Stop accepting; let in-flight requests finish within ``grace`` s; close the rest."""
+        if self._server is None:
+            return
+        grace = self.config.shutdown_grace_s if grace is None else grace
+        self._server.close()
+        for hook in self.app.extensions.get("on_stop", []):
+            try:
+                await hook(self.app)
+            except Exception:  # pragma: no cover - best effort
+                pass
+        if self.connections:
+            assert self._idle is not None
+            self._idle.clear()
+            for c in list(self.connections):
+                c.shutdown()
+            if self.connections:
+                try:
+                    await asyncio.wait_for(self._idle.wait(), timeout=grace)
+                except TimeoutError:
+                    pass
+            for c in list(self.connections):
+                c.force_close()
+            # let connection_lost callbacks run
+            for _ in range(3):
+                if not self.connections:
+                    break
+                await asyncio.sleep(0)
+        await self._server.wait_closed() if not self.connections else None
+        self._server = None
+
+    async def serve_forever(self, stop: asyncio.Event | None = None) -> None:
+        """Start (if needed) and serve until ``stop`` is set, then close gracefully."""
+        if self._server is None:
+            await self.start()
+        stop = stop or asyncio.Event()
+        await stop.wait()
+        await self.close()
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close(grace=0.5)
+
+
+class ServerThread:
+    """Run a :class:`Server` in a daemon thread (its own event loop) for synchronous code."""
+
+    def __init__(self, config: Config | None = None, **kwargs: Any) -> None:
+        self.config = config or Config(port=0)
+        self._kwargs = kwargs
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.server: Server | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return self.server.url
+
+    @property
+    def app(self) -> App:
+        assert self.server is not None
+        return self.server.app
+
+    def start(self) -> ServerThread:
+        self._thread = threading.Thread(target=self._main, name="llmsim", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+
+        async def run() -> None:
+            self._stop = asyncio.Event()
+            try:
+                self.server = Server(self.config, **self._kwargs)
+                await self.server.start()
+            except BaseException as exc:
+                self._error = exc
+                self._ready.set()
+                return
+            self._ready.set()
+            await self._stop.wait()
+            await self.server.close(grace=0.5)
+
+        try:
+            loop.run_until_complete(run())
+        finally:
+            loop.close()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the server's loop and return its result (thread-safe)."""
+        assert self._loop is not None
+        fut: Any = asyncio.run_coroutine_threadsafe(_call(fn, *args), self._loop)
+        return fut.result(10)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(10)
+            self._thread = None
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    res = fn(*args)
+    if asyncio.iscoroutine(res):
+        res = await res
+    return res

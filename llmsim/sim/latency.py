@@ -1,0 +1,76 @@
+"""The latency model: time to first token and inter-token gaps, sans-IO.
+
+Realistic mode draws TTFT from a log-normal around the model's median, plus prefill time that
+grows with the prompt (``prefill_ms_per_1k``), and each inter-token gap from a log-normal
+around the model's median gap (clipped to [0.25x, 4x] so one draw cannot stall a stream).
+Hidden reasoning tokens are "thought" at ``reasoning_itl_ms`` before the first visible token.
+Fixed mode (``--ttft-ms``/``--itl-ms``) uses exactly the given numbers with no jitter and no
+prefill term; instant mode makes every delay zero. Nothing here awaits: callers get seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from .models import ModelProfile
+
+__all__ = ["Latency"]
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Latency for one request: ``ttft(rng)``, ``gap(rng)`` in seconds."""
+
+    profile: ModelProfile
+    instant: bool = False
+    fixed_ttft_ms: float | None = None
+    fixed_itl_ms: float | None = None
+
+    def ttft(self, rng: random.Random, prompt_tokens: int = 0) -> float:
+        """Seconds from request to the first token (reasoning time not included)."""
+        if self.instant:
+            return 0.0
+        if self.fixed_ttft_ms is not None:
+            return self.fixed_ttft_ms / 1000.0
+        p = self.profile
+        base = p.ttft_ms * _lognorm(rng, p.ttft_jitter)
+        return (base + p.prefill_ms_per_1k * prompt_tokens / 1000.0) / 1000.0
+
+    def gap(self, rng: random.Random) -> float:
+        """Seconds between two visible tokens."""
+        if self.instant:
+            return 0.0
+        if self.fixed_itl_ms is not None:
+            return self.fixed_itl_ms / 1000.0
+        p = self.profile
+        return p.itl_ms * _lognorm(rng, p.itl_jitter) / 1000.0
+
+    def mean_gap(self) -> float:
+        if self.instant:
+            return 0.0
+        if self.fixed_itl_ms is not None:
+            return self.fixed_itl_ms / 1000.0
+        return self.profile.itl_ms / 1000.0
+
+    def reasoning_time(self, rng: random.Random, tokens: int) -> float:
+        """Seconds spent on ``tokens`` hidden reasoning tokens (no per-token draws)."""
+        if self.instant or tokens <= 0:
+            return 0.0
+        if self.fixed_itl_ms is not None:
+            return tokens * self.fixed_itl_ms / 1000.0
+        p = self.profile
+        per = p.reasoning_itl_ms if p.reasoning_itl_ms is not None else p.itl_ms
+        # the mean of many log-normal gaps: little jitter left over a long reasoning run
+        return tokens * per * _lognorm(rng, p.itl_jitter / math.sqrt(max(tokens, 1))) / 1000.0
+
+    @property
+    def is_zero(self) -> bool:
+        return self.instant or (self.fixed_itl_ms == 0 and self.fixed_ttft_ms == 0)
+
+
+def _lognorm(rng: random.Random, sigma: float) -> float:
+    if sigma <= 0:
+        return 1.0
+    return min(4.0, max(0.25, math.exp(rng.gauss(0.0, sigma))))

@@ -1,0 +1,129 @@
+"""The model registry: context windows, output limits, reasoning capability, latency profiles.
+
+Latency numbers are typical public measurements of the hosted models (time to first token and
+mean inter-token gap at low load); they are defaults, every one is overridable per model in
+the config file (``[models."id"]``) and globally with ``--ttft-ms/--itl-ms``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from ..config import ModelSpec
+
+__all__ = ["ModelProfile", "Registry", "BUILTIN", "DEFAULT_PROFILE"]
+
+GPT5_EFFORTS = ("minimal", "low", "medium", "high")
+O_EFFORTS = ("low", "medium", "high")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """Everything the simulator knows about one model id."""
+
+    id: str
+    owned_by: str = "openai"
+    created: int = 1715367049
+    context_window: int = 128_000
+    max_output_tokens: int = 16_384
+    reasoning: bool = False
+    efforts: tuple[str, ...] = ()
+    default_effort: str | None = None
+    ttft_ms: float = 400.0  # median time to first token at low load, short prompt
+    ttft_jitter: float = 0.25  # log-normal sigma
+    itl_ms: float = 12.0  # median inter-token gap
+    itl_jitter: float = 0.2  # log-normal sigma
+    reasoning_itl_ms: float | None = None  # hidden reasoning token pace (default: itl_ms)
+    prefill_ms_per_1k: float = 15.0  # extra TTFT per 1000 prompt tokens
+    encoding: str = "o200k_base"
+    builtin: bool = True
+
+    def public(self) -> dict[str, object]:
+        """The ``/v1/models`` object (OpenAI shape plus a few useful extras)."""
+        return {"id": self.id, "object": "model", "created": self.created,
+                "owned_by": self.owned_by, "context_window": self.context_window,
+                "max_output_tokens": self.max_output_tokens, "reasoning": self.reasoning}
+
+
+def _p(id: str, base: dict[str, object] | None = None, **kw: object) -> ModelProfile:
+    return ModelProfile(id=id, **{**(base or {}), **kw})  # type: ignore[arg-type]
+
+
+_G5 = dict(context_window=400_000, max_output_tokens=128_000, reasoning=True,
+           efforts=GPT5_EFFORTS, default_effort="medium", created=1754425777)
+_O = dict(context_window=200_000, max_output_tokens=100_000, reasoning=True, efforts=O_EFFORTS,
+          default_effort="medium", created=1744225308)
+_G41 = dict(context_window=1_047_576, max_output_tokens=32_768, created=1744316542)
+
+BUILTIN: tuple[ModelProfile, ...] = (
+    _p("gpt-5", _G5, ttft_ms=650.0, itl_ms=14.0),
+    _p("gpt-5-mini", _G5, ttft_ms=450.0, itl_ms=8.0),
+    _p("gpt-5-nano", _G5, ttft_ms=350.0, itl_ms=5.0),
+    _p("gpt-5.1", {**_G5, "efforts": ("none",) + GPT5_EFFORTS[1:]}, ttft_ms=600.0,
+       itl_ms=13.0),
+    _p("gpt-5.2", {**_G5, "efforts": ("none",) + GPT5_EFFORTS[1:] + ("xhigh",)},
+       ttft_ms=600.0, itl_ms=13.0),
+    _p("gpt-5-codex", _G5, ttft_ms=650.0, itl_ms=14.0),
+    _p("o1", _O, ttft_ms=1200.0, itl_ms=18.0, created=1734375816),
+    _p("o3", _O, ttft_ms=900.0, itl_ms=14.0),
+    _p("o3-mini", _O, ttft_ms=600.0, itl_ms=7.0, created=1737146383),
+    _p("o4-mini", _O, ttft_ms=600.0, itl_ms=8.0),
+    _p("gpt-4.1", _G41, ttft_ms=500.0, itl_ms=14.0),
+    _p("gpt-4.1-mini", _G41, ttft_ms=350.0, itl_ms=9.0),
+    _p("gpt-4.1-nano", _G41, ttft_ms=250.0, itl_ms=6.0),
+    _p("gpt-4o", context_window=128_000, max_output_tokens=16_384, ttft_ms=450.0, itl_ms=12.0),
+    _p("gpt-4o-mini", context_window=128_000, max_output_tokens=16_384, ttft_ms=350.0,
+       itl_ms=10.0, created=1721172741),
+    _p("gpt-4-turbo", context_window=128_000, max_output_tokens=4_096, ttft_ms=600.0,
+       itl_ms=25.0, encoding="cl100k_base", created=1712361441),
+    _p("gpt-4", context_window=8_192, max_output_tokens=8_192, ttft_ms=700.0, itl_ms=35.0,
+       encoding="cl100k_base", created=1687882411),
+    _p("gpt-3.5-turbo", context_window=16_385, max_output_tokens=4_096, ttft_ms=300.0,
+       itl_ms=10.0, encoding="cl100k_base", created=1677610602, owned_by="openai"),
+)
+
+DEFAULT_PROFILE = ModelProfile(id="default", owned_by="llmsim", context_window=131_072,
+                               max_output_tokens=32_768, builtin=False)
+
+
+class Registry:
+    """Model lookup: exact id, then a dated snapshot of a known id (``gpt-4o-2024-08-06``),
+    then (unless strict) the default profile under the requested id."""
+
+    def __init__(self, extra: Mapping[str, ModelSpec] | None = None, strict: bool = False):
+        self.strict = strict
+        self._models: dict[str, ModelProfile] = {m.id: m for m in BUILTIN}
+        for mid, spec in (extra or {}).items():
+            base = self._models.get(mid) or replace(DEFAULT_PROFILE, id=mid, owned_by="user")
+            changes = {f.name: getattr(spec, f.name) for f in fields(spec)
+                       if getattr(spec, f.name) is not None}
+            if changes.get("reasoning") and not base.efforts:
+                changes.setdefault("efforts", ("minimal", "low", "medium", "high"))
+                changes.setdefault("default_effort", "medium")
+            self._models[mid] = replace(base, builtin=base.builtin, **changes)
+        self._by_len = sorted(self._models, key=len, reverse=True)
+        self._cache: dict[str, ModelProfile | None] = {}
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._models.values())
+
+    def get(self, model: str) -> ModelProfile | None:
+        """The profile for ``model``, or None if unknown and the registry is strict."""
+        hit = self._cache.get(model)
+        if hit is not None or model in self._cache:
+            return hit
+        prof = self._models.get(model)
+        if prof is None:
+            for known in self._by_len:
+                if model.startswith(known + "-") and model[len(known) + 1:][:1].isdigit():
+                    prof = replace(self._models[known], id=model)
+                    break
+        if prof is None and not self.strict:
+            prof = replace(DEFAULT_PROFILE, id=model)
+        if len(self._cache) < 4096:  # bounded: keys come from clients
+            self._cache[model] = prof
+        return prof
+
+    def listed(self) -> list[ModelProfile]:
+        return list(self._models.values())

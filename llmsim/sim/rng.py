@@ -1,0 +1,55 @@
+"""Per-request randomness and ids.
+
+With a server seed, a request's RNG is derived from the seed and the request's canonical
+content (method, path, JSON body with sorted keys), never from a shared counter, so the same
+request gives the same text, token counts and delays whatever runs concurrently. A request's
+own ``seed`` parameter (or ``temperature: 0``) makes it reproducible even without a server
+seed. Without either, runs vary. Ids (``chatcmpl-…``, ``resp_…``) are always unique: they come
+from a separate source so identical requests can still be stored side by side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from typing import Any
+
+import orjson
+
+__all__ = ["request_rng", "new_id", "derive"]
+
+
+def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> random.Random:
+    """The RNG for one request (see module doc)."""
+    req_seed = None
+    if isinstance(body, dict):
+        s = body.get("seed")
+        if isinstance(s, int) and not isinstance(s, bool):
+            req_seed = s
+        elif body.get("temperature") == 0:
+            req_seed = 0
+    if seed is None and req_seed is None:
+        return random.Random(int.from_bytes(os.urandom(8), "little"))
+    try:
+        canon = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        canon = repr(body).encode()
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{seed}|{path}|{salt}|".encode())
+    h.update(canon)
+    return random.Random(int.from_bytes(h.digest(), "little"))
+
+
+def derive(rng: random.Random, label: str) -> random.Random:
+    """An independent child RNG (e.g. one per choice), reproducible from the parent."""
+    return random.Random(f"{rng.getrandbits(64)}:{label}")
+
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def new_id(prefix: str, length: int = 24) -> str:
+    """A unique id like the real API's: ``chatcmpl-…``, ``resp_…``, ``msg_…``, ``call_…``."""
+    raw = os.urandom(length)
+    return prefix + "".join(_ALNUM[b % 62] for b in raw)

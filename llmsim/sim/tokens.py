@@ -1,0 +1,461 @@
+"""Token accounting and token-exact synthetic text for llmsim.
+
+Nothing in this module ever touches the network.
+
+Exact mode
+    When :mod:`tiktoken` is importable, :func:`get_encoding` builds a real
+    ``tiktoken.Encoding`` for ``cl100k_base`` / ``o200k_base`` *by itself* from a
+    local BPE rank file, looked up in this order (each candidate is verified
+    against the official SHA-256 before use):
+
+    1. ``$TIKTOKEN_CACHE_DIR/<sha1(url)>`` (tiktoken's own cache layout), if the
+       variable is set and the file exists;
+    2. tiktoken's default cache (``$DATA_GYM_CACHE_DIR`` or
+       ``<tmpdir>/data-gym-cache``), if the file exists;
+    3. the gzipped rank files shipped inside the ``bpe-openai`` wheel
+       (``bpe_openai/data/<name>.tiktoken.gz``), decompressed in memory.
+
+    The regex pattern and special tokens are copied from
+    ``tiktoken_ext.openai_public`` so tiktoken's downloader is never invoked.
+    Neither tiktoken nor bpe-openai is a runtime dependency (extra ``tokens``).
+    Setting ``LLMSIM_DISABLE_TIKTOKEN=1`` forces estimate mode.
+
+Estimate mode
+    Without tiktoken, :func:`count_tokens` / :func:`split_pieces` use a regex that
+    mimics the encodings' pre-tokenizer (see :func:`_estimate_pieces`). Counts are
+    then approximations (typically within ~10-20% for English text).
+
+Synthetic text
+    :data:`WORDS`, :data:`FIRST_WORDS`, :data:`CAP_WORDS` and :data:`PUNCT` were
+    selected offline with tiktoken so that every element is exactly one token in
+    BOTH ``cl100k_base`` and ``o200k_base``, and so that any sentence built by the
+    grammar of :func:`lorem_pieces` tokenizes to exactly one token per element.
+    The tuples are hard-coded: generating text never needs tiktoken.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib.util
+import os
+import random
+import re
+import tempfile
+import threading
+from typing import Any
+
+__all__ = [
+    "CAP_WORDS",
+    "FIRST_WORDS",
+    "PUNCT",
+    "SEQUENCE_SEPARATOR",
+    "WORDS",
+    "count_tokens",
+    "encoding_for_model",
+    "get_encoding",
+    "is_exact",
+    "lorem_pieces",
+    "sequence_pieces",
+    "split_pieces",
+    "split_pieces_counted",
+]
+
+# ---------------------------------------------------------------------------
+# Offline tiktoken loading
+# ---------------------------------------------------------------------------
+
+_ENDOFTEXT = "<|endoftext|>"
+_FIM_PREFIX = "<|fim_prefix|>"
+_FIM_MIDDLE = "<|fim_middle|>"
+_FIM_SUFFIX = "<|fim_suffix|>"
+_ENDOFPROMPT = "<|endofprompt|>"
+
+_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"
+
+# Copied from tiktoken_ext.openai_public (tiktoken 0.x).
+_SPECS: dict[str, dict[str, Any]] = {
+    "cl100k_base": {
+        "sha256": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        "pat_str": (
+            r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
+            r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+        ),
+        "special_tokens": {
+            _ENDOFTEXT: 100257,
+            _FIM_PREFIX: 100258,
+            _FIM_MIDDLE: 100259,
+            _FIM_SUFFIX: 100260,
+            _ENDOFPROMPT: 100276,
+        },
+    },
+    "o200k_base": {
+        "sha256": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        "pat_str": "|".join(
+            [
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""\p{N}{1,3}""",
+                r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+                r"""\s*[\r\n]+""",
+                r"""\s+(?!\S)""",
+                r"""\s+""",
+            ]
+        ),
+        "special_tokens": {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018},
+    },
+}
+
+_lock = threading.Lock()
+_cache: dict[str, Any] = {}  # name -> Encoding | None (None = tried and failed)
+
+
+def _candidate_files(name: str) -> list[tuple[str, bool]]:
+    """Local files that may hold the ranks of ``name``: (path, gzipped)."""
+    key = hashlib.sha1(_URL.format(name).encode()).hexdigest()
+    out: list[tuple[str, bool]] = []
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        d = os.environ.get(var)
+        if d:
+            out.append((os.path.join(d, key), False))
+    out.append((os.path.join(tempfile.gettempdir(), "data-gym-cache", key), False))
+    data_dir = _bpe_openai_data_dir()
+    if data_dir:
+        out.append((os.path.join(data_dir, name + ".tiktoken.gz"), True))
+    return out
+
+
+def _bpe_openai_data_dir() -> str | None:
+    """Directory of bpe_openai's bundled rank files, without importing the package."""
+    try:
+        spec = importlib.util.find_spec("bpe_openai")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        d = os.path.join(loc, "data")
+        if os.path.isdir(d):
+            return d
+    return None
+
+
+def _read_ranks(name: str) -> dict[bytes, int] | None:
+    expected = _SPECS[name]["sha256"]
+    for path, gz in _candidate_files(name):
+        try:
+            if not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            if gz:
+                data = gzip.decompress(data)
+            if hashlib.sha256(data).hexdigest() != expected:
+                continue
+            return {
+                base64.b64decode(tok): int(rank)
+                for tok, rank in (line.split() for line in data.splitlines() if line)
+            }
+        except (OSError, ValueError, EOFError):
+            continue
+    return None
+
+
+def _load(name: str) -> Any:
+    if name not in _SPECS or os.environ.get("LLMSIM_DISABLE_TIKTOKEN", "") not in ("", "0"):
+        return None
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    ranks = _read_ranks(name)
+    if ranks is None:
+        return None
+    spec = _SPECS[name]
+    try:
+        return tiktoken.Encoding(
+            name=name,
+            pat_str=spec["pat_str"],
+            mergeable_ranks=ranks,
+            special_tokens=dict(spec["special_tokens"]),
+        )
+    except Exception:  # pragma: no cover - defensive (incompatible tiktoken)
+        return None
+
+
+def get_encoding(name: str) -> Any:
+    """Return a ``tiktoken.Encoding`` for ``name`` or ``None``.
+
+    Loaded lazily, at most once per name (also when it fails), thread-safe and
+    strictly offline (see module docstring for where the ranks come from).
+    Only ``cl100k_base`` and ``o200k_base`` are supported.
+    """
+    try:
+        return _cache[name]
+    except KeyError:
+        pass
+    with _lock:
+        if name not in _cache:
+            _cache[name] = _load(name)
+        return _cache[name]
+
+
+def is_exact() -> bool:
+    """True when token counts are exact (tiktoken and the rank files are available)."""
+    return get_encoding("o200k_base") is not None and get_encoding("cl100k_base") is not None
+
+
+def encoding_for_model(model: str) -> str:
+    """Name of the encoding used by ``model``.
+
+    ``cl100k_base`` for gpt-4 (but not gpt-4o / gpt-4.1 / gpt-4.5), gpt-3.5*,
+    text-embedding-3* and text-embedding-ada-002; ``o200k_base`` for everything
+    else (gpt-4o*, gpt-4.1*, gpt-5*, o1/o3/o4*, unknown models).
+    """
+    m = model.lower().strip()
+    if "/" in m:  # e.g. "openai/gpt-4"
+        m = m.rsplit("/", 1)[1]
+    if m.startswith("ft:"):  # fine-tuned: ft:gpt-3.5-turbo:org::id
+        m = m[3:]
+    if m.startswith(("gpt-3.5", "gpt-35", "text-embedding-3", "text-embedding-ada")):
+        return "cl100k_base"
+    if m.startswith("gpt-4") and not m.startswith(("gpt-4o", "gpt-4.")):
+        return "cl100k_base"
+    return "o200k_base"
+
+
+# ---------------------------------------------------------------------------
+# Counting and splitting
+# ---------------------------------------------------------------------------
+
+# Estimate-mode pre-tokenizer, modelled on cl100k/o200k's regex with stdlib ``re``
+# (which lacks \p{..}): contractions, ASCII words with an optional leading space,
+# digit runs of 1-3, ASCII punctuation runs with an optional leading space, every
+# non-ASCII character on its own (CJK is ~1 token per character; emoji and rarer
+# scripts are usually more, so those are under-estimated), then whitespace runs.
+_EST_RE = re.compile(
+    r"""'(?:[sdmtSDMT]|ll|ve|re|LL|VE|RE)"""
+    r"""| ?[A-Za-z]+"""
+    r"""|[0-9]{1,3}"""
+    r"""| ?[!-/:-@\[-`{-~]+"""
+    r"""|[^\x00-\x7f]"""
+    r"""|\s*[\r\n]+"""
+    r"""|\s+(?!\S)"""
+    r"""|\s+"""
+    r"""|.""",
+    re.DOTALL,
+)
+_EST_WORD_CHUNK = 6  # long words are cut every 6 letters (leading space goes with the first)
+
+
+def _estimate_pieces(text: str) -> list[str]:
+    pieces: list[str] = []
+    for m in _EST_RE.finditer(text):
+        p = m.group()
+        letters = len(p) - (p[0] == " ")
+        if letters > _EST_WORD_CHUNK + 1 and p[-1].isascii() and p[-1].isalpha():
+            start = len(p) - letters
+            first = start + _EST_WORD_CHUNK
+            pieces.append(p[:first])
+            for i in range(first, len(p), _EST_WORD_CHUNK):
+                pieces.append(p[i : i + _EST_WORD_CHUNK])
+        else:
+            pieces.append(p)
+    return pieces
+
+
+def split_pieces_counted(text: str, encoding: str = "o200k_base") -> tuple[list[str], int]:
+    """Split ``text`` into token pieces; return ``(pieces, token_count)``.
+
+    ``"".join(pieces) == text`` always holds.
+
+    With tiktoken each piece is the text of one token, except where a character
+    is split across several tokens (its UTF-8 bytes are not valid on their own,
+    e.g. some emoji and CJK): those consecutive tokens are merged into a single
+    piece, so such a piece covers more than one token and ``token_count`` (the
+    exact ``len(enc.encode_ordinary(text))``) can exceed ``len(pieces)``.
+
+    Without tiktoken the pieces come from :func:`_estimate_pieces` and
+    ``token_count == len(pieces)`` is an estimate.
+    """
+    if not text:
+        return [], 0
+    enc = get_encoding(encoding)
+    if enc is None:
+        pieces = _estimate_pieces(text)
+        return pieces, len(pieces)
+    tokens = enc.encode_ordinary(text)
+    pieces = []
+    buf = b""
+    for tb in enc.decode_tokens_bytes(tokens):
+        buf += tb
+        try:
+            s = buf.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        pieces.append(s)
+        buf = b""
+    if buf:  # only reachable for text with lone surrogates
+        pieces.append(buf.decode("utf-8", errors="replace"))
+    return pieces, len(tokens)
+
+
+def split_pieces(text: str, encoding: str = "o200k_base") -> list[str]:
+    """Pieces of ``text``, one per token (see :func:`split_pieces_counted`)."""
+    return split_pieces_counted(text, encoding)[0]
+
+
+def count_tokens(text: str, encoding: str = "o200k_base") -> int:
+    """Number of tokens in ``text``: exact with tiktoken, else an estimate.
+
+    Special-token strings such as ``<|endoftext|>`` are counted as plain text.
+    """
+    if not text:
+        return 0
+    enc = get_encoding(encoding)
+    if enc is None:
+        return len(_estimate_pieces(text))
+    return len(enc.encode_ordinary(text))
+
+
+# ---------------------------------------------------------------------------
+# Token-exact synthetic text
+# ---------------------------------------------------------------------------
+
+# Every entry is one token in cl100k_base and o200k_base (checked with tiktoken;
+# see tests/test_tokens.py).
+# fmt: off
+WORDS: tuple[str, ...] = (
+    " the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " with", " was",
+    " on", " be", " by", " this", " are", " from", " at", " or", " an", " have", " not", " but",
+    " which", " all", " can", " has", " more", " one", " will", " their", " about", " they",
+    " also", " other", " been", " its", " so", " into", " some", " time", " than", " when",
+    " there", " only", " may", " new", " these", " many", " would", " any", " most", " first",
+    " such", " after", " what", " use", " used", " data", " system", " model", " models", " value",
+    " values", " result", " results", " process", " information", " work", " design",
+    " development", " research", " study", " method", " methods", " approach", " analysis",
+    " based", " support", " service", " services", " application", " applications", " user",
+    " users", " network", " number", " level", " set", " part", " important", " different",
+    " large", " small", " high", " low", " good", " great", " long", " short", " early", " late",
+    " public", " private", " open", " simple", " complex", " clear", " common", " general",
+    " specific", " local", " global", " main", " key", " final", " full", " real", " similar",
+    " single", " multiple", " major", " minor", " basic", " core", " current", " recent",
+    " future", " past", " present", " each", " every", " both", " few", " several", " various",
+    " certain", " given", " known", " available", " possible", " necessary", " provide",
+    " provides", " provided", " make", " makes", " made", " take", " takes", " taken", " give",
+    " gives", " find", " found", " show", " shows", " shown", " include", " includes",
+    " including", " allow", " allows", " create", " creates", " created", " build", " help",
+    " helps", " need", " needs", " want", " keep", " run", " runs", " running", " start",
+    " starts", " end", " ends", " change", " changes", " follow", " following", " report",
+    " reports", " test", " tests", " testing", " check", " control", " access", " state",
+    " states", " times", " day", " days", " year", " years", " way", " ways", " point", " points",
+    " case", " cases", " group", " groups", " form", " forms", " type", " types", " order",
+    " line", " lines", " table", " file", " files", " page", " pages", " code", " source",
+    " request", " response", " server", " client", " text", " message", " messages", " token",
+    " tokens", " input", " output", " function", " functions", " object", " objects", " structure",
+    " structures", " pattern", " patterns", " feature", " features", " option", " options",
+    " task", " tasks", " goal", " goals", " problem", " problems", " solution", " solutions",
+    " question", " questions", " answer", " answers", " idea", " ideas", " example", " examples",
+    " step", " steps", " stage", " phase", " rate", " rates", " cost", " costs", " price",
+    " power", " energy", " water", " light", " sound", " color", " world", " country", " city",
+    " area", " region", " space", " place", " field", " market", " company", " business", " team",
+    " people", " person", " family", " community", " government", " policy", " law", " rule",
+    " rules", " history", " story", " science", " theory", " practice", " experience",
+    " knowledge", " learning", " training", " education", " health", " care", " quality",
+    " performance", " security", " safety", " risk", " management", " product", " products",
+    " resource", " resources", " tool", " tools", " technology", " software", " hardware",
+    " computer", " memory", " storage", " internet", " web", " online", " digital", " image",
+    " images", " video", " signal", " signals", " layer", " layers", " between", " within",
+    " without", " through", " across", " during", " before", " under", " over", " above", " below",
+    " around", " while", " where", " because", " however", " although", " therefore", " thus",
+    " then", " still", " just", " very", " well", " even", " often", " usually", " always",
+    " never", " sometimes", " quickly", " slowly", " directly", " simply", " really", " actually",
+    " should", " could", " might", " must", " shall", " we", " you", " he", " she", " our",
+    " your", " them", " us", " his", " her", " old", " same", " own", " another", " next", " last",
+    " second", " third", " increase", " decrease", " improve", " reduce", " maintain", " manage",
+    " define", " describe", " explain", " consider", " require", " requires", " required",
+    " produce", " generate", " generated", " compare", " measure", " estimate", " predict",
+    " evaluate", " observe", " apply", " applied", " implement", " implemented", " deploy",
+    " update", " review", " select", " supported", " enable", " enabled", " ensure", " return",
+    " returns", " receive", " send", " sent", " store", " load", " read", " write", " written",
+    " close", " closed", " move", " moved", " turn", " call", " called", " name", " named",
+    " standard", " strong", " weak", " fast", " slow", " free", " fixed", " random", " stable",
+    " dynamic", " static", " active", " natural", " human", " social", " economic", " political",
+    " physical", " chemical", " biological", " environmental", " mean", " means", " average",
+    " total", " overall", " limit", " limits", " range", " scale", " size", " length", " weight",
+    " height",
+)
+
+# Sentence openers for the first sentence of a text (no leading space).
+FIRST_WORDS: tuple[str, ...] = (
+    "The", "This", "In", "It", "We", "These", "For", "A", "An", "As", "When", "However", "Each",
+    "Our", "Many", "Most", "Some", "Such", "Another", "Every", "All", "One", "There", "They",
+    "While", "After", "Since", "Here", "Then", "Thus", "Overall", "Finally", "Both", "Other",
+    "New",
+)
+# fmt: on
+
+# Sentence openers after a ".": the same words with a leading space.
+CAP_WORDS: tuple[str, ...] = tuple(" " + w for w in FIRST_WORDS)
+
+PUNCT: tuple[str, ...] = (",", ".")
+
+_COMMA_PROB = 0.1
+
+
+def lorem_pieces(n: int, rng: random.Random) -> list[str]:
+    """Return exactly ``n`` pieces of sentence-like filler text.
+
+    Each piece is one token in both cl100k_base and o200k_base, and so is the
+    concatenation: ``len(enc.encode("".join(lorem_pieces(n, rng)))) == n``.
+    The text starts with a :data:`FIRST_WORDS` entry; sentences are 6-18 tokens
+    long (opener, words from :data:`WORDS`, occasional ``","``, final ``"."``);
+    later sentences start with a :data:`CAP_WORDS` entry. The output simply stops
+    when ``n`` pieces have been produced, possibly mid-sentence.
+    """
+    out: list[str] = []
+    choice = rng.choice
+    rand = rng.random
+    while len(out) < n:
+        length = rng.randint(6, 18)
+        sent = [choice(FIRST_WORDS) if not out else choice(CAP_WORDS)]
+        while len(sent) < length - 1:
+            prev = sent[-1]
+            if len(sent) >= 2 and prev != "," and len(sent) < length - 2 and rand() < _COMMA_PROB:
+                sent.append(",")
+                continue
+            w = choice(WORDS)
+            while w == prev:
+                w = choice(WORDS)
+            sent.append(w)
+        sent.append(".")
+        out.extend(sent)
+    del out[n:]
+    return out
+
+
+SEQUENCE_SEPARATOR = ","
+_SEQ_MAX = 999
+
+
+def sequence_pieces(n: int, start: int = 0) -> list[str]:
+    """Return ``n`` pieces of the counting stream ``"1", ",", "2", ",", "3", ...``.
+
+    Joined: ``"1,2,3,...,998,999,1,2,..."`` -- numbers run 1..999 then wrap to 1,
+    separated by a bare ``","`` (no space). ``start`` is an offset into the piece
+    stream, so ``sequence_pieces(a) + sequence_pieces(b, start=a) ==
+    sequence_pieces(a + b)``; an odd ``start`` begins with ``","``.
+
+    Every piece, and the whole join, is one token per piece in both cl100k_base
+    and o200k_base: digit runs of <= 3 are single tokens, and a bare comma keeps
+    numbers apart (with ``", "`` the space would become a token of its own in both
+    encodings, and ``" 5"`` is split into ``" "`` + ``"5"`` by cl100k).
+    """
+    out: list[str] = []
+    for i in range(start, start + n):
+        if i % 2:
+            out.append(SEQUENCE_SEPARATOR)
+        else:
+            out.append(str((i // 2) % _SEQ_MAX + 1))
+    return out

@@ -1,0 +1,54 @@
+"""Shared fixtures: servers on port 0 (in-loop and in a thread) and strict SDK clients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llmsim import Config, ServerThread
+
+
+def cfg(**kw: Any) -> Config:
+    base: dict[str, Any] = {"port": 0, "latency": "instant", "seed": 1234, "quiet": True}
+    base.update(kw)
+    return Config(**base)
+
+
+@pytest.fixture
+def make_server() -> Iterator[Any]:
+    """Factory: ``make_server(**config_fields)`` → a started ServerThread (stopped after)."""
+    started: list[ServerThread] = []
+
+    def factory(**kw: Any) -> ServerThread:
+        st = ServerThread(cfg(**kw)).start()
+        started.append(st)
+        return st
+
+    yield factory
+    for st in started:
+        st.stop()
+
+
+@pytest.fixture
+def srv(make_server: Any) -> ServerThread:
+    return make_server()
+
+
+@pytest.fixture
+def client(srv: ServerThread) -> Any:
+    from openai import OpenAI
+
+    with OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+                _strict_response_validation=True) as c:
+        yield c
+
+
+@pytest.fixture
+async def aclient(srv: ServerThread) -> Any:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+                           _strict_response_validation=True) as c:
+        yield c
