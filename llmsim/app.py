@@ -25,6 +25,9 @@ log = logging.getLogger("llmsim")
 BeforeHook = Callable[[Request, Route, "App"], Awaitable[Result | None]]
 # An after-hook may add headers to any result (rate-limit headers, ...).
 AfterHook = Callable[[Request, Route, Result], None]
+# A stream hook sees every StreamResponse before it reaches a transport (SSE or WebSocket):
+# it may wrap ``res.stream`` (mid-stream faults, capacity pacing) or chain ``res.on_close``.
+StreamHook = Callable[[Request, Route, StreamResponse], None]
 
 
 class App:
@@ -38,6 +41,7 @@ class App:
         self.stats = Stats()
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []
+        self.stream_hooks: list[StreamHook] = []
         self.extensions: dict[str, Any] = {}  # per-feature state (stores, fault engine, ...)
         self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
         from .api import register_all
@@ -90,6 +94,9 @@ class App:
 
     def _after(self, req: Request, route: Route | None, res: Result) -> Result:
         if route is not None:
+            if type(res) is StreamResponse:
+                for shook in self.stream_hooks:
+                    shook(req, route, res)
             for hook in self.after:
                 hook(req, route, res)
         return res

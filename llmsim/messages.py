@@ -30,6 +30,7 @@ class Request:
     client: str = ""
     params: Mapping[str, str] = field(default_factory=dict)  # path parameters
     received_at: float = 0.0  # clock time the request was complete
+    context: Any = None  # transport-specific context (the WebSocket session for "ws")
 
     def json(self) -> Any:
         """The body parsed as JSON, or a 400 in the real API's wording."""

@@ -12,6 +12,12 @@ stamps ``sequence_number`` 0, 1, 2, ... on every event in the order the transpor
 them. The same EventStream feeds SSE (HTTP) and WebSocket text frames: the transports only
 choose an encoder.
 
+``meta`` carries what generic layers (faults, capacity, stats) need to know about a stream
+without knowing its API family: ``endpoint`` and ``model`` (strings), ``is_token(type, data)``
+(does this event carry one generated token?) and ``error_events(APIError)`` (the events that
+report a mid-stream failure in this stream's dialect: chat's ``data: {"error": ...}`` chunk,
+Responses' ``response.failed``).
+
 Control types (never sent to the client): :data:`DISCONNECT` drops the connection at that
 point without a terminal event (fault injection), :data:`STOP` ends the stream cleanly at that
 point (a "truncated" stream: the HTTP body ends properly but the terminal event is missing).

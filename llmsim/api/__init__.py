@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from ..app import App
 
 # Order matters only for readability of `routes()`; each module registers its own paths.
-MODULES = ("models", "chat", "responses", "admin")
+MODULES = ("models", "chat", "responses", "faults", "admin", "websocket")
 
 
 def register_all(app: App) -> None:

@@ -606,6 +606,24 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
     yield 0.0, "done", None
 
 
+def is_token_event(etype: str, data: Any) -> bool:
+    """A chunk that carries one generated token (content or tool-call argument fragment)."""
+    if etype != "chunk":
+        return False
+    if type(data) is bytes:
+        return True
+    ch = data.get("choices")
+    if not ch:
+        return False
+    d = ch[0].get("delta") or {}
+    return bool(d.get("content")) or bool(d.get("tool_calls")) and "id" not in d["tool_calls"][0]
+
+
+def error_events(err: APIError) -> list[tuple[str, Any]]:
+    """A mid-stream failure as the real API sends it: an error object, then [DONE]."""
+    return [("chunk", {"error": err.to_dict()}), ("done", None)]
+
+
 # ------------------------------------------------------------------------------------------
 # Handler
 # ------------------------------------------------------------------------------------------
@@ -617,7 +635,9 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     out = simulate(cr, app, rng, lat)
     if cr.stream:
         stream = EventStream(stream_plan(cr, out, app), kind="chat",
-                             meta={"model": cr.model, "endpoint": "chat.completions"})
+                             meta={"model": cr.model, "endpoint": "chat.completions",
+                                   "is_token": is_token_event, "error_events": error_events,
+                                   "usage": out.usage()})
         return StreamResponse(stream)
     total = out.ttft + sum(out.gaps)
     if total > 0:
