@@ -1,0 +1,136 @@
+"""Config precedence (flags > env > file > defaults), unknown keys, CLI help and start-up."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmsim.cli import build_parser, config_from_args
+from llmsim.config import Config, ConfigError, iter_options, load_config
+
+
+def test_defaults():
+    c = load_config(env={})
+    assert (c.host, c.port, c.latency, c.seed, c.strict_models) == ("127.0.0.1", 8080,
+                                                                    "realistic", None, False)
+
+
+def test_precedence_flags_env_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('port = 1111\nseed = 1\nlatency = "instant"\nitl_ms = 5\n')
+    env = {"LLMSIM_PORT": "2222", "LLMSIM_SEED": "2"}
+    c, _ = config_from_args(["--config", str(f), "--port", "3333"], env=env)
+    assert c.port == 3333  # flag beats env and file
+    assert c.seed == 2  # env beats file
+    assert c.latency == "instant" and c.itl_ms == 5.0  # file beats defaults
+
+
+def test_env_bool_and_config_env_var(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("ttft_ms = 123\n")
+    c, _ = config_from_args([], env={"LLMSIM_STRICT_MODELS": "true", "LLMSIM_CONFIG": str(f)})
+    assert c.strict_models is True and c.ttft_ms == 123.0
+
+
+def test_unknown_keys_are_errors(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match="unknown config key 'prot'"):
+        load_config(f, env={})
+    f.write_text('[models."m"]\nctx = 5\n')
+    with pytest.raises(ConfigError, match="models.m.ctx"):
+        load_config(f, env={})
+    with pytest.raises(ConfigError, match="LLMSIM_PROT"):
+        load_config(env={"LLMSIM_PROT": "1"})
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("port = 'x'", "port"), ("latency = 'slow'", "latency"), ("port = 99999", "port"),
+    ("tool_call_probability = 2", "tool_call_probability"), ("seed = 1.5", "seed"),
+    ("this is not toml", "not valid TOML"),
+])
+def test_bad_values_name_the_key(tmp_path, content, needle):
+    f = tmp_path / "c.toml"
+    f.write_text(content)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(f, env={})
+
+
+def test_models_from_file_extend_registry(tmp_path):
+    from llmsim.sim.models import Registry
+
+    f = tmp_path / "c.toml"
+    f.write_text('[models."acme-1"]\ncontext_window = 4096\nttft_ms = 10\nreasoning = true\n')
+    c = load_config(f, env={})
+    reg = Registry(c.models)
+    m = reg.get("acme-1")
+    assert m.context_window == 4096 and m.ttft_ms == 10 and m.reasoning
+    assert "acme-1" in [p.id for p in reg.listed()]
+
+
+def test_every_option_has_help_flag_and_env():
+    opts = iter_options()
+    assert len(opts) >= 15
+    text = build_parser().format_help()
+    for o in opts:
+        assert o.help, o.path
+        assert o.flag in text, o.flag
+        assert o.env in text, o.env
+
+
+def test_config_is_frozen():
+    c = Config()
+    with pytest.raises(Exception):
+        c.port = 1  # type: ignore[misc]
+
+
+def test_cli_help_and_bad_flag():
+    out = subprocess.run([sys.executable, "-m", "llmsim", "--help"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0
+    for flag in ("--host", "--port", "--config", "--seed", "--latency", "--ttft-ms", "--itl-ms",
+                 "--strict-models"):
+        assert flag in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "llmsim", "--latency", "slow"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    env = {**os.environ, "LLMSIM_NOPE": "1"}
+    bad = subprocess.run([sys.executable, "-m", "llmsim"], capture_output=True, text=True,
+                         timeout=30, env=env)
+    assert bad.returncode == 2 and "LLMSIM_NOPE" in bad.stderr
+
+
+def test_start_prints_url_and_serves_then_sigterm():
+    import signal
+    import urllib.request
+
+    p = subprocess.Popen([sys.executable, "-m", "llmsim", "--port", "0", "--latency", "instant"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(m.group(0) + "/health", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        rest = "".join(p.stdout.readline() for _ in range(4))
+        assert "curl" in line + rest or "OPENAI_BASE_URL" in rest
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdout.close()
+        p.stderr.close()
