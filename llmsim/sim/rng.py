@@ -17,7 +17,12 @@ from typing import Any
 
 import orjson
 
-__all__ = ["request_rng", "new_id", "derive"]
+__all__ = ["request_rng", "new_id", "derive", "DELIVERY_ONLY"]
+
+# Fields that change how an answer is delivered or filed, not what the model says: the same
+# seeded request gives the same text streamed or not, stored or not, tagged or not.
+DELIVERY_ONLY = frozenset({"stream", "stream_options", "background", "store", "metadata", "user",
+                           "safety_identifier", "prompt_cache_key", "service_tier", "include"})
 
 
 def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> random.Random:
@@ -31,6 +36,8 @@ def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> ra
             req_seed = 0
     if seed is None and req_seed is None:
         return random.Random(int.from_bytes(os.urandom(8), "little"))
+    if isinstance(body, dict):
+        body = {k: v for k, v in body.items() if k not in DELIVERY_ONLY}
     try:
         canon = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     except TypeError:
