@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Config", "ConfigError", "ModelSpec", "load_config", "iter_options"]
+__all__ = ["Config", "ConfigError", "ModelSpec", "ResponsesConfig", "load_config", "iter_options"]
 
 
 class ConfigError(ValueError):
@@ -49,6 +49,225 @@ class ModelSpec:
     reasoning_itl_ms: float | None = None
     encoding: str | None = None
     created: int | None = None
+
+
+@dataclass(frozen=True)
+class WebSocketConfig:
+    """Responses over WebSocket (``GET /v1/responses`` with ``Upgrade: websocket``)."""
+
+    max_connections: int = opt(4096, "Most concurrent WebSocket connections; one more upgrade "
+                               "gets 429 before the upgrade (0 = no limit).", metavar="N")
+    max_lanes: int = opt(32, "Distinct named lanes (stream_id) per connection, as the real "
+                         "service; one more → websocket_stream_limit_reached.", metavar="N")
+    max_active: int = opt(16, "Responses generating at once per connection (across lanes); "
+                          "further creates wait in FIFO order.", metavar="N")
+    max_queued: int = opt(256, "Waiting response.create events per connection before the server "
+                          "stops reading the socket (TCP backpressure).", metavar="N")
+    max_message_bytes: int = opt(32 * 1024 * 1024, "Largest client message; a bigger one closes "
+                                 "the connection with code 1009.", metavar="BYTES")
+    connection_time_limit_s: float = opt(3600.0, "Connection lifetime: then an error event "
+                                         "websocket_connection_limit_reached and a close "
+                                         "(0 = no limit).", metavar="S")
+    close_timeout_s: float = opt(5.0, "After the server sends a close frame, wait this long for "
+                                 "the client's close frame before dropping the connection.",
+                                 metavar="S")
+
+    def validate(self) -> None:
+        for name in ("max_lanes", "max_active", "max_queued", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"websocket.{name}: must be >= 1")
+        for name in ("max_connections", "connection_time_limit_s", "close_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"websocket.{name}: must be >= 0")
+
+
+@dataclass(frozen=True)
+class ResponsesConfig:
+    """The Responses API's state: stored responses, conversations, background work."""
+
+    store_max_entries: int = opt(1024, "Most stored responses kept (oldest evicted first); 0 "
+                                 "disables storage (store=true then behaves like store=false).",
+                                 metavar="N")
+    store_ttl_s: float = opt(3600.0, "Seconds a stored response is kept (0 = until evicted by "
+                             "the entry cap).", metavar="S")
+    max_chain_depth: int = opt(256, "previous_response_id chains: most earlier turns kept as "
+                               "context (older turns are forgotten, bounding memory).",
+                               metavar="N")
+    conversations_max_entries: int = opt(256, "Most conversations kept (oldest evicted first); "
+                                         "0 disables /v1/conversations.", metavar="N")
+    conversation_ttl_s: float = opt(3600.0, "Seconds a conversation is kept (0 = until "
+                                    "evicted by the entry cap).", metavar="S")
+    conversation_max_items: int = opt(1000, "Most items in one conversation transcript (the "
+                                      "oldest items are dropped first).", metavar="N")
+    background_max_active: int = opt(256, "Most background responses generating at once "
+                                     "(429 above).", metavar="N")
+
+    def validate(self) -> None:
+        """Reject negative bounds (naming the key)."""
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"responses.{f.name}: must be >= 0")
+        if self.max_chain_depth < 1:
+            raise ConfigError("responses.max_chain_depth: must be >= 1")
+
+
+FAULT_KINDS = ("429", "500", "503", "529", "504", "reset", "hang", "disconnect", "stall",
+               "error", "truncate")
+"""Fault kinds that can be drawn with a probability (``p_<kind>`` keys; see README)."""
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Per-model or per-endpoint fault probabilities; unset kinds inherit the global value."""
+
+    p_429: float | None = None
+    p_500: float | None = None
+    p_503: float | None = None
+    p_529: float | None = None
+    p_504: float | None = None
+    p_reset: float | None = None
+    p_hang: float | None = None
+    p_disconnect: float | None = None
+    p_stall: float | None = None
+    p_error: float | None = None
+    p_truncate: float | None = None
+
+    def validate(self) -> None:
+        total = 0.0
+        for k in FAULT_KINDS:
+            v = getattr(self, "p_" + k)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"faults.p_{k}: must be between 0 and 1")
+            total += v or 0.0
+        if total > 1.0 + 1e-9:
+            raise ConfigError("faults: the p_* probabilities add up to more than 1")
+
+
+def _prob(kind: str, what: str) -> Any:
+    return opt(0.0, f"Probability that a request gets {what}.", metavar="P")
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    """Fault injection: probabilities per kind (section ``[faults]``), header, timings."""
+
+    header: bool = opt(True, "Honour the X-LLMSim-Fault request header (per-request faults).")
+    p_429: float = _prob("429", "a 429 rate_limit_exceeded")
+    p_500: float = _prob("500", "a 500 server_error")
+    p_503: float = _prob("503", "a 503 (engine overloaded)")
+    p_529: float = _prob("529", "a 529 overloaded")
+    p_504: float = _prob("504", "a 504 gateway timeout")
+    p_reset: float = _prob("reset", "its connection reset before any byte")
+    p_hang: float = _prob("hang", "a hang of --faults-hang-ms, then --faults-hang-status")
+    p_disconnect: float = _prob("disconnect", "its stream dropped after N tokens")
+    p_stall: float = _prob("stall", "its stream stalled --faults-stall-ms after N tokens")
+    p_error: float = _prob("error", "an error event after N tokens")
+    p_truncate: float = _prob("truncate", "its stream cut after N tokens without the terminal "
+                           "event")
+    after_min: int = opt(0, "Smallest N (tokens before a drawn mid-stream fault).", metavar="N")
+    after_max: int = opt(50, "Largest N (tokens before a drawn mid-stream fault).", metavar="N")
+    hang_ms: float = opt(30000.0, "How long a drawn 'hang' fault waits.", metavar="MS")
+    hang_status: int = opt(0, "What follows a drawn hang: 0 drops the connection, else this "
+                           "HTTP status (e.g. 504).", metavar="STATUS")
+    stall_ms: float = opt(5000.0, "How long a drawn 'stall' fault pauses the stream.",
+                          metavar="MS")
+    error_status: int = opt(500, "Status reported by a drawn mid-stream 'error' fault.",
+                            metavar="STATUS")
+    retry_after_ms: float = opt(1000.0, "retry-after(-ms) sent with injected 429 and 503.",
+                                metavar="MS")
+    models: Mapping[str, FaultRates] = opt({}, "Per-model probabilities ([faults.models.\"id\"] "
+                                           "tables).", flag=False)
+    endpoints: Mapping[str, FaultRates] = opt({}, "Per-endpoint probabilities "
+                                              "([faults.endpoints.\"chat.completions\"]).",
+                                              flag=False)
+
+    def validate(self) -> None:
+        FaultRates(**{"p_" + k: getattr(self, "p_" + k) for k in FAULT_KINDS}).validate()
+        if not 0 <= self.after_min <= self.after_max:
+            raise ConfigError("faults.after_min/after_max: need 0 <= min <= max")
+        for name in ("hang_ms", "stall_ms", "retry_after_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"faults.{name}: must be >= 0")
+        if self.hang_status and not 400 <= self.hang_status <= 599:
+            raise ConfigError("faults.hang_status: 0 or an HTTP error status (400-599)")
+        if not 400 <= self.error_status <= 599:
+            raise ConfigError("faults.error_status: an HTTP error status (400-599)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Requests and tokens per minute for one model or one API key (unset: inherit)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def validate(self) -> None:
+        for name in ("rpm", "tpm"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"ratelimit.{name}: must be >= 0 (0 = unlimited)")
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    """Token-bucket rate limits per (API key, model), off while every limit is 0."""
+
+    rpm: int = opt(0, "Requests per minute per API key and model (0 = unlimited).",
+                   metavar="N")
+    tpm: int = opt(0, "Tokens per minute per API key and model, counted as prompt estimate + "
+                   "max output tokens (0 = unlimited).", metavar="N")
+    models: Mapping[str, Limits] = opt({}, "Per-model limits ([ratelimit.models.\"id\"]).",
+                                       flag=False)
+    keys: Mapping[str, Limits] = opt({}, "Per-API-key limits ([ratelimit.keys.\"sk-...\"]), "
+                                     "override the model's.", flag=False)
+
+    def validate(self) -> None:
+        Limits(self.rpm, self.tpm).validate()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rpm or self.tpm or any(
+            (lim.rpm or lim.tpm) for tab in (self.models, self.keys) for lim in tab.values()))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Per-model capacity overrides (unset: inherit the [capacity] values)."""
+
+    max_seqs: int | None = None
+    queue: int | None = None
+    itl_slope: float | None = None
+    prefill_ms_per_1k: float | None = None
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """A simulated serving engine per model: concurrent sequences, a waiting queue, slowdown."""
+
+    max_seqs: int = opt(0, "Concurrent sequences per model (0 = unlimited: capacity model off).",
+                        metavar="N")
+    queue: int = opt(64, "Requests per model that may wait for a free sequence; beyond it they "
+                     "are rejected with --capacity-reject-status.", metavar="N")
+    itl_slope: float = opt(0.0, "Inter-token slowdown per extra active sequence: gaps are "
+                           "multiplied by 1 + slope * (active - 1).", metavar="X")
+    prefill_ms_per_1k: float = opt(0.0, "Extra time to first token per 1000 prompt tokens "
+                                   "(on top of the model profile).", metavar="MS")
+    reject_status: int = opt(429, "Status for requests beyond the queue: 429 or 503.",
+                             metavar="STATUS")
+    models: Mapping[str, EngineSpec] = opt({}, "Per-model engines ([capacity.models.\"id\"]).",
+                                           flag=False)
+
+    def validate(self) -> None:
+        if self.max_seqs < 0 or self.queue < 0:
+            raise ConfigError("capacity.max_seqs/queue: must be >= 0")
+        if self.itl_slope < 0 or self.prefill_ms_per_1k < 0:
+            raise ConfigError("capacity.itl_slope/prefill_ms_per_1k: must be >= 0")
+        if self.reject_status not in (429, 503):
+            raise ConfigError("capacity.reject_status: must be 429 or 503")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.max_seqs or any(e.max_seqs for e in self.models.values()))
 
 
 @dataclass(frozen=True)
@@ -106,6 +325,14 @@ class Config:
                                   "this many seconds before closing them.", metavar="S")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
+    api_key: tuple[str, ...] = opt((), "Require one of these API keys (Bearer token or api-key "
+                                   "header) on /v1 paths; wrong or missing → 401.",
+                                   metavar="KEY")
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    ratelimit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     models: Mapping[str, ModelSpec] = opt({}, "Extra or overridden models ([models.\"id\"] tables "
                                           "in the config file).", flag=False)
 
