@@ -28,6 +28,9 @@ AfterHook = Callable[[Request, Route, Result], None]
 # A stream hook sees every StreamResponse before it reaches a transport (SSE or WebSocket):
 # it may wrap ``res.stream`` (mid-stream faults, capacity pacing) or chain ``res.on_close``.
 StreamHook = Callable[[Request, Route, StreamResponse], None]
+# An abort hook runs when dispatch is cancelled before it produced a Result (the client went
+# away while the handler waited): hooks that took something in ``before`` give it back here.
+AbortHook = Callable[[Request], None]
 
 
 class App:
@@ -42,6 +45,7 @@ class App:
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []
         self.stream_hooks: list[StreamHook] = []
+        self.abort_hooks: list[AbortHook] = []
         self.extensions: dict[str, Any] = {}  # per-feature state (stores, fault engine, ...)
         self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
         from .api import register_all
@@ -91,6 +95,13 @@ class App:
             return self._after(req, route, error_result(
                 APIError(500, "The server had an error while processing your request. "
                          "Sorry about that!", type="server_error", code="server_error")))
+        except BaseException:  # cancelled: no Result will exist, so no after-hook will run
+            for ahook in self.abort_hooks:
+                try:
+                    ahook(req)
+                except Exception:
+                    log.exception("abort hook failed")
+            raise
 
     def _after(self, req: Request, route: Route | None, res: Result) -> Result:
         if route is not None:

@@ -31,6 +31,9 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)  # path parameters
     received_at: float = 0.0  # clock time the request was complete
     context: Any = None  # transport-specific context (the WebSocket session for "ws")
+    # per-request scratch for hooks (fault decision, capacity slot, rate-limit snapshot): the
+    # request is frozen, this dict is not, and it dies with the request (nothing to clean up)
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def json(self) -> Any:
         """The body parsed as JSON, or a 400 in the real API's wording."""
@@ -84,6 +87,9 @@ class RawResponse:
     status: int = 200
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # fault injection: drop the connection (TCP reset) instead of sending this response; a
+    # transport that cannot abort sends it as an ordinary error
+    abort: bool = False
 
 
 @dataclass(slots=True)

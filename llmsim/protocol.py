@@ -27,6 +27,7 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -306,6 +307,8 @@ class HTTPProtocol(asyncio.Protocol):
         except asyncio.CancelledError:
             return
         if self._closed:
+            if type(res) is StreamResponse and res.on_close is not None:
+                res.on_close("cancelled")  # never pumped: still release what it holds
             return
         self._send(req, res)
 
@@ -358,6 +361,9 @@ class HTTPProtocol(asyncio.Protocol):
             ctype = _JSON
         else:
             assert isinstance(res, RawResponse)
+            if res.abort:
+                self.reset()
+                return
             body = res.body
             ctype = (b"content-type", res.content_type.encode())
         hs = self._headers(res.headers)
@@ -479,6 +485,18 @@ class HTTPProtocol(asyncio.Protocol):
             self.upgraded.shutdown()
         elif not self._busy:
             self._close()
+
+    def reset(self) -> None:
+        """Drop the connection with a TCP RST (fault injection: "connection reset by peer")."""
+        if self.transport is None or self._closed:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # SO_LINGER {on, 0 s}: close() sends RST instead of FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        self.transport.abort()
 
     def force_close(self) -> None:
         if self.transport is not None:

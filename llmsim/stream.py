@@ -87,6 +87,14 @@ class EventStream:
             self.on_event(etype, data)
         return self.deadline, etype, data
 
+    def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]]) -> None:
+        """Replace the plan by ``fn(plan)`` (a generator around it: faults, capacity pacing).
+
+        Call before the stream starts; ``fn`` must close the inner plan when it is closed
+        (a generator's ``finally: inner.close()``) so the plan's cleanup still runs.
+        """
+        self._it = iter(fn(self._it))
+
     def close(self) -> None:
         """Stop the plan (the client is gone); runs the plan's ``finally`` blocks."""
         self.finished = True

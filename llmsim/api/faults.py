@@ -1,0 +1,473 @@
+"""Realism under failure and load, transport side: auth, faults, rate limits, capacity.
+
+One set of hooks serves every API family and transport (HTTP/SSE and WebSocket frames both go
+through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults``,
+``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
+plans and renders headers. Hook order (``app.before``): API-key auth → fault injection → rate
+limit → capacity, so a refused or faulted request never takes a rate-limit token or a sequence.
+
+Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated, faulted,
+limited and queued. ``/health`` and ``/llmsim/*`` (fault scenarios, stats, metrics) stay
+reachable without a key and are never faulted, so a harness can always observe and steer.
+
+Scenario API::
+
+    POST   /llmsim/faults        {"fault": "429", "count": 2, "model": "gpt-4o", ...} → rule
+    GET    /llmsim/faults        → {"object": "list", "data": [rules], "fired": {...}}
+    GET    /llmsim/faults/{id}   → rule
+    DELETE /llmsim/faults        → delete every rule
+    DELETE /llmsim/faults/{id}   → delete one rule
+    GET    /llmsim/capacity      → the per-model engines (active, waiting, rejected, ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import APIError
+from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from ..routing import Route
+from ..sim.capacity import Engine
+from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
+from ..sim.ratelimit import RateLimiter, estimate_tokens
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..app import App
+    from ..stream import PlanItem
+
+__all__ = ["register", "FAULT_HEADER", "is_api_path"]
+
+FAULT_HEADER = "x-llmsim-fault"
+MAX_ENGINES = 1024  # per-model engines; model ids come from clients, the rest share one
+
+
+def is_api_path(path: str) -> bool:
+    """Paths that are authenticated, faulted, rate limited and queued."""
+    return path.startswith("/v1/") or path.startswith("/openai/v1/")
+
+
+def _body(req: Request) -> dict[str, Any]:
+    """The request body as a dict (parsed once per request, {} if absent or not JSON)."""
+    notes = req.notes
+    b = notes.get("body")
+    if b is None:
+        b = {}
+        if req.body:
+            try:
+                parsed = orjson.loads(req.body)
+                if isinstance(parsed, dict):
+                    b = parsed
+            except orjson.JSONDecodeError:
+                pass
+        notes["body"] = b
+    return b
+
+
+def _model(req: Request) -> str | None:
+    m = _body(req).get("model")
+    return m if isinstance(m, str) and m else None
+
+
+def _streaming(req: Request, route: Route) -> bool:
+    return req.transport == "ws" or (route.stream_capable and _body(req).get("stream") is True)
+
+
+# ------------------------------------------------------------------------------------------
+# API-key auth
+# ------------------------------------------------------------------------------------------
+
+def _mask(key: str) -> str:
+    if len(key) <= 8:
+        return "*" * len(key)
+    return key[:3] + "*" * min(len(key) - 7, 40) + key[-4:]
+
+
+def _auth_hook(keys: frozenset[str]) -> Any:
+    async def auth(req: Request, route: Route, app: App) -> Result | None:
+        if not is_api_path(req.path):
+            return None
+        key = req.api_key
+        if key is None:
+            raise APIError(401, "You didn't provide an API key. You need to provide your API "
+                           "key in an Authorization header using Bearer auth (i.e. "
+                           "Authorization: Bearer YOUR_KEY), or as the password field (with "
+                           "blank username) if you're accessing the API from your browser and "
+                           "are prompted for a username and password. You can obtain an API "
+                           "key from https://platform.openai.com/account/api-keys.",
+                           type="invalid_request_error", code=None)
+        if key not in keys:
+            raise APIError(401, f"Incorrect API key provided: {_mask(key)}. You can find your "
+                           "API key at https://platform.openai.com/account/api-keys.",
+                           type="invalid_request_error", code="invalid_api_key")
+        return None
+
+    return auth
+
+
+# ------------------------------------------------------------------------------------------
+# Faults
+# ------------------------------------------------------------------------------------------
+
+def _reset_result() -> RawResponse:
+    # what a transport that cannot drop the connection shows instead
+    body = APIError(502, "Connection reset by peer (injected fault).", type="server_error",
+                    code="connection_reset").body()
+    return RawResponse(body, 502, "application/json", [], abort=True)
+
+
+class Faults:
+    """The fault engine bound to an app: the before hook, the stream hook and the routes."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.engine = FaultEngine(app.config.faults, app.config.seed)
+
+    def _key(self, req: Request) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{req.method} {req.path}\n".encode())
+        h.update(req.body)
+        return h.digest()
+
+    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+        if not is_api_path(req.path):
+            return None
+        header = req.headers.get(FAULT_HEADER)
+        eng = self.engine
+        if header is None and not eng.rules and not eng.has_random:
+            return None
+        if header is not None and header.strip().lower() == "none":
+            return None  # explicitly no fault (bypasses rules and probabilities)
+        try:
+            fault = eng.decide(model=_model(req), endpoint=route.name,
+                               path=req.path.removeprefix("/openai"), api_key=req.api_key,
+                               transport=req.transport, now=app.clock.time(),
+                               key=self._key(req), header=header)
+        except ValueError as exc:
+            raise APIError(400, f"Invalid value for header 'X-LLMSim-Fault': {header!r} ({exc})."
+                           f" Expected 'none' or {SPEC_HELP}.", type="invalid_request_error",
+                           param="X-LLMSim-Fault", code="invalid_value") from None
+        if fault is None:
+            return None
+        if fault.mid_stream and not _streaming(req, route):
+            # a non-streamed answer has no "middle": act at the start instead
+            if fault.kind == "error":
+                fault = Fault("status", fault.status, source=fault.source)
+            elif fault.kind == "stall":
+                await app.clock.sleep(fault.ms / 1000.0)
+                return None
+            else:
+                return _reset_result()
+        return await self.apply(req, fault, app)
+
+    async def apply(self, req: Request, fault: Fault, app: App) -> Result | None:
+        k = fault.kind
+        cfg = app.config.faults
+        if k == "status":
+            raise fault_error(fault, _model(req), cfg.retry_after_ms, req.request_id)
+        if k == "reset":
+            return _reset_result()
+        if k == "hang":
+            await app.clock.sleep(fault.ms / 1000.0)
+            if fault.status:
+                raise fault_error(Fault("status", fault.status), _model(req), cfg.retry_after_ms)
+            return _reset_result()
+        req.notes["fault"] = fault  # mid-stream: applied by stream_hook
+        return None
+
+    def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
+        fault: Fault | None = req.notes.pop("fault", None)
+        if fault is None:
+            return
+        s = res.stream
+        is_token = s.meta.get("is_token") or (lambda t, d: False)
+        err = s.meta.get("error_events")
+        s.wrap(lambda plan: inject(plan, fault, s.kind, is_token, err))
+
+    # -- scenario API ----------------------------------------------------------------------
+    def _add(self, body: Any) -> dict[str, Any]:
+        try:
+            return self.engine.add_rule(body, self.app.clock.time()).public()
+        except OverflowError as exc:
+            raise APIError(429, str(exc), type="invalid_request_error",
+                           code="too_many_rules") from None
+        except ValueError as exc:
+            msg = str(exc)
+            m = re.match(r"'(\w+)'", msg)
+            raise APIError(400, f"Invalid fault rule: {msg}", type="invalid_request_error",
+                           param=m.group(1) if m else None, code="invalid_value") from None
+
+    async def post(self, req: Request, app: App) -> JSONResponse:
+        body = req.json()
+        if isinstance(body, dict) and "rules" in body and "fault" not in body:
+            body = body["rules"]
+        if isinstance(body, list):
+            return JSONResponse({"object": "list", "data": [self._add(b) for b in body]})
+        return JSONResponse(self._add(body))
+
+    async def list(self, req: Request, app: App) -> JSONResponse:
+        self.engine.expire(app.clock.time())
+        return JSONResponse({"object": "list", "data": [r.public() for r in self.engine.rules],
+                             "fired": dict(self.engine.fired)})
+
+    def _find(self, rid: str) -> Any:
+        for r in self.engine.rules:
+            if r.id == rid:
+                return r
+        raise APIError(404, f"No fault rule with id '{rid}'.", param="id", code="not_found")
+
+    async def get_one(self, req: Request, app: App) -> JSONResponse:
+        return JSONResponse(self._find(req.params["id"]).public())
+
+    async def delete_all(self, req: Request, app: App) -> JSONResponse:
+        return JSONResponse({"object": "list", "deleted": self.engine.clear()})
+
+    async def delete_one(self, req: Request, app: App) -> JSONResponse:
+        rid = req.params["id"]
+        self._find(rid)
+        self.engine.remove_rule(rid)
+        return JSONResponse({"id": rid, "object": "llmsim.fault_rule", "deleted": True})
+
+
+# ------------------------------------------------------------------------------------------
+# Rate limits
+# ------------------------------------------------------------------------------------------
+
+def _output_tokens(usage: Any) -> int:
+    if not isinstance(usage, dict):
+        return 0
+    v = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    return v if isinstance(v, int) else 0
+
+
+class Limits:
+    """Rate-limit hooks: admit in ``before``, headers in ``after``, late charges on close."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.limiter = RateLimiter(app.config.ratelimit)
+
+    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+        if not is_api_path(req.path):
+            return None
+        model = _model(req)
+        if model is None:
+            return None
+        prompt, mx = estimate_tokens(_body(req))
+        key = req.api_key or ""
+        # raises the 429 (with x-ratelimit-* and retry-after headers) when a bucket is empty
+        req.notes["ratelimit"] = self.limiter.admit(key, model, prompt + (mx or 0),
+                                                    app.clock.now())
+        if mx is None:
+            req.notes["ratelimit_charge"] = (key, model)
+        return None
+
+    def after(self, req: Request, route: Route, res: Result) -> None:
+        snap = req.notes.get("ratelimit")
+        if snap is None:
+            return
+        res.headers.extend(snap.headers())
+        late = req.notes.pop("ratelimit_charge", None)
+        if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
+            self.limiter.charge(*late, _output_tokens(res.data.get("usage")),
+                                self.app.clock.now())
+
+    def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
+        late = req.notes.pop("ratelimit_charge", None)
+        if late is None:
+            return
+        meta = res.stream.meta
+        limiter, clock = self.limiter, self.app.clock
+
+        def charge(reason: str) -> None:
+            limiter.charge(*late, _output_tokens(meta.get("usage")), clock.now())
+
+        _chain_close(res, charge)
+
+
+def _chain_close(res: StreamResponse, fn: Any) -> None:
+    prev = res.on_close
+
+    def on_close(reason: str) -> None:
+        try:
+            fn(reason)
+        finally:
+            if prev is not None:
+                prev(reason)
+
+    res.on_close = on_close
+
+
+# ------------------------------------------------------------------------------------------
+# Capacity
+# ------------------------------------------------------------------------------------------
+
+class Slot:
+    """One admitted sequence; :meth:`release` is idempotent (stream end, close, abort)."""
+
+    __slots__ = ("engine", "done")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.done = False
+
+    def release(self, *_: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        _release(self.engine)
+
+
+def _release(engine: Engine) -> None:
+    while (waiter := engine.release()) is not None:
+        if not waiter.done():
+            waiter.set_result(None)  # the sequence passes to the oldest live waiter
+            return
+        # that waiter's client left after being handed the sequence: pass it on
+
+
+class Capacity:
+    """Capacity hooks: wait for a sequence in ``before``, pace and release in the stream."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.config = app.config.capacity
+        self.engines: dict[str, Engine] = {}
+
+    def engine(self, model: str) -> Engine:
+        eng = self.engines.get(model)
+        if eng is None:
+            if len(self.engines) >= MAX_ENGINES:
+                model = ""  # shared overflow engine
+                eng = self.engines.get(model)
+            if eng is None:
+                c = self.config
+                spec = c.models.get(model)
+
+                def pick(name: str) -> Any:
+                    v = getattr(spec, name, None) if spec is not None else None
+                    return getattr(c, name) if v is None else v
+
+                eng = Engine(model, pick("max_seqs"), pick("queue"), pick("itl_slope"),
+                             pick("prefill_ms_per_1k"))
+                self.engines[model] = eng
+        return eng
+
+    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+        if not is_api_path(req.path):
+            return None
+        model = _model(req)
+        if model is None:
+            return None
+        eng = self.engine(model)
+        if not eng.try_admit():
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if not eng.enqueue(fut):
+                raise self.overloaded(req)
+            try:
+                await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled():
+                    _release(eng)  # handed a sequence but gone before using it
+                else:
+                    eng.forget(fut)
+                raise
+        req.notes["slot"] = Slot(eng)
+        return None
+
+    def overloaded(self, req: Request) -> APIError:
+        status = self.config.reject_status
+        return APIError(status, "That model is currently overloaded with other requests. You "
+                        "can retry your request, or contact us through our help center at "
+                        "help.openai.com if the error persists. (Please include the request ID "
+                        f"{req.request_id} in your message.)", type="server_error", code=None,
+                        headers=retry_headers(1000.0))
+
+    def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
+        slot: Slot | None = req.notes.pop("slot", None)
+        if slot is None:
+            return
+        s = res.stream
+        meta = s.meta
+        usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        if not isinstance(prompt, int):
+            prompt = estimate_tokens(_body(req))[0]
+        prefill = slot.engine.prefill(prompt)
+        is_token = meta.get("is_token") or (lambda t, d: False)
+        s.wrap(lambda plan: _pace(plan, slot, prefill, is_token))
+        _chain_close(res, slot.release)
+
+    def after(self, req: Request, route: Route, res: Result) -> None:
+        slot = req.notes.pop("slot", None)
+        if slot is not None:  # a complete (JSON or error) answer: the sequence is done
+            slot.release()
+
+    def abort(self, req: Request) -> None:
+        slot = req.notes.pop("slot", None)
+        if slot is not None:
+            slot.release()
+
+    async def status(self, req: Request, app: App) -> JSONResponse:
+        return JSONResponse({"object": "list",
+                             "data": [e.public() for e in self.engines.values()]})
+
+
+def _pace(plan: Iterator[PlanItem], slot: Slot, prefill: float,
+          is_token: Any) -> Iterator[PlanItem]:
+    """Add prefill time before the first token, then stretch every later gap by the
+    engine's current slowdown (read when the event is pulled, so it follows the load)."""
+    eng = slot.engine
+    started = False
+    try:
+        for off, etype, data in plan:
+            if started:
+                if off:
+                    off *= eng.factor()
+            elif off > 0 or is_token(etype, data):
+                started = True
+                off += prefill
+            yield off, etype, data
+    finally:
+        close = getattr(plan, "close", None)
+        if close is not None:
+            close()
+        slot.release()
+
+
+# ------------------------------------------------------------------------------------------
+
+def register(app: App) -> None:
+    cfg = app.config
+    if cfg.api_key:
+        app.before.append(_auth_hook(frozenset(cfg.api_key)))
+    faults = Faults(app)
+    app.extensions["faults"] = faults
+    app.before.append(faults.before)
+    if cfg.ratelimit.enabled:
+        limits = Limits(app)
+        app.extensions["ratelimit"] = limits
+        app.before.append(limits.before)
+        app.after.append(limits.after)
+        app.stream_hooks.append(limits.stream_hook)
+    cap = Capacity(app)
+    app.extensions["capacity"] = cap
+    if cfg.capacity.enabled:
+        app.before.append(cap.before)
+        app.after.append(cap.after)
+        app.stream_hooks.append(cap.stream_hook)
+        app.abort_hooks.append(cap.abort)
+    app.stream_hooks.append(faults.stream_hook)  # last: fault timing is not stretched
+    r = app.router
+    r.add("POST", "/llmsim/faults", faults.post, "llmsim.faults")
+    r.add("GET", "/llmsim/faults", faults.list, "llmsim.faults")
+    r.add("DELETE", "/llmsim/faults", faults.delete_all, "llmsim.faults")
+    r.add("GET", "/llmsim/faults/{id}", faults.get_one, "llmsim.faults")
+    r.add("DELETE", "/llmsim/faults/{id}", faults.delete_one, "llmsim.faults")
+    r.add("GET", "/llmsim/capacity", cap.status, "llmsim.capacity")
