@@ -43,7 +43,9 @@ class Router:
             if "{" not in p:
                 self._static.setdefault(p, {})[route.method] = route
                 continue
-            rx = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p) + "$")
+            # "{name}" matches one segment, "{name:path}" the rest (model ids like "org/model")
+            rx = re.compile("^" + re.sub(r"\{(\w+):path\}", r"(?P<\1>.+)",
+                                         re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p)) + "$")
             for existing, methods in self._dynamic:
                 if existing.pattern == rx.pattern:
                     methods[route.method] = route

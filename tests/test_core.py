@@ -182,3 +182,14 @@ def test_error_envelope():
     assert orjson.loads(e.body()) == {"error": {"message": "slow down", "type":
                                                 "rate_limit_error", "param": None,
                                                 "code": "rate_limit_exceeded"}}
+
+
+def test_router_path_param_spans_slashes():
+    r = Router()
+
+    async def h(req, app):
+        return None
+
+    r.add("GET", "/v1/models/{id:path}", h, "models")
+    assert r.resolve("GET", "/v1/models/meta-llama/Llama-3-8B")[1] == {
+        "id": "meta-llama/Llama-3-8B"}

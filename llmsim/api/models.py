@@ -32,4 +32,4 @@ def register(app: App) -> None:
     r = app.router
     r.add("GET", "/health", health, "health")
     r.add("GET", "/v1/models", list_models, "models")
-    r.add("GET", "/v1/models/{id}", get_model, "models")
+    r.add("GET", "/v1/models/{id:path}", get_model, "models")
