@@ -1,0 +1,454 @@
+"""The Responses API: ``/v1/responses`` (JSON, SSE, background, WebSocket via dispatch),
+stored responses (retrieve, delete, cancel, input items, resumable streams), input token
+counting, and minimal ``/v1/conversations``.
+
+Flow of a create: :func:`parse.parse_body` validates → the context is assembled (stored chain
+of ``previous_response_id`` or a conversation transcript, plus this input with
+``item_reference`` resolved) → :func:`sim.simulate` decides everything before the first byte →
+a :class:`state.Record` tracks the response while its events are rendered as JSON (after the
+simulated duration), as an SSE/WebSocket stream, or by a background pump on the shared clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...errors import APIError
+from ...flow import NullSink, Pump
+from ...messages import JSONResponse, Request, StreamResponse
+from ...sim.rng import new_id, request_rng
+from ...stream import EventStream
+from ..validate import V
+from . import render
+from .parse import RespRequest, normalize_input, parse_body
+from .sim import cached_prefix_tokens, prompt_tokens, simulate
+from .state import Conversation, Record, ResponsesState, state
+
+if TYPE_CHECKING:
+    from ...app import App
+
+__all__ = ["register", "create", "is_token_event"]
+
+Item = dict[str, Any]
+TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_arguments.delta",
+                          "response.custom_tool_call_input.delta",
+                          "response.reasoning_summary_text.delta"))
+
+
+def is_token_event(etype: str, data: Any) -> bool:
+    """An event that carries one generated token (text, summary or tool-call argument)."""
+    return etype in TOKEN_EVENTS
+
+
+def _not_found(rid: str) -> APIError:
+    return APIError(404, f"Response with id '{rid}' not found.", param="response_id",
+                    code=None)
+
+
+def _prev_not_found(rid: str) -> APIError:
+    return APIError(400, f"Previous response with id '{rid}' not found.",
+                    param="previous_response_id", code="previous_response_not_found")
+
+
+# ------------------------------------------------------------------------------------------
+# Context assembly
+# ------------------------------------------------------------------------------------------
+
+def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record:
+    rec = None
+    ctx = req.context if req.transport == "ws" else None
+    if ctx is not None:
+        lookup = getattr(ctx, "cached_response", None)
+        if lookup is not None:
+            rec = lookup(rid)
+    if rec is None:
+        rec = st.store.get(rid)
+    if rec is None:
+        raise _prev_not_found(rid)
+    if not rec.terminal:
+        raise APIError(400, f"Previous response with id '{rid}' is still in progress.",
+                       param="previous_response_id", code="previous_response_in_progress")
+    return rec
+
+
+def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) -> list[Item]:
+    """Replace ``item_reference`` placeholders by the referenced items (earlier turns of this
+    context first, then any stored response)."""
+    if not any(it.get("type") == "item_reference" for it in items):
+        return items
+    known = {it.get("id"): it for it in history if it.get("id")}
+    out = []
+    for i, it in enumerate(items):
+        if it.get("type") != "item_reference":
+            out.append(it)
+            known[it.get("id")] = it
+            continue
+        hit = known.get(it["id"])
+        if hit is None:
+            for rec in st.store.values():
+                for cand in rec.input_items + rec.output_items():
+                    if cand.get("id") == it["id"]:
+                        hit = cand
+                        break
+                if hit is not None:
+                    break
+        if hit is None:
+            raise APIError(404, f"Item with id '{it['id']}' not found.",
+                           param=f"input[{i}]", code=None)
+        out.append(hit)
+    return out
+
+
+def _check_call_ids(items: list[Item], history: list[Item]) -> None:
+    """Every tool output must answer a tool call of the context, as the real API insists."""
+    calls = {it.get("call_id") for it in history
+             if it.get("type") in ("function_call", "custom_tool_call")}
+    for i, it in enumerate(items):
+        t = it.get("type")
+        if t in ("function_call", "custom_tool_call"):
+            calls.add(it.get("call_id"))
+        elif t in ("function_call_output", "custom_tool_call_output") \
+                and it.get("call_id") not in calls:
+            raise APIError(400, "No tool call found for function call output with call_id "
+                           f"{it.get('call_id')}.", param=f"input[{i}]", code=None)
+
+
+class Prepared:
+    """A request made ready to simulate: validated, context assembled, tokens counted."""
+
+    __slots__ = ("rr", "parent", "conversation", "input_items", "context", "input_tokens",
+                 "cached_tokens")
+
+    def __init__(self, rr: RespRequest, parent: Record | None, conv: Conversation | None,
+                 input_items: list[Item], context: list[Item], input_tokens: int,
+                 cached_tokens: int) -> None:
+        self.rr = rr
+        self.parent = parent
+        self.conversation = conv
+        self.input_items = input_items
+        self.context = context
+        self.input_tokens = input_tokens
+        self.cached_tokens = cached_tokens
+
+
+def prepare(req: Request, app: App, body: dict[str, Any], *,
+            count_only: bool = False) -> Prepared:
+    """Validate and assemble the context of a create (or input_tokens) request."""
+    st = state(app)
+    rr = parse_body(body, app, transport=req.transport, count_only=count_only)
+    parent = None
+    conv = None
+    history: list[Item] = []
+    if rr.previous_response_id is not None:
+        parent = _find_previous(req, st, rr.previous_response_id)
+        history = parent.context(app.config.responses.max_chain_depth)
+    elif rr.conversation is not None:
+        conv = st.conversations.get(rr.conversation)
+        if conv is None:
+            raise APIError(404, f"Conversation with id '{rr.conversation}' not found.",
+                           param="conversation", code=None)
+        history = list(conv.items)
+    items = _resolve_refs(rr.input_items, history, st)
+    _check_call_ids(items, history)
+    enc = rr.profile.encoding
+    tools = rr.tools or None
+    total = prompt_tokens(history + items, rr.instructions, tools, enc)
+    cw = rr.profile.context_window
+    if total + (rr.limit or 0) > cw:
+        if rr.truncation == "auto" and history:
+            # truncation "auto": drop the oldest items of the context until the input fits
+            while history and total + (rr.limit or 0) > cw:
+                history = history[1:]
+                total = prompt_tokens(history + items, rr.instructions, tools, enc)
+        if total + (rr.limit or 0) > cw and not count_only:
+            raise APIError(400, f"Your input exceeds the context window of this model "
+                           f"({total} tokens > {cw}). Please adjust your input and try again.",
+                           param="input", code="context_length_exceeded")
+    cached = 0
+    if history:
+        cached = cached_prefix_tokens(prompt_tokens(history, rr.instructions, tools, enc))
+    return Prepared(rr, parent, conv, items, history + items, total, min(cached, total))
+
+
+# ------------------------------------------------------------------------------------------
+# POST /v1/responses
+# ------------------------------------------------------------------------------------------
+
+def _meta(rec: Record, model: str) -> dict[str, Any]:
+    return {"endpoint": "responses", "model": model, "is_token": is_token_event,
+            "error_events": rec.failed, "usage": rec.out.usage(), "response_id": rec.id}
+
+
+def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:
+    stream = EventStream(rec.follow_plan(after, app.clock.now()), kind="responses",
+                         meta=_meta(rec, model))
+    stream.seq = after + 1
+    return StreamResponse(stream)
+
+
+async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
+    """``POST /v1/responses`` (and WebSocket ``response.create`` through dispatch)."""
+    st = state(app)
+    body = req.json_object()
+    p = prepare(req, app, body)
+    rr = p.rr
+    cfg = app.config.responses
+    if rr.background:
+        if not st.store.enabled:
+            raise APIError(400, "Background mode requires stored responses, which are "
+                           "disabled on this server (responses.store_max_entries = 0).",
+                           param="background", code="invalid_value")
+        if st.active_background >= cfg.background_max_active:
+            raise APIError(429, "Too many background responses in progress on this server "
+                           f"(limit {cfg.background_max_active}). Try again later.",
+                           param="background", code="rate_limit_exceeded")
+    rng = request_rng(app.config.seed, "/v1/responses", body)
+    lat = app.latency(rr.profile)
+    out = simulate(rr, p.context, app, rng, lat, new_id("resp_"), int(app.clock.time()),
+                   p.input_tokens, p.cached_tokens)
+    echo = render.echo_fields(rr)
+    ws_ctx = req.context if req.transport == "ws" else None
+    rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
+                 conversation=p.conversation, ws_context=ws_ctx,
+                 warmup=not rr.generate)
+    if rr.store:
+        st.store.put(rec.id, rec)
+    if rr.background:
+        return _start_background(rec, app, st, rr)
+    if rr.stream:
+        stream = EventStream(rec.live_plan(), kind="responses", on_event=rec.observe,
+                             meta=_meta(rec, rr.model))
+        rec.stream = stream
+        return StreamResponse(stream)
+    try:
+        if out.duration > 0:
+            await app.clock.sleep(out.duration)
+    except BaseException:
+        rec.cancel()  # the client went away: a foreground response stops generating
+        raise
+    final = render.final_snapshot(echo, out)
+    rec.done_output = list(final["output"])
+    rec.finish(final)
+    return JSONResponse(final)
+
+
+def _start_background(rec: Record, app: App, st: ResponsesState,
+                      rr: RespRequest) -> JSONResponse | StreamResponse:
+    """Run the response on the shared clock with no client (events go to the record);
+    the caller gets the queued Response, or a stream that follows the record live."""
+    queued = rec.response()
+    stream = EventStream(rec.live_plan(background=True), kind="responses",
+                         meta=_meta(rec, rr.model))
+    rec.stream = stream
+    st.active_background += 1
+
+    def done(reason: str) -> None:
+        st.active_background -= 1
+        rec.pump = None
+        if not rec.terminal:
+            rec.cancel()
+
+    pump = Pump(stream, app.clock, lambda t, d: b"", NullSink(), on_done=done,
+                observer=lambda t, d, now: rec.observe(t, d))
+    rec.pump = pump
+    # start on the next clock pass, after the POST has been answered with "queued"
+    app.clock.call_at(app.clock.now(), pump.start)
+    if rr.stream:
+        return _follow(rec, -1, app, rr.model)
+    return JSONResponse(queued)
+
+
+# ------------------------------------------------------------------------------------------
+# Stored responses
+# ------------------------------------------------------------------------------------------
+
+def _record(app: App, req: Request) -> Record:
+    rid = req.params.get("id", "")
+    rec = state(app).store.get(rid)
+    if rec is None:
+        raise _not_found(rid)
+    return rec
+
+
+def _bool_query(req: Request, name: str) -> bool:
+    v = req.query_one(name)
+    if v is None:
+        return False
+    if v.lower() in ("true", "1"):
+        return True
+    if v.lower() in ("false", "0", ""):
+        return False
+    raise APIError(400, f"Invalid value for '{name}': expected a boolean.", param=name,
+                   code="invalid_value")
+
+
+def _int_query(req: Request, name: str, default: int, lo: int, hi: int) -> int:
+    v = req.query_one(name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise APIError(400, f"Invalid type for '{name}': expected an integer.", param=name,
+                       code="invalid_type") from None
+    if not lo <= n <= hi:
+        raise APIError(400, f"Invalid '{name}': expected a value between {lo} and {hi}, but "
+                       f"got {n} instead.", param=name, code="invalid_value")
+    return n
+
+
+async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
+    """``GET /v1/responses/{id}`` (``?stream=true&starting_after=N`` replays/follows)."""
+    rec = _record(app, req)
+    if _bool_query(req, "stream"):
+        after = _int_query(req, "starting_after", -1, -1, 1 << 40)
+        return _follow(rec, after, app, rec.echo["model"])
+    return JSONResponse(rec.response())
+
+
+async def delete(req: Request, app: App) -> JSONResponse:
+    """``DELETE /v1/responses/{id}`` (a running background response is stopped)."""
+    rid = req.params.get("id", "")
+    rec = state(app).store.pop(rid)
+    if rec is None:
+        raise _not_found(rid)
+    if rec.pump is not None:
+        rec.cancel()
+    return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
+
+async def cancel(req: Request, app: App) -> JSONResponse:
+    """``POST /v1/responses/{id}/cancel``: only background responses can be cancelled."""
+    rec = _record(app, req)
+    if not rec.background:
+        raise APIError(400, "Only responses created with background=true can be cancelled.",
+                       param=None, code=None)
+    if rec.terminal and rec.status != "cancelled":
+        raise APIError(400, f"Cannot cancel a response with status '{rec.status}'.",
+                       param=None, code=None)
+    rec.cancel()
+    return JSONResponse(rec.response())
+
+
+def _page(req: Request, items: list[Item]) -> dict[str, Any]:
+    """Cursor pagination (``after``, ``limit`` 1-100 default 20, ``order`` desc default)."""
+    limit = _int_query(req, "limit", 20, 1, 100)
+    order = req.query_one("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, f"Invalid value: '{order}'. Supported values are: 'asc' and "
+                       "'desc'.", param="order", code="invalid_value")
+    seq = items if order == "asc" else items[::-1]
+    after = req.query_one("after")
+    if after:
+        for i, it in enumerate(seq):
+            if it.get("id") == after:
+                seq = seq[i + 1:]
+                break
+        else:
+            raise APIError(400, f"Invalid 'after': no item with id '{after}'.", param="after",
+                           code="invalid_value")
+    data = seq[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(seq) > limit}
+
+
+async def input_items(req: Request, app: App) -> JSONResponse:
+    """``GET /v1/responses/{id}/input_items``."""
+    rec = _record(app, req)
+    return JSONResponse(_page(req, rec.input_items))
+
+
+async def input_tokens(req: Request, app: App) -> JSONResponse:
+    """``POST /v1/responses/input_tokens``: the input tokens a create would be billed."""
+    body = req.json_object()
+    p = prepare(req, app, body, count_only=True)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": p.input_tokens})
+
+
+# ------------------------------------------------------------------------------------------
+# Conversations (minimal: what ``conversation`` needs)
+# ------------------------------------------------------------------------------------------
+
+def _conv(app: App, req: Request) -> Conversation:
+    cid = req.params.get("id", "")
+    conv = state(app).conversations.get(cid)
+    if conv is None:
+        raise APIError(404, f"Conversation with id '{cid}' not found.", param=None, code=None)
+    return conv
+
+
+def _items_body(body: dict[str, Any], key: str = "items") -> list[Item]:
+    raw = V(body).list(key, [], max_len=20) or []
+    items, refs = normalize_input(raw)
+    if refs:
+        raise APIError(400, "item_reference items are not supported here.", param=key,
+                       code="invalid_value")
+    return items
+
+
+async def conv_create(req: Request, app: App) -> JSONResponse:
+    st = state(app)
+    if not st.conversations.enabled:
+        raise APIError(400, "Conversations are disabled on this server "
+                       "(responses.conversations_max_entries = 0).", param=None, code=None)
+    body = req.json_object() if req.body else {}
+    metadata = V(body).metadata() or {}
+    items = _items_body(body)
+    conv = Conversation(new_id("conv_", 48), int(app.clock.time()), metadata,
+                        app.config.responses.conversation_max_items)
+    conv.extend(items)
+    st.conversations.put(conv.id, conv)
+    return JSONResponse(conv.json())
+
+
+async def conv_get(req: Request, app: App) -> JSONResponse:
+    return JSONResponse(_conv(app, req).json())
+
+
+async def conv_update(req: Request, app: App) -> JSONResponse:
+    conv = _conv(app, req)
+    body = req.json_object()
+    md = V(body).metadata()
+    if md is None:
+        raise APIError(400, "Missing required parameter: 'metadata'.", param="metadata",
+                       code="missing_required_parameter")
+    conv.metadata = md
+    return JSONResponse(conv.json())
+
+
+async def conv_delete(req: Request, app: App) -> JSONResponse:
+    cid = req.params.get("id", "")
+    if state(app).conversations.pop(cid) is None:
+        raise APIError(404, f"Conversation with id '{cid}' not found.", param=None, code=None)
+    return JSONResponse({"id": cid, "object": "conversation.deleted", "deleted": True})
+
+
+async def conv_items(req: Request, app: App) -> JSONResponse:
+    return JSONResponse(_page(req, list(_conv(app, req).items)))
+
+
+async def conv_add_items(req: Request, app: App) -> JSONResponse:
+    conv = _conv(app, req)
+    items = _items_body(req.json_object())
+    conv.extend(items)
+    return JSONResponse({"object": "list", "data": items,
+                         "first_id": items[0]["id"] if items else None,
+                         "last_id": items[-1]["id"] if items else None, "has_more": False})
+
+
+def register(app: App) -> None:
+    """Add the Responses and Conversations routes."""
+    state(app)
+    r = app.router
+    r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
+    r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
+    r.add("GET", "/v1/responses/{id}", retrieve, "responses.retrieve", stream_capable=True)
+    r.add("DELETE", "/v1/responses/{id}", delete, "responses.delete")
+    r.add("POST", "/v1/responses/{id}/cancel", cancel, "responses.cancel")
+    r.add("GET", "/v1/responses/{id}/input_items", input_items, "responses.input_items")
+    r.add("POST", "/v1/conversations", conv_create, "conversations.create")
+    r.add("GET", "/v1/conversations/{id}", conv_get, "conversations.retrieve")
+    r.add("POST", "/v1/conversations/{id}", conv_update, "conversations.update")
+    r.add("DELETE", "/v1/conversations/{id}", conv_delete, "conversations.delete")
+    r.add("GET", "/v1/conversations/{id}/items", conv_items, "conversations.items")
+    r.add("POST", "/v1/conversations/{id}/items", conv_add_items, "conversations.items.create")

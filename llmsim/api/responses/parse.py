@@ -1,0 +1,540 @@
+"""Validation of ``POST /v1/responses`` bodies into a :class:`RespRequest`.
+
+Every check raises :class:`~llmsim.errors.APIError` naming the parameter, in the real API's
+wording where it is known. Input items are normalised into the shapes the API returns from
+``GET /v1/responses/{id}/input_items`` (each with an ``id`` and a ``status``), so they can be
+stored, listed and replayed as context without another conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...errors import APIError
+from ...sim.models import ModelProfile
+from ...sim.rng import new_id
+from ..validate import FUNCTION_NAME, V, unsupported
+
+if TYPE_CHECKING:
+    from ...app import App
+
+__all__ = ["RespRequest", "parse_body", "normalize_input", "KNOWN_FIELDS", "TOOL_TYPES"]
+
+# Every field of the SDK's ResponseCreateParams (openai 3.52) plus ``stream``; anything else
+# is the real API's "Unknown parameter" 400 (catches ``max_tokens`` and other typos).
+KNOWN_FIELDS = frozenset((
+    "access_programs", "background", "context_management", "conversation", "image", "include",
+    "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model",
+    "moderation", "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
+    "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
+    "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
+    "tools", "top_logprobs", "top_p", "truncation", "user", "personality"))
+
+# tool type -> required fields besides ``type`` (the SDK's Tool union, openai 3.52)
+TOOL_TYPES: dict[str, tuple[str, ...]] = {
+    "function": ("name",), "file_search": ("vector_store_ids",), "computer": (),
+    "computer_use_preview": ("display_height", "display_width", "environment"),
+    "web_search": (), "web_search_2025_08_26": (), "web_search_preview": (),
+    "web_search_preview_2025_03_11": (), "mcp": ("server_label",),
+    "code_interpreter": ("container",), "programmatic_tool_calling": (),
+    "image_generation": (), "local_shell": (), "shell": (), "custom": ("name",),
+    "namespace": ("description", "name", "tools"), "tool_search": (), "apply_patch": ()}
+CALLABLE_TOOLS = ("function", "custom")  # tools the simulated model can call
+
+INCLUDABLE = ("file_search_call.results", "web_search_call.results",
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "reasoning.encrypted_content", "message.output_text.logprobs")
+INPUT_ROLES = ("user", "assistant", "system", "developer")
+USER_PARTS = ("input_text", "input_image", "input_file")
+ASSISTANT_PARTS = ("output_text", "refusal")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning",
+              "item_reference", "custom_tool_call", "custom_tool_call_output")
+
+
+@dataclass(slots=True)
+class RespRequest:
+    """A validated Responses request: what the simulation and the echo need."""
+
+    body: dict[str, Any]
+    profile: ModelProfile
+    model: str
+    input_items: list[dict[str, Any]]  # this turn's input, normalised (ids, status)
+    raw_refs: list[str] = field(default_factory=list)  # item_reference ids to resolve
+    instructions: str | None = None
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    conversation: str | None = None
+    limit: int | None = None  # max_output_tokens
+    max_tool_calls: int | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # echoed, normalised
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+    verbosity: str = "medium"
+    effort: str | None = None  # None for non-reasoning models; "none" = no reasoning
+    summary: str | None = None  # reasoning.summary as requested (echoed)
+    include: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    truncation: str = "disabled"
+    service_tier: str = "auto"
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    generate: bool = True  # WebSocket warm-up (generate: false) produces no output
+
+    @property
+    def encrypted(self) -> bool:
+        return "reasoning.encrypted_content" in self.include
+
+    @property
+    def callable_tools(self) -> list[dict[str, Any]]:
+        return [t for t in self.tools if t["type"] in CALLABLE_TOOLS]
+
+
+def _err(param: str, msg: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, msg, param=param, code=code)
+
+
+def _missing(param: str) -> APIError:
+    return APIError(400, f"Missing required parameter: '{param}'.", param=param,
+                    code="missing_required_parameter")
+
+
+def _bad_value(param: str, value: Any, allowed: tuple[str, ...]) -> APIError:
+    opts = ", ".join(f"'{a}'" for a in allowed)
+    return _err(param, f"Invalid value: '{value}'. Supported values are: {opts}.")
+
+
+def _need_str(d: dict[str, Any], key: str, p: str) -> str:
+    v = d.get(key)
+    if v is None:
+        raise _missing(f"{p}.{key}")
+    if not isinstance(v, str):
+        raise _err(f"{p}.{key}", f"Invalid type for '{p}.{key}': expected a string, but got "
+                   f"{type(v).__name__} instead.", "invalid_type")
+    return v
+
+
+# ------------------------------------------------------------------------------------------
+# Input items
+# ------------------------------------------------------------------------------------------
+
+def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
+    """Message content as the API stores it (input_text/... or output_text/refusal parts)."""
+    assistant = role == "assistant"
+    if isinstance(content, str):
+        return [{"type": "output_text", "text": content, "annotations": []} if assistant
+                else {"type": "input_text", "text": content}]
+    if not isinstance(content, list):
+        raise _err(f"{p}.content", f"Invalid type for '{p}.content': expected one of a string "
+                   "or array of input item content, but got an object instead.", "invalid_type")
+    allowed = ASSISTANT_PARTS if assistant else USER_PARTS
+    out = []
+    for j, part in enumerate(content):
+        pp = f"{p}.content[{j}]"
+        if not isinstance(part, dict):
+            raise _err(pp, f"Invalid type for '{pp}': expected an object.", "invalid_type")
+        t = part.get("type")
+        if t is None:
+            raise _missing(f"{pp}.type")
+        if t not in allowed:
+            raise _bad_value(f"{pp}.type", t, allowed)
+        if t in ("input_text", "output_text"):
+            text = _need_str(part, "text", pp)
+            out.append({"type": t, "text": text, "annotations": []} if t == "output_text"
+                       else {"type": t, "text": text})
+        elif t == "refusal":
+            out.append({"type": "refusal", "refusal": _need_str(part, "refusal", pp)})
+        elif t == "input_image":
+            if not isinstance(part.get("image_url"), str) and \
+                    not isinstance(part.get("file_id"), str):
+                raise _err(pp, f"Invalid '{pp}': one of 'image_url' or 'file_id' is "
+                           "required.", "missing_required_parameter")
+            detail = part.get("detail", "auto")
+            if detail not in ("low", "high", "auto", "original"):
+                raise _bad_value(f"{pp}.detail", detail, ("low", "high", "auto", "original"))
+            out.append({"type": t, "detail": detail, "image_url": part.get("image_url"),
+                        "file_id": part.get("file_id")})
+        else:  # input_file
+            if not any(isinstance(part.get(k), str)
+                       for k in ("file_id", "file_data", "file_url")):
+                raise _err(pp, f"Invalid '{pp}': one of 'file_id', 'file_data' or 'file_url' "
+                           "is required.", "missing_required_parameter")
+            out.append({k: part[k] for k in ("type", "file_id", "file_data", "file_url",
+                                              "filename") if part.get(k) is not None})
+    return out
+
+
+def _message(it: dict[str, Any], p: str) -> dict[str, Any]:
+    role = it.get("role")
+    if role is None:
+        raise _missing(f"{p}.role")
+    if role not in INPUT_ROLES:
+        raise _bad_value(f"{p}.role", role, INPUT_ROLES)
+    if "content" not in it or it["content"] is None:
+        raise _missing(f"{p}.content")
+    item: dict[str, Any] = {"id": it.get("id") if isinstance(it.get("id"), str)
+                            else new_id("msg_"), "type": "message", "role": role,
+                            "content": _parts(it["content"], role, p), "status": "completed"}
+    if role == "assistant" and isinstance(it.get("phase"), str):
+        item["phase"] = it["phase"]
+    return item
+
+
+def _status(it: dict[str, Any], p: str) -> str:
+    st = it.get("status", "completed")
+    if st is None:
+        return "completed"
+    if st not in ("in_progress", "completed", "incomplete"):
+        raise _bad_value(f"{p}.status", st, ("in_progress", "completed", "incomplete"))
+    return st
+
+
+def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """``input`` as stored items, and the ids of ``item_reference`` items (in order).
+
+    ``item_reference`` items are kept in the list as ``{"type": "item_reference", "id"}``
+    placeholders; the handler resolves them against stored items.
+    """
+    if isinstance(raw, str):
+        return [{"id": new_id("msg_"), "type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": raw}], "status": "completed"}], []
+    if not isinstance(raw, list):
+        raise _err("input", "Invalid type for 'input': expected one of a string or array of "
+                   "input items, but got an object instead.", "invalid_type")
+    items: list[dict[str, Any]] = []
+    refs: list[str] = []
+    for i, it in enumerate(raw):
+        p = f"input[{i}]"
+        if not isinstance(it, dict):
+            raise _err(p, f"Invalid type for '{p}': expected an input item object.",
+                       "invalid_type")
+        t = it.get("type")
+        if t is None:
+            if "role" in it:
+                t = "message"  # the {role, content} shorthand (EasyInputMessage)
+            else:
+                raise _missing(f"{p}.type")
+        if t not in ITEM_TYPES:
+            raise _bad_value(f"{p}.type", t, ITEM_TYPES)
+        if t == "message":
+            items.append(_message(it, p))
+        elif t in ("function_call", "custom_tool_call"):
+            name = _need_str(it, "name", p)
+            call_id = _need_str(it, "call_id", p)
+            key = "arguments" if t == "function_call" else "input"
+            val = _need_str(it, key, p)
+            pre = "fc_" if t == "function_call" else "ctc_"
+            items.append({"id": it.get("id") if isinstance(it.get("id"), str) else new_id(pre),
+                          "type": t, "status": _status(it, p), key: val, "call_id": call_id,
+                          "name": name})
+        elif t in ("function_call_output", "custom_tool_call_output"):
+            call_id = _need_str(it, "call_id", p)
+            out = it.get("output")
+            if out is None:
+                raise _missing(f"{p}.output")
+            if not isinstance(out, (str, list)):
+                raise _err(f"{p}.output", f"Invalid type for '{p}.output': expected one of a "
+                           "string or array of content items.", "invalid_type")
+            pre = "fco_" if t == "function_call_output" else "ctco_"
+            items.append({"id": it.get("id") if isinstance(it.get("id"), str) else new_id(pre),
+                          "type": t, "call_id": call_id, "output": out,
+                          "status": _status(it, p)})
+        elif t == "reasoning":
+            summ = it.get("summary", [])
+            if not isinstance(summ, list):
+                raise _err(f"{p}.summary", f"Invalid type for '{p}.summary': expected an "
+                           "array.", "invalid_type")
+            summary = []
+            for j, s in enumerate(summ):
+                if not isinstance(s, dict) or not isinstance(s.get("text"), str):
+                    raise _missing(f"{p}.summary[{j}].text")
+                summary.append({"type": "summary_text", "text": s["text"]})
+            item = {"id": it.get("id") if isinstance(it.get("id"), str) else new_id("rs_"),
+                    "type": "reasoning", "summary": summary}
+            if isinstance(it.get("encrypted_content"), str):
+                item["encrypted_content"] = it["encrypted_content"]
+            if isinstance(it.get("content"), list):
+                item["content"] = it["content"]
+            items.append(item)
+        else:  # item_reference
+            rid = _need_str(it, "id", p)
+            refs.append(rid)
+            items.append({"type": "item_reference", "id": rid})
+    return items, refs
+
+
+# ------------------------------------------------------------------------------------------
+# Tools, tool_choice, text
+# ------------------------------------------------------------------------------------------
+
+def _tools(raw: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    names: set[str] = set()
+    for i, t in enumerate(raw):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise _err(p, f"Invalid type for '{p}': expected an object.", "invalid_type")
+        tt = t.get("type")
+        if tt is None:
+            raise _missing(f"{p}.type")
+        if tt not in TOOL_TYPES:
+            raise _bad_value(f"{p}.type", tt, tuple(TOOL_TYPES))
+        for req in TOOL_TYPES[tt]:
+            if t.get(req) is None:
+                raise _missing(f"{p}.{req}")
+        tool = dict(t)
+        if tt in ("function", "custom"):
+            name = _need_str(t, "name", p)
+            if not FUNCTION_NAME.match(name):
+                raise _err(f"{p}.name", f"Invalid '{p}.name': string does not match pattern. "
+                           "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.")
+            if name in names:
+                raise _err(f"{p}.name", f"Duplicate tool name: '{name}'.")
+            names.add(name)
+        if tt == "function":
+            params = t.get("parameters")
+            if params is not None and not isinstance(params, dict):
+                raise _err(f"{p}.parameters", f"Invalid type for '{p}.parameters': expected "
+                           "an object.", "invalid_type")
+            # the real API echoes every field; strict defaults to true in the Responses API
+            tool = {"type": "function", "name": t["name"],
+                    "description": t.get("description"), "parameters": params,
+                    "strict": t.get("strict", True)}
+        elif tt == "mcp" and t.get("server_url") is None and t.get("connector_id") is None:
+            raise _err(p, f"Invalid '{p}': one of 'server_url' or 'connector_id' is "
+                       "required.", "missing_required_parameter")
+        out.append(tool)
+    return out
+
+
+def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
+    if tc is None:
+        return "auto"
+    names = {t["name"] for t in tools if t["type"] in CALLABLE_TOOLS}
+    if isinstance(tc, str):
+        if tc not in ("none", "auto", "required"):
+            raise _bad_value("tool_choice", tc, ("none", "auto", "required"))
+        if tc == "required" and not tools:
+            raise _err("tool_choice", "Tool choice 'required' must be specified with 'tools' "
+                       "parameter.")
+        return tc
+    if not isinstance(tc, dict):
+        raise _err("tool_choice", "Invalid type for 'tool_choice': expected one of a string or "
+                   "an object.", "invalid_type")
+    t = tc.get("type")
+    if t is None:
+        raise _missing("tool_choice.type")
+    if t in ("function", "custom"):
+        name = _need_str(tc, "name", "tool_choice")
+        if name not in names:
+            raise _err("tool_choice", f"Tool choice '{t}' not found in 'tools' parameter.")
+        return {"type": t, "name": name}
+    if t == "allowed_tools":
+        mode = tc.get("mode")
+        if mode not in ("auto", "required"):
+            raise _bad_value("tool_choice.mode", mode, ("auto", "required"))
+        allowed = tc.get("tools")
+        if not isinstance(allowed, list) or not allowed:
+            raise _missing("tool_choice.tools")
+        return {"type": t, "mode": mode, "tools": allowed}
+    if t == "mcp":
+        _need_str(tc, "server_label", "tool_choice")
+        return dict(tc)
+    hosted = ("file_search", "web_search_preview", "computer", "computer_use_preview",
+              "computer_use", "web_search_preview_2025_03_11", "image_generation",
+              "code_interpreter", "apply_patch", "shell", "programmatic_tool_calling")
+    if t not in hosted:
+        raise _bad_value("tool_choice.type", t, ("function", "custom", "allowed_tools", "mcp")
+                         + hosted)
+    return {"type": t}
+
+
+def _text(v: V) -> tuple[dict[str, Any], str]:
+    text = v.dict("text")
+    if text is None:
+        return {"type": "text"}, "medium"
+    tv = V(text, "text.")
+    verbosity = tv.str("verbosity", "medium", choices=("low", "medium", "high")) or "medium"
+    fmt = tv.dict("format")
+    if fmt is None:
+        return {"type": "text"}, verbosity
+    ft = fmt.get("type")
+    if ft is None:
+        raise _missing("text.format.type")
+    if ft not in ("text", "json_object", "json_schema"):
+        raise _bad_value("text.format.type", ft, ("text", "json_schema", "json_object"))
+    if ft != "json_schema":
+        return {"type": ft}, verbosity
+    name = _need_str(fmt, "name", "text.format")
+    if not FUNCTION_NAME.match(name):
+        raise _err("text.format.name", "Invalid 'text.format.name': string does not match "
+                   "pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.")
+    schema = fmt.get("schema")
+    if schema is None:
+        raise _missing("text.format.schema")
+    if not isinstance(schema, dict):
+        raise _err("text.format.schema", "Invalid type for 'text.format.schema': expected an "
+                   "object.", "invalid_type")
+    strict = fmt.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _err("text.format.strict", "Invalid type for 'text.format.strict': expected a "
+                   "boolean.", "invalid_type")
+    return {"type": "json_schema", "name": name, "schema": schema,
+            "description": fmt.get("description"), "strict": strict}, verbosity
+
+
+# ------------------------------------------------------------------------------------------
+# The body
+# ------------------------------------------------------------------------------------------
+
+def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
+               count_only: bool = False) -> RespRequest:
+    """Validate a ``POST /v1/responses`` body (or an ``input_tokens`` body: ``count_only``)."""
+    for key in body:
+        if key not in KNOWN_FIELDS and not (transport == "ws" and key == "generate"):
+            raise _err(key, f"Unknown parameter: '{key}'.", "unknown_parameter")
+    v = V(body)
+    if count_only and body.get("model") is None:
+        profile = app.registry.get("gpt-4o") or app.model("gpt-4o")
+        model = profile.id
+    else:
+        profile = app.model(body.get("model"))
+        model = body["model"]
+    raw_input = body.get("input")
+    if raw_input is None:
+        if not count_only and body.get("previous_response_id") is None \
+                and body.get("conversation") is None and body.get("prompt") is None:
+            raise _missing("input")
+        items, refs = [], []
+    else:
+        items, refs = normalize_input(raw_input)
+    instructions = v.str("instructions")
+    stream = bool(v.bool("stream", False))
+    background = bool(v.bool("background", False))
+    store = v.bool("store", True)
+    prev = v.str("previous_response_id")
+    conv = body.get("conversation")
+    conv_id: str | None = None
+    if conv is not None:
+        if isinstance(conv, str):
+            conv_id = conv
+        elif isinstance(conv, dict) and isinstance(conv.get("id"), str):
+            conv_id = conv["id"]
+        else:
+            raise _err("conversation", "Invalid type for 'conversation': expected a string or "
+                       "an object with an 'id'.", "invalid_type")
+        if prev is not None:
+            raise _err("conversation", "Mutually exclusive parameters: Ensure you are only "
+                       "providing one of: 'previous_response_id' or 'conversation'.",
+                       "mutually_exclusive_parameters")
+    limit = v.int("max_output_tokens", None)
+    if limit is not None:
+        if limit < 16:
+            raise _err("max_output_tokens", "Invalid 'max_output_tokens': integer below "
+                       f"minimum value. Expected a value >= 16, but got {limit} instead.",
+                       "integer_below_min_value")
+        if limit > profile.max_output_tokens:
+            raise _err("max_output_tokens", f"max_output_tokens is too large: {limit}. This "
+                       f"model supports at most {profile.max_output_tokens} output tokens, "
+                       f"whereas you provided {limit}.")
+    max_tool_calls = v.int("max_tool_calls", None, lo=1)
+    tools = _tools(v.list("tools", []) or [])
+    tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    parallel = v.bool("parallel_tool_calls", True)
+    text_format, verbosity = _text(v)
+    metadata = v.metadata() or {}
+    temperature = v.num("temperature", None, lo=0, hi=2)
+    top_p = v.num("top_p", None, lo=0, hi=1)
+    top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
+    include = v.list("include", []) or []
+    for i, inc in enumerate(include):
+        if inc not in INCLUDABLE:
+            raise _bad_value(f"include[{i}]", inc, INCLUDABLE)
+    truncation = v.str("truncation", "disabled", choices=("auto", "disabled")) or "disabled"
+    service_tier = v.str("service_tier", "auto",
+                         choices=("auto", "default", "flex", "scale", "priority")) or "auto"
+    user = v.str("user")
+    safety_identifier = v.str("safety_identifier", max_len=64)
+    prompt_cache_key = v.str("prompt_cache_key")
+    retention = v.str("prompt_cache_retention", None, choices=("in_memory", "24h"))
+    so = v.dict("stream_options")
+    if so is not None and not stream and transport != "ws":
+        raise _err("stream_options", "The 'stream_options' parameter is only allowed when "
+                   "'stream' is enabled.")
+    v.dict("prompt")
+    generate = True
+    if transport == "ws":
+        g = body.get("generate", True)
+        if not isinstance(g, bool):
+            raise _err("generate", "Invalid type for 'generate': expected a boolean.",
+                       "invalid_type")
+        generate = g
+    # reasoning
+    reasoning = v.dict("reasoning")
+    effort: str | None = None
+    summary: str | None = None
+    if profile.reasoning:
+        effort = profile.default_effort
+        if temperature is not None and temperature != 1:
+            raise unsupported("temperature", model)
+        if top_p is not None and top_p != 1:
+            raise unsupported("top_p", model)
+    if reasoning is not None:
+        rv = V(reasoning, "reasoning.")
+        e = rv.str("effort", None, choices=("none", "minimal", "low", "medium", "high", "xhigh"))
+        summary = rv.str("summary", None, choices=("auto", "concise", "detailed"))
+        gs = rv.str("generate_summary", None, choices=("auto", "concise", "detailed"))
+        summary = summary or gs
+        if not profile.reasoning and (e is not None or summary is not None):
+            raise unsupported("reasoning.effort" if e is not None else "reasoning.summary",
+                              model)
+        if e is not None:
+            if e not in profile.efforts:
+                opts = ", ".join(f"'{x}'" for x in profile.efforts)
+                raise APIError(400, f"Unsupported value: '{e}' is not supported with the "
+                               f"'{model}' model. Supported values are: {opts}.",
+                               param="reasoning.effort", code="unsupported_value")
+            effort = e
+    if top_logprobs and profile.reasoning:
+        raise unsupported("top_logprobs", model)
+    if not store and background:
+        raise _err("background", "Background mode requires 'store' to be true.")
+    if transport == "ws" and background:
+        raise _err("background", "Background mode is not supported over WebSocket.",
+                   "unsupported_parameter")
+    if text_format["type"] == "json_object" and not count_only:
+        words = " ".join(_texts(items)) + " " + (instructions or "")
+        if "json" not in words.lower() and prev is None and conv_id is None:
+            raise _err("text", "Response input messages must contain the word 'json' in some "
+                       "form to use 'text.format' of type 'json_object'.")
+    return RespRequest(
+        body=body, profile=profile, model=model, input_items=items, raw_refs=refs,
+        instructions=instructions, stream=stream or transport == "ws", background=background,
+        store=bool(store), previous_response_id=prev, conversation=conv_id, limit=limit,
+        max_tool_calls=max_tool_calls, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=bool(parallel), text_format=text_format, verbosity=verbosity,
+        effort=effort, summary=summary, include=list(include),
+        metadata=metadata, temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p, top_logprobs=top_logprobs or 0,
+        truncation=truncation, service_tier=service_tier, user=user,
+        safety_identifier=safety_identifier, prompt_cache_key=prompt_cache_key,
+        prompt_cache_retention=retention, generate=generate)
+
+
+def _texts(items: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for it in items:
+        if it.get("type") == "message":
+            for part in it["content"]:
+                if "text" in part:
+                    out.append(part["text"])
+    return out

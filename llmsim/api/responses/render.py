@@ -1,0 +1,222 @@
+"""Rendering a decided response: Response objects, output items and the SSE event plan.
+
+Everything here is a pure function of the request echo and the :class:`RespOut` decision, so
+the same events can be produced again later: a stored response replays its stream for
+``GET /v1/responses/{id}?stream=true&starting_after=N`` by rendering the plan again instead of
+keeping every event in memory (the decision holds only token pieces, which are references to
+the shared vocabulary, so a stored response costs about its text).
+
+Event order (R5, SDK-WIRE-FACTS 1a): ``response.created`` (output ``[]``) → [``response.queued``
+for background] → ``response.in_progress`` → per item ``output_item.added`` → parts / deltas /
+``.done`` → ``output_item.done`` → one terminal ``response.completed`` or
+``response.incomplete``. ``sequence_number`` is stamped by the EventStream (R5.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .parse import RespRequest
+from .sim import CallOut, MessageOut, ReasoningOut, RespOut
+
+__all__ = ["echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
+           "completed_at", "TERMINAL"]
+
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+PlanItem = tuple[float, str, Any]
+
+
+def echo_fields(rr: RespRequest) -> dict[str, Any]:
+    """The request fields a Response object echoes (the real API sends all of them)."""
+    reasoning = ({"effort": rr.effort, "summary": rr.summary} if rr.profile.reasoning
+                 else {"effort": None, "summary": None})
+    return {
+        "background": rr.background,
+        "conversation": {"id": rr.conversation} if rr.conversation else None,
+        "instructions": rr.instructions,
+        "max_output_tokens": rr.limit,
+        "max_tool_calls": rr.max_tool_calls,
+        "model": rr.model,
+        "parallel_tool_calls": rr.parallel_tool_calls,
+        "previous_response_id": rr.previous_response_id,
+        "prompt_cache_key": rr.prompt_cache_key,
+        "prompt_cache_retention": rr.prompt_cache_retention,
+        "reasoning": reasoning,
+        "safety_identifier": rr.safety_identifier,
+        "service_tier": "default" if rr.service_tier == "auto" else rr.service_tier,
+        "store": rr.store,
+        "temperature": rr.temperature,
+        "text": {"format": rr.text_format, "verbosity": rr.verbosity},
+        "tool_choice": rr.tool_choice,
+        "tools": rr.tools,
+        "top_logprobs": rr.top_logprobs,
+        "top_p": rr.top_p,
+        "truncation": rr.truncation,
+        "user": rr.user,
+        "metadata": rr.metadata,
+    }
+
+
+def output_text(output: list[dict[str, Any]]) -> str:
+    """The SDK's ``output_text``: every output_text part of every message, joined."""
+    return "".join(p.get("text", "") for it in output if it.get("type") == "message"
+                   for p in it.get("content", ()) if p.get("type") == "output_text")
+
+
+def snapshot(echo: dict[str, Any], out: RespOut, status: str,
+             output: list[dict[str, Any]] | None = None, *, usage: bool = False,
+             error: dict[str, Any] | None = None, completed_at: int | None = None,
+             incomplete: str | None = None) -> dict[str, Any]:
+    """A full Response object (the shape of create/retrieve and of every lifecycle event)."""
+    out_items = output if output is not None else []
+    return {
+        "id": out.id, "object": "response", "created_at": out.created_at, "status": status,
+        "completed_at": completed_at, "error": error,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        **echo, "output": out_items, "output_text": output_text(out_items),
+        "usage": out.usage() if usage else None,
+    }
+
+
+def completed_at(out: RespOut) -> int:
+    """When the response finishes on the simulated schedule (created_at + its duration)."""
+    return int(round(out.created_at + out.duration))
+
+
+def final_snapshot(echo: dict[str, Any], out: RespOut) -> dict[str, Any]:
+    """The terminal Response object (completed or incomplete) with every item done."""
+    return snapshot(echo, out, out.status, [item_json(i) for i in out.items], usage=True,
+                    completed_at=completed_at(out), incomplete=out.incomplete_reason)
+
+
+def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> dict[str, Any]:
+    """An output item as in ``response.output`` (``done``) or ``output_item.added``."""
+    if type(item) is MessageOut:
+        content = ([{"type": "output_text", "text": item.text, "annotations": [],
+                     "logprobs": []}] if done else [])
+        return {"id": item.id, "type": "message", "status": item.status if done
+                else "in_progress", "content": content, "role": "assistant"}
+    if type(item) is ReasoningOut:
+        d: dict[str, Any] = {"id": item.id, "type": "reasoning",
+                             "summary": [{"type": "summary_text", "text": "".join(p)}
+                                         for p in item.parts] if done else []}
+        if item.encrypted is not None and done:
+            d["encrypted_content"] = item.encrypted
+        d["status"] = item.status if done else "in_progress"
+        return d
+    assert type(item) is CallOut
+    key = "arguments" if item.kind == "function_call" else "input"
+    return {"id": item.id, "type": item.kind, "status": item.status if done else "in_progress",
+            key: item.arguments if done else "", "call_id": item.call_id, "name": item.name}
+
+
+def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
+         warmup: bool = False) -> Iterator[PlanItem]:
+    """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
+
+    ``response.created`` is immediate; the first visible output waits ``out.first_delay``
+    (TTFT + reasoning time); every later token waits one gap.
+    """
+    yield 0.0, "response.created", {
+        "type": "response.created",
+        "response": snapshot(echo, out, "queued" if background else "in_progress")}
+    if background:
+        yield 0.0, "response.queued", {"type": "response.queued",
+                                       "response": snapshot(echo, out, "queued")}
+    if warmup:  # WebSocket generate: false: created, then completed with no output
+        yield 0.0, "response.completed", {"type": "response.completed",
+                                          "response": final_snapshot(echo, out)}
+        return
+    yield 0.0, "response.in_progress", {"type": "response.in_progress",
+                                        "response": snapshot(echo, out, "in_progress")}
+    pending = out.first_delay
+    gaps = iter(out.gaps)
+    first_token = True
+
+    def wait(token: bool = False) -> float:
+        nonlocal pending, first_token
+        d = pending
+        pending = 0.0
+        if token:
+            if first_token:
+                first_token = False
+            else:
+                d += next(gaps, 0.0)
+        return d
+
+    done_items: list[dict[str, Any]] = []
+    for idx, item in enumerate(out.items):
+        rid = item.id
+        if type(item) is ReasoningOut:
+            # the reasoning item opens at once (the client sees the model "thinking")
+            yield 0.0, "response.output_item.added", {
+                "type": "response.output_item.added", "output_index": idx,
+                "item": item_json(item, done=False)}
+            for si, pieces in enumerate(item.parts):
+                yield wait(), "response.reasoning_summary_part.added", {
+                    "type": "response.reasoning_summary_part.added", "item_id": rid,
+                    "output_index": idx, "summary_index": si,
+                    "part": {"type": "summary_text", "text": ""}}
+                for p in pieces:
+                    yield wait(True), "response.reasoning_summary_text.delta", {
+                        "type": "response.reasoning_summary_text.delta", "item_id": rid,
+                        "output_index": idx, "summary_index": si, "delta": p}
+                text = "".join(pieces)
+                yield 0.0, "response.reasoning_summary_text.done", {
+                    "type": "response.reasoning_summary_text.done", "item_id": rid,
+                    "output_index": idx, "summary_index": si, "text": text}
+                yield 0.0, "response.reasoning_summary_part.done", {
+                    "type": "response.reasoning_summary_part.done", "item_id": rid,
+                    "output_index": idx, "summary_index": si,
+                    "part": {"type": "summary_text", "text": text}}
+            done = item_json(item)
+            yield wait(), "response.output_item.done", {
+                "type": "response.output_item.done", "output_index": idx, "item": done}
+            done_items.append(done)
+            continue
+        yield wait(), "response.output_item.added", {
+            "type": "response.output_item.added", "output_index": idx,
+            "item": item_json(item, done=False)}
+        if type(item) is MessageOut:
+            yield 0.0, "response.content_part.added", {
+                "type": "response.content_part.added", "item_id": rid, "output_index": idx,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
+            for p in item.pieces:
+                yield wait(True), "response.output_text.delta", {
+                    "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
+                    "content_index": 0, "delta": p, "logprobs": []}
+            text = item.text
+            yield 0.0, "response.output_text.done", {
+                "type": "response.output_text.done", "item_id": rid, "output_index": idx,
+                "content_index": 0, "text": text, "logprobs": []}
+            yield 0.0, "response.content_part.done", {
+                "type": "response.content_part.done", "item_id": rid, "output_index": idx,
+                "content_index": 0, "part": {"type": "output_text", "text": text,
+                                             "annotations": [], "logprobs": []}}
+        else:
+            assert type(item) is CallOut
+            fn = item.kind == "function_call"
+            dtype = ("response.function_call_arguments.delta" if fn
+                     else "response.custom_tool_call_input.delta")
+            for p in item.pieces:
+                yield wait(True), dtype, {"type": dtype, "item_id": rid, "output_index": idx,
+                                          "delta": p}
+            if fn:
+                yield 0.0, "response.function_call_arguments.done", {
+                    "type": "response.function_call_arguments.done", "item_id": rid,
+                    "output_index": idx, "name": item.name, "arguments": item.arguments}
+            else:
+                yield 0.0, "response.custom_tool_call_input.done", {
+                    "type": "response.custom_tool_call_input.done", "item_id": rid,
+                    "output_index": idx, "input": item.arguments}
+        done = item_json(item)
+        yield 0.0, "response.output_item.done", {
+            "type": "response.output_item.done", "output_index": idx, "item": done}
+        done_items.append(done)
+    final = "response.completed" if out.status == "completed" else "response.incomplete"
+    resp = snapshot(echo, out, out.status, done_items, usage=True,
+                    completed_at=completed_at(out),
+                    incomplete=out.incomplete_reason)
+    yield wait(), final, {"type": final, "response": resp}
