@@ -77,6 +77,9 @@ class JSONResponse:
     data: Any
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # the model this response is for (stats labels, access log); None: taken from
+    # ``data["model"]`` when that is a string
+    model: str | None = None
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from . import encode
 from .errors import APIError
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .state import accounting
 
 if TYPE_CHECKING:
     from .server import Server
@@ -105,6 +106,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._stream_open = False
         self._rid = ""
         self._t0 = 0.0
+        self._endpoint = ""  # route name of the request in flight (stats label)
+        self._req: Request | None = None  # the request whose stream is being written
+        self._track: Any = None  # its StreamTrack (latency at the socket write)
         self.upgraded: Any = None  # the WebSocket session after a 101
         self.peer = ""
 
@@ -302,11 +306,22 @@ class HTTPProtocol(asyncio.Protocol):
         self._task = asyncio.get_running_loop().create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
+        app = self.app
+        try:  # resolve here (not in dispatch) to know the endpoint for stats
+            route, params = app.resolve(req)
+        except APIError:
+            route = None  # dispatch answers 404/405
+        else:
+            if params:
+                object.__setattr__(req, "params", params)
+        self._endpoint = route.name if route is not None else "unmatched"
         try:
-            res = await self.app.dispatch(req)
+            res = await app.dispatch(req, route)
         except asyncio.CancelledError:
+            accounting.request_gone(app, req, self._endpoint)
             return
         if self._closed:
+            accounting.request_gone(app, req, self._endpoint)
             if type(res) is StreamResponse and res.on_close is not None:
                 res.on_close("cancelled")  # never pumped: still release what it holds
             return
@@ -362,6 +377,7 @@ class HTTPProtocol(asyncio.Protocol):
         else:
             assert isinstance(res, RawResponse)
             if res.abort:
+                accounting.response_sent(self.app, req, self._endpoint, 0, res)
                 self.reset()
                 return
             body = res.body
@@ -369,6 +385,7 @@ class HTTPProtocol(asyncio.Protocol):
         hs = self._headers(res.headers)
         hs.append(ctype)
         hs.append((b"content-length", str(len(body)).encode()))
+        accounting.response_sent(self.app, req, self._endpoint, res.status, res)
         self._complete(res.status, hs, body, req.method == "HEAD")
 
     def _send_error(self, err: APIError, close: bool = False) -> None:
@@ -380,6 +397,8 @@ class HTTPProtocol(asyncio.Protocol):
         hs.append((b"content-length", str(len(body)).encode()))
         if close:
             hs.append((b"connection", b"close"))
+        self.app.stats.record("invalid", None, "http", err.status,
+                              err.code or err.type)
         self._complete(err.status, hs, body, False)
 
     def _complete(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
@@ -410,10 +429,12 @@ class HTTPProtocol(asyncio.Protocol):
                                                reason=reason(res.status))))
         stream = res.stream
         enc = encode.sse_chat if stream.kind == "chat" else encode.sse_responses
-        self.app.stats.stream_open()
+        self._req = req
+        self._track = accounting.stream_started(self.app, req, self._endpoint, res)
         self._stream_open = True
         self._on_stream_close = res.on_close
-        self._pump = Pump(stream, self.app.clock, enc, self, self._stream_done)
+        self._pump = Pump(stream, self.app.clock, enc, self, self._stream_done,
+                          self._track.observe)
         self._pump.start()
 
     # Sink interface for the pump
@@ -431,7 +452,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._pump = None
         if self._stream_open:
             self._stream_open = False
-            self.app.stats.stream_close()
+            accounting.stream_ended(self.app, self._req, self._track,  # type: ignore[arg-type]
+                                    reason)
+            self._req = self._track = None
         cb = getattr(self, "_on_stream_close", None)
         if cb is not None:
             self._on_stream_close = None

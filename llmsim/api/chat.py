@@ -641,9 +641,13 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         return StreamResponse(stream)
     total = out.ttft + sum(out.gaps)
     if total > 0:
-        await app.clock.sleep(total)
+        key = app.stats.running_open(cr.model)  # vllm:num_requests_running
+        try:
+            await app.clock.sleep(total)
+        finally:
+            app.stats.running_close(key)
     app.stats.usage(out.prompt_tokens, out.completion_tokens, out.reasoning_tokens)
-    return JSONResponse(completion_json(cr, out))
+    return JSONResponse(completion_json(cr, out), model=cr.model)
 
 
 def register(app: App) -> None:

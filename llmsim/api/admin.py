@@ -1,0 +1,75 @@
+"""Observability endpoints: ``GET /llmsim/stats`` (JSON), ``POST /llmsim/stats/reset``,
+``GET /metrics`` (Prometheus text 0.0.4, ``llmsim_*`` and vLLM-compatible ``vllm:*`` names)
+and ``GET /llmsim/dashboard`` (a self-contained live HTML page polling ``/llmsim/stats``).
+
+Multi-process servers plug in through ``app.extensions``: ``"stats_collect"`` (an async
+``f(app) -> raw snapshot``, e.g. :func:`~llmsim.state.stats.merge` of every worker's
+:meth:`~llmsim.state.stats.Stats.raw`) and ``"stats_reset"`` (an async ``f(app)``).
+These monitoring endpoints are not counted in the request statistics they report.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from ..messages import JSONResponse, RawResponse, Request
+from ..state.prom import CONTENT_TYPE, prometheus_text
+from ..state.stats import render
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["register", "collect"]
+
+async def collect(app: App) -> dict[str, Any]:
+    """The raw snapshot to report: every worker's when a collector is installed."""
+    fn = app.extensions.get("stats_collect")
+    if fn is not None:
+        return await fn(app)  # type: ignore[no-any-return]
+    return app.stats.raw()
+
+
+async def stats(req: Request, app: App) -> JSONResponse:
+    raw = await collect(app)
+    if req.query_one("raw") in ("1", "true"):
+        return JSONResponse(raw)
+    return JSONResponse(render(raw))
+
+
+async def reset(req: Request, app: App) -> JSONResponse:
+    fn = app.extensions.get("stats_reset")
+    if fn is not None:
+        await fn(app)
+    else:
+        app.stats.reset()
+    return JSONResponse({"reset": True})
+
+
+async def metrics(req: Request, app: App) -> RawResponse:
+    raw = await collect(app)
+    return RawResponse(prometheus_text(raw).encode(), content_type=CONTENT_TYPE)
+
+
+_PAGE: list[bytes] = []
+
+
+def dashboard_html() -> bytes:
+    """The dashboard page (package data ``llmsim/static/dashboard.html``), read once."""
+    if not _PAGE:
+        _PAGE.append(resources.files("llmsim").joinpath("static/dashboard.html").read_bytes())
+    return _PAGE[0]
+
+
+async def dashboard(req: Request, app: App) -> RawResponse:
+    return RawResponse(dashboard_html(), content_type="text/html; charset=utf-8",
+                       headers=[("cache-control", "no-cache")])
+
+
+def register(app: App) -> None:
+    r = app.router
+    r.add("GET", "/llmsim/stats", stats, "llmsim.stats")
+    r.add("POST", "/llmsim/stats/reset", reset, "llmsim.stats.reset")
+    r.add("GET", "/metrics", metrics, "metrics")
+    r.add("GET", "/llmsim/dashboard", dashboard, "llmsim.dashboard")
+

@@ -1,0 +1,93 @@
+"""Per-request accounting shared by the transports (HTTP in ``protocol.py``, WebSocket).
+
+One call per request outcome: :func:`response_sent` for a complete response,
+:func:`stream_started` / :func:`stream_ended` around a stream (the returned
+:class:`~llmsim.state.stats.StreamTrack` observes every write through the pump), and
+:func:`request_gone` when the client left before any answer. Each counts the request once in
+:class:`~llmsim.state.stats.Stats` and writes the access-log line when that log is enabled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..logs import ACCESS, INFO, access
+from ..messages import JSONResponse, Request, StreamResponse
+from .stats import StreamTrack, error_kind, usage_tokens
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["response_sent", "stream_started", "stream_ended", "request_gone"]
+
+QUIET = frozenset({"llmsim.stats", "llmsim.stats.reset", "metrics", "llmsim.dashboard"})
+"""Endpoints left out of the request counters: they observe the load, they are not load."""
+GONE_STATUS = 499  # nginx's "client closed request": the client left before the answer
+
+
+def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
+                  transport: str = "http") -> None:
+    """A complete response (JSON or raw) was written; ``res`` may be None (protocol errors)."""
+    if endpoint in QUIET:
+        if ACCESS.isEnabledFor(INFO):
+            access(req.method, req.path, None, status, 0, 0, None,
+                   app.clock.now() - req.received_at, transport, req.request_id, req.client)
+        return
+    model = None
+    pt = ot = 0
+    err = None
+    if type(res) is JSONResponse:
+        model = res.model
+        data = res.data
+        if type(data) is dict:
+            if model is None:
+                m = data.get("model")
+                model = m if type(m) is str else None
+            u = data.get("usage")
+            if u is not None:
+                pt, ot = usage_tokens(u)
+            if status >= 400:
+                err = error_kind(status, data)
+    elif status >= 400:
+        err = error_kind(status, getattr(res, "body", None))
+    stats = app.stats
+    stats.record(endpoint, model, transport, status, err)
+    now = app.clock.now()
+    if model:
+        stats.delivered(model, pt, ot, now - req.received_at if status < 400 else None)
+    if ACCESS.isEnabledFor(INFO):
+        access(req.method, req.path, model, status, pt, ot, None, now - req.received_at,
+               transport, req.request_id, req.client)
+
+
+def request_gone(app: App, req: Request, endpoint: str, transport: str = "http") -> None:
+    """The client went away before any byte of the answer (counted as status 499)."""
+    app.stats.record(endpoint, None, transport, GONE_STATUS, "client_disconnect")
+    if ACCESS.isEnabledFor(INFO):
+        access(req.method, req.path, None, GONE_STATUS, 0, 0, None,
+               app.clock.now() - req.received_at, transport, req.request_id, req.client)
+
+
+def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
+                   transport: str = "sse") -> StreamTrack:
+    """The stream's head was written: count the request, open the stream gauges and return
+    the track whose ``observe`` the pump must call for every written event."""
+    meta = res.stream.meta
+    model = meta.get("model")
+    pt = usage_tokens(meta.get("usage"))[0]
+    stats = app.stats
+    stats.record(endpoint, model, transport, res.status)
+    return stats.track(model, req.received_at, transport, meta.get("is_token"), pt)
+
+
+def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
+                 status: int = 200) -> None:
+    """The stream ended (any reason): close its gauges, record e2e, log it. Idempotent."""
+    if track.done:
+        return
+    now = app.clock.now()
+    track.finish(reason, now)
+    if ACCESS.isEnabledFor(INFO):
+        access(req.method, req.path, track.key or None, status, track.prompt, track.tokens,
+               track.ttft, now - track.t0, track.transport, req.request_id, req.client,
+               end=reason)

@@ -1,0 +1,189 @@
+"""Prometheus text exposition (format 0.0.4) of a raw stats snapshot (see ``state/stats.py``).
+
+Two sets of names: ``llmsim_*`` (labels ``endpoint``, ``model``, ``transport``, ``status``,
+``kind``, ``reason``) and vLLM-compatible ``vllm:*`` (label ``model_name``) so dashboards and
+autoscalers built for vLLM work unchanged. Histograms expose the 1-2.5-5 subset of the fine
+buckets, whose cumulative counts are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .stats import BOUNDS, EXPORT_BOUNDS, HISTS, NB
+
+__all__ = ["prometheus_text", "CONTENT_TYPE", "METRICS"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# name → (type, help): the documented metric set (README "Observability")
+METRICS: dict[str, tuple[str, str]] = {
+    "llmsim_uptime_seconds": ("gauge", "Seconds since the server started."),
+    "llmsim_requests_total": ("counter", "Requests answered, by endpoint, model, transport "
+                              "(http, sse, ws) and status (499: client gone before the answer)."),
+    "llmsim_errors_total": ("counter", "Errors by kind: error responses by code/type, "
+                            "injected faults, client disconnects."),
+    "llmsim_stream_ends_total": ("counter", "Streams ended, by reason (completed, stopped, "
+                                 "disconnect, cancelled)."),
+    "llmsim_connections_total": ("counter", "TCP connections accepted."),
+    "llmsim_active_connections": ("gauge", "Open TCP connections."),
+    "llmsim_active_requests": ("gauge", "HTTP requests in flight."),
+    "llmsim_active_streams": ("gauge", "Streams being written (SSE and WebSocket)."),
+    "llmsim_active_websockets": ("gauge", "Open WebSocket sessions."),
+    "llmsim_running_requests": ("gauge", "Requests generating, by model."),
+    "llmsim_model_gauge": ("gauge", "Per-model gauges set by features (e.g. queue_depth), by "
+                           "name and model."),
+    "llmsim_prompt_tokens_total": ("counter", "Billed prompt (input) tokens."),
+    "llmsim_completion_tokens_total": ("counter", "Billed completion (output) tokens, "
+                                       "reasoning included."),
+    "llmsim_reasoning_tokens_total": ("counter", "Billed reasoning tokens."),
+    "llmsim_delivered_tokens_total": ("counter", "Output tokens written to clients, by model "
+                                      "(stream tokens at the socket write)."),
+    "llmsim_time_to_first_token_seconds": ("histogram", "Request received to first token "
+                                           "written to the socket, by model."),
+    "llmsim_inter_token_latency_seconds": ("histogram", "Gap between consecutive token "
+                                           "writes, by model."),
+    "llmsim_e2e_request_latency_seconds": ("histogram", "Request received to last byte "
+                                           "written, by model."),
+    "vllm:num_requests_running": ("gauge", "Requests generating (vLLM-compatible)."),
+    "vllm:num_requests_waiting": ("gauge", "Requests queued by the capacity model "
+                                  "(vLLM-compatible)."),
+    "vllm:prompt_tokens_total": ("counter", "Prompt tokens processed (vLLM-compatible)."),
+    "vllm:generation_tokens_total": ("counter", "Generation tokens delivered "
+                                     "(vLLM-compatible)."),
+    "vllm:time_to_first_token_seconds": ("histogram", "Time to first token "
+                                         "(vLLM-compatible)."),
+    "vllm:inter_token_latency_seconds": ("histogram", "Inter-token latency "
+                                         "(vLLM-compatible)."),
+    "vllm:time_per_output_token_seconds": ("histogram", "Time per output token, same data as "
+                                           "inter-token latency (vLLM-compatible)."),
+    "vllm:e2e_request_latency_seconds": ("histogram", "End-to-end request latency "
+                                         "(vLLM-compatible)."),
+}
+
+_HIST_NAMES = {"ttft": ("llmsim_time_to_first_token_seconds",
+                        ("vllm:time_to_first_token_seconds",)),
+               "itl": ("llmsim_inter_token_latency_seconds",
+                       ("vllm:inter_token_latency_seconds",
+                        "vllm:time_per_output_token_seconds")),
+               "e2e": ("llmsim_e2e_request_latency_seconds",
+                       ("vllm:e2e_request_latency_seconds",))}
+_LE = [f"{BOUNDS[i]:g}" for i in EXPORT_BOUNDS]
+
+
+def _esc(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: tuple[tuple[str, Any], ...]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in pairs) + "}"
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else \
+            ("NaN" if v != v else ("+Inf" if v > 0 else "-Inf"))
+    return str(v)
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def head(self, name: str) -> None:
+        typ, help_ = METRICS[name]
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {typ}")
+
+    def sample(self, name: str, labels: tuple[tuple[str, Any], ...], value: Any) -> None:
+        self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
+
+    def hist(self, name: str, label: str, per_model: dict[str, list[Any]]) -> None:
+        self.head(name)
+        for model in sorted(per_model):
+            h = per_model[model]
+            lab = ((label, model),)
+            cum = 0
+            j = 0
+            for k, i in enumerate(EXPORT_BOUNDS):
+                while j <= i:
+                    cum += h[j]
+                    j += 1
+                self.sample(name + "_bucket", lab + (("le", _LE[k]),), cum)
+            total = sum(h[:NB])
+            self.sample(name + "_bucket", lab + (("le", "+Inf"),), total)
+            self.sample(name + "_sum", lab, float(h[NB]))
+            self.sample(name + "_count", lab, total)
+
+
+def prometheus_text(raw: dict[str, Any]) -> str:
+    """Render a raw (possibly merged) snapshot as Prometheus text format 0.0.4."""
+    o = _Out()
+    c = raw["counters"]
+    g = raw["gauges"]
+    o.head("llmsim_uptime_seconds")
+    o.sample("llmsim_uptime_seconds", (), round(raw["time"] - raw["started"], 3))
+    o.head("llmsim_requests_total")
+    for ep, m, tr, st, n in sorted(raw["requests"], key=lambda r: (r[0], r[1], r[2], r[3])):
+        o.sample("llmsim_requests_total", (("endpoint", ep), ("model", m), ("transport", tr),
+                                           ("status", st)), n)
+    o.head("llmsim_errors_total")
+    for kind, n in sorted(raw["errors"].items()):
+        o.sample("llmsim_errors_total", (("kind", kind),), n)
+    o.head("llmsim_stream_ends_total")
+    for reason, n in sorted(raw["stream_ends"].items()):
+        o.sample("llmsim_stream_ends_total", (("reason", reason),), n)
+    o.head("llmsim_connections_total")
+    o.sample("llmsim_connections_total", (), c.get("connections_total", 0))
+    for name, key in (("llmsim_active_connections", "connections"),
+                      ("llmsim_active_requests", "requests"),
+                      ("llmsim_active_streams", "streams"),
+                      ("llmsim_active_websockets", "websockets")):
+        o.head(name)
+        o.sample(name, (), g.get(key, 0))
+    running = {k: v for k, v in raw["running"].items()}
+    o.head("llmsim_running_requests")
+    for m, n in sorted(running.items()):
+        o.sample("llmsim_running_requests", (("model", m),), n)
+    o.head("llmsim_model_gauge")
+    for gname, vals in sorted(raw["model_gauges"].items()):
+        for m, n in sorted(vals.items()):
+            o.sample("llmsim_model_gauge", (("name", gname), ("model", m)), n)
+    for name, key in (("llmsim_prompt_tokens_total", "tokens_in"),
+                      ("llmsim_completion_tokens_total", "tokens_out"),
+                      ("llmsim_reasoning_tokens_total", "tokens_reasoning")):
+        o.head(name)
+        o.sample(name, (), c.get(key, 0))
+    models = raw["models"]
+    o.head("llmsim_delivered_tokens_total")
+    for m, (_p, d) in sorted(models.items()):
+        o.sample("llmsim_delivered_tokens_total", (("model", m),), d)
+    hists = raw["hist"]
+    for i, hname in enumerate(HISTS):
+        del i
+        per_model = {m: hs[hname] for m, hs in hists.items()}
+        o.hist(_HIST_NAMES[hname][0], "model", per_model)
+    # ---- vLLM-compatible names (model_name label) ----
+    waiting = raw["model_gauges"].get("queue_depth", {})
+    names = sorted(set(running) | set(waiting) | set(models) | set(hists))
+    o.head("vllm:num_requests_running")
+    for m in names:
+        o.sample("vllm:num_requests_running", (("model_name", m),), running.get(m, 0))
+    o.head("vllm:num_requests_waiting")
+    for m in names:
+        o.sample("vllm:num_requests_waiting", (("model_name", m),), waiting.get(m, 0))
+    o.head("vllm:prompt_tokens_total")
+    for m in names:
+        o.sample("vllm:prompt_tokens_total", (("model_name", m),), models.get(m, [0, 0])[0])
+    o.head("vllm:generation_tokens_total")
+    for m in names:
+        o.sample("vllm:generation_tokens_total", (("model_name", m),),
+                 models.get(m, [0, 0])[1])
+    for hname in HISTS:
+        per_model = {m: hs[hname] for m, hs in hists.items()}
+        for vname in _HIST_NAMES[hname][1]:
+            o.hist(vname, "model_name", per_model)
+    o.lines.append("")
+    return "\n".join(o.lines)
