@@ -1,0 +1,231 @@
+"""Responses SSE on the wire (raw h11 client) and its schedule (R5, R8.2), plus mid-stream
+failures as ``response.failed`` (R7.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from llmsim import Config
+from llmsim.app import App
+from llmsim.errors import APIError
+from llmsim.messages import Request, StreamResponse
+from tests import rawhttp
+
+# the SDK's discriminated union of every stream event (strict validation)
+EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+
+
+def sse(srv: Any, body: dict[str, Any], headers: list[tuple[str, str]] | None = None,
+        path: str = "/v1/responses") -> list[tuple[str | None, dict[str, Any]]]:
+    r = rawhttp.request(srv.url, "POST", path, {**body, "stream": True}, headers=headers)
+    assert r.status == 200, r.body
+    assert r.headers["content-type"].startswith("text/event-stream")
+    return [(ev, orjson.loads(data)) for ev, data in r.sse()]
+
+
+def check_wire(events: list[tuple[str | None, dict[str, Any]]]) -> None:
+    """R5.2 event lines, R5.3 sequence numbers, R5.4 logprobs, R5.5 annotations, SDK models,
+    and every .done text equal to the sum of its deltas."""
+    for i, (ev, data) in enumerate(events):
+        assert ev == data["type"]  # R5.2
+        assert data["sequence_number"] == i  # R5.3: from 0, no gaps, shared by all events
+        EVENT.validate_python(data)  # strict SDK model for this event type
+        if data["type"] in ("response.output_text.delta", "response.output_text.done"):
+            assert data["logprobs"] == []  # R5.4
+        if data["type"] in ("response.content_part.added", "response.content_part.done"):
+            assert data["part"]["annotations"] == []  # R5.5
+    texts: dict[tuple[str, int], str] = {}
+    for _, d in events:
+        t = d["type"]
+        if t.endswith(".delta"):
+            key = (d["item_id"], d.get("content_index", d.get("summary_index", 0)))
+            texts[key] = texts.get(key, "") + d["delta"]
+        elif t in ("response.output_text.done", "response.reasoning_summary_text.done"):
+            key = (d["item_id"], d.get("content_index", d.get("summary_index", 0)))
+            assert texts.get(key, "") == d["text"]
+        elif t == "response.function_call_arguments.done":
+            assert texts.get((d["item_id"], 0), "") == d["arguments"]
+    last = events[-1][1]
+    if last["type"] == "response.completed":
+        for item in last["response"]["output"]:
+            for part in item.get("content") or ():
+                assert part["annotations"] == []  # R5.5 in completed items too
+
+
+def test_r5_1_r5_2_r5_3_plain_sequence(srv):
+    """R5.1: the documented event sequence of a text response."""
+    events = sse(srv, {"model": "gpt-4o", "input": "Tell me a story"})
+    check_wire(events)
+    types = [d["type"] for _, d in events]
+    n = types.count("response.output_text.delta")
+    assert n > 0
+    assert types == (["response.created", "response.in_progress",
+                      "response.output_item.added", "response.content_part.added"]
+                     + ["response.output_text.delta"] * n
+                     + ["response.output_text.done", "response.content_part.done",
+                        "response.output_item.done", "response.completed"])
+    created = events[0][1]["response"]
+    assert created["status"] == "in_progress" and created["output"] == []
+    done = events[-1][1]["response"]
+    assert done["id"] == created["id"] and done["status"] == "completed"
+    assert done["usage"]["output_tokens"] == n  # one token per delta
+
+
+def test_r5_1_1_reasoning_then_message_and_openai_path(srv):
+    """R5.1.1: reasoning item (output_index 0) with its summary events, then the message at
+    output_index 1; the /openai/v1 path streams the same way (R1.1)."""
+    events = sse(srv, {"model": "gpt-5", "input": "think",
+                       "reasoning": {"effort": "low", "summary": "concise"}},
+                 path="/openai/v1/responses")
+    check_wire(events)
+    types = [d["type"] for _, d in events]
+    i_msg = next(i for i, (_, d) in enumerate(events)
+                 if d["type"] == "response.output_item.added" and d["output_index"] == 1)
+    head = types[:i_msg]
+    assert head[:3] == ["response.created", "response.in_progress",
+                        "response.output_item.added"]
+    assert "response.reasoning_summary_part.added" in head
+    assert "response.reasoning_summary_text.delta" in head
+    assert head[-3:] == ["response.reasoning_summary_text.done",
+                         "response.reasoning_summary_part.done", "response.output_item.done"]
+    assert events[2][1]["item"]["type"] == "reasoning"
+    assert events[i_msg][1]["item"]["type"] == "message"
+
+
+def test_r5_function_call_events(srv):
+    events = sse(srv, {"model": "gpt-4o", "input": "x", "tool_choice": "required",
+                       "parallel_tool_calls": False,
+                       "tools": [{"type": "function", "name": "f", "parameters": {
+                           "type": "object", "properties": {"a": {"type": "integer"}},
+                           "required": ["a"]}}]})
+    check_wire(events)
+    types = [d["type"] for _, d in events]
+    assert "response.function_call_arguments.delta" in types
+    added = events[2][1]["item"]
+    assert added["type"] == "function_call" and added["arguments"] == ""
+    assert added["status"] == "in_progress"
+
+
+def test_custom_tool_events(srv):
+    events = sse(srv, {"model": "gpt-5", "input": "x", "reasoning": {"effort": "minimal"},
+                       "tool_choice": {"type": "custom", "name": "sql"},
+                       "tools": [{"type": "custom", "name": "sql"}]})
+    check_wire(events)
+    out = events[-1][1]["response"]["output"]
+    assert [o["type"] for o in out] == ["reasoning", "custom_tool_call"]
+    assert "response.custom_tool_call_input.done" in [d["type"] for _, d in events]
+
+
+def test_r5_incomplete_terminal(srv):
+    events = sse(srv, {"model": "o3", "input": "x", "max_output_tokens": 40})
+    check_wire(events)
+    last = events[-1][1]
+    assert last["type"] == "response.incomplete"
+    assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert last["response"]["usage"]["output_tokens"] == 40
+
+
+def test_r7_1_fault_mid_stream_is_response_failed(srv):
+    """R7.1: the shared fault system; after the first byte a failure is a terminal
+    response.failed with a full Response (status failed, error {code, message})."""
+    events = sse(srv, {"model": "gpt-4o", "input": "x"},
+                 headers=[("x-llmsim-fault", "error-after:3")])
+    check_wire(events)
+    types = [d["type"] for _, d in events]
+    assert types.count("response.output_text.delta") == 3
+    last = events[-1][1]
+    assert last["type"] == "response.failed"
+    resp = last["response"]
+    assert resp["status"] == "failed" and resp["error"]["code"] == "server_error"
+    # the stored response says so too, and a replay ends with the same failure
+    got = rawhttp.request(srv.url, "GET", f"/v1/responses/{resp['id']}")
+    assert got.json()["status"] == "failed"
+    replay = rawhttp.request(srv.url, "GET",
+                             f"/v1/responses/{resp['id']}?stream=true&starting_after=2")
+    rev = [orjson.loads(d) for _, d in replay.sse()]
+    assert [d["sequence_number"] for d in rev] == list(range(3, len(events)))
+    assert rev[-1]["type"] == "response.failed"
+
+
+async def test_error_events_hook_builds_response_failed():
+    """meta['error_events'] (used by the fault engine) gives a terminal response.failed whose
+    error code is one the SDK accepts."""
+    app = App(Config(latency="instant", seed=3))
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "stream": True}))
+    assert isinstance(res, StreamResponse)
+    s = res.stream
+    s.begin(0.0)
+    for _ in range(6):
+        s.pull()
+    evs = s.meta["error_events"](APIError(502, "upstream went away", code="injected_fault"))
+    assert [t for t, _ in evs] == ["response.failed"]
+    data = evs[0][1]
+    EVENT.validate_python({**data, "sequence_number": 6})
+    assert data["response"]["error"] == {"code": "server_error",
+                                         "message": "upstream went away"}
+    assert data["response"]["status"] == "failed"
+    s.close()
+
+
+# --- timing (R8.2): decided before the first byte, read from the stream's deadlines --------
+
+def _req(body: dict[str, Any], **kw: Any) -> Request:
+    return Request("POST", "/v1/responses", {}, {}, orjson.dumps(body), "req_t", **kw)
+
+
+async def _deadlines(app: App, body: dict[str, Any]) -> list[tuple[float, str, Any]]:
+    res = await app.dispatch(_req({**body, "stream": True}))
+    assert isinstance(res, StreamResponse), getattr(res, "body", res)
+    s = res.stream
+    s.begin(0.0)
+    out = []
+    while (ev := s.pull()) is not None:
+        out.append(ev)
+    return out
+
+
+async def test_r8_2_timing_ttft_and_inter_token():
+    """response.created at once, the first delta at TTFT, then one gap per token."""
+    app = App(Config(latency="realistic", ttft_ms=200, itl_ms=10, seed=1))
+    evs = await _deadlines(app, {"model": "gpt-4o", "input": "hi"})
+    assert evs[0][0] == 0.0 and evs[0][1] == "response.created"
+    deltas = [t for t, et, _ in evs if et == "response.output_text.delta"]
+    assert deltas[0] == pytest.approx(0.200)
+    gaps = [b - a for a, b in zip(deltas, deltas[1:], strict=False)]
+    assert all(g == pytest.approx(0.010) for g in gaps)
+    assert evs[-1][0] == pytest.approx(deltas[-1])
+
+
+async def test_r8_2_reasoning_time_before_first_visible_output():
+    """Reasoning tokens take time before the first visible output; the summary and the text
+    then stream at the inter-token pace."""
+    app = App(Config(latency="realistic", ttft_ms=100, itl_ms=5, seed=2))
+    evs = await _deadlines(app, {"model": "o3", "input": "hi",
+                                 "reasoning": {"summary": "auto"}})
+    done = evs[-1][2]["response"]
+    reasoning = done["usage"]["output_tokens_details"]["reasoning_tokens"]
+    assert evs[2][1] == "response.output_item.added" and evs[2][0] == 0.0  # thinking starts
+    visible = [(t, et) for t, et, _ in evs if et.endswith(".delta")]
+    first = visible[0][0]
+    assert visible[0][1] == "response.reasoning_summary_text.delta"
+    assert first == pytest.approx(0.100 + reasoning * 0.005)
+    times = [t for t, _ in visible]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(g == pytest.approx(0.005) for g in gaps)  # summary then text, same pace
+
+
+async def test_non_streamed_takes_the_stream_duration():
+    from llmsim.clock import FakeClock
+
+    clock = FakeClock()
+    app = App(Config(latency="realistic", ttft_ms=300, itl_ms=10, seed=1), clock=clock)
+    t0 = clock.now()
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "hi",
+                                   "max_output_tokens": 21}))
+    assert res.data["usage"]["output_tokens"] == 21
+    assert clock.now() - t0 == pytest.approx(0.300 + 20 * 0.010)
