@@ -101,10 +101,8 @@ def banner(url: str, cfg: Config) -> str:
 
 
 async def _serve(cfg: Config) -> None:
-    from .logs import setup_logging
     from .server import Server
 
-    setup_logging(cfg.log_level, cfg.log_format)
     server = Server(cfg)
     await server.start()
     if not cfg.quiet:
@@ -121,25 +119,48 @@ async def _serve(cfg: Config) -> None:
     await server.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] == "top":  # `llmsim top --url ...`: the terminal stats view
-        from .top import main as top_main
+def run_loop(coro: Any, cfg: Config) -> Any:
+    """Run ``coro`` on the event loop chosen by ``--loop`` (auto: uvloop when installed)."""
+    if cfg.loop != "asyncio":
+        try:
+            import uvloop  # type: ignore[import-not-found]
+        except ImportError:
+            if cfg.loop == "uvloop":
+                coro.close()
+                raise SystemExit("llmsim: error: --loop uvloop needs uvloop "
+                                 "(pip install 'llmsim[fast]')") from None
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
 
-        return top_main(args[1:])
+
+def _serve_workers(cfg: Config, n: int) -> int:
+    """``--workers N``: the parent supervises N forked workers (see workers.py)."""
+    from .logs import setup_logging
+    from .workers import run_workers
+
+    setup_logging(cfg.log_level, cfg.log_format)
+
+    def ready(sup: Any) -> None:
+        if not cfg.quiet:
+            print(banner(sup.url, cfg) + f"\n({n} worker processes)", flush=True)
+
+    return run_workers(cfg, n, on_ready=ready)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, _ns = config_from_args(argv)
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        import uvloop  # type: ignore[import-not-found]
+    from .workers import resolve_workers
 
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
+    n = resolve_workers(cfg.workers)
+    if n > 1:
+        return _serve_workers(cfg, n)
     try:
-        runner(_serve(cfg))
+        run_loop(_serve(cfg), cfg)
     except OSError as exc:
         print(f"llmsim: error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
               file=sys.stderr)

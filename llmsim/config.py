@@ -277,6 +277,13 @@ class Config:
     # --- network -------------------------------------------------------------------------
     host: str = opt("127.0.0.1", "Address to bind (use 0.0.0.0 to listen on all interfaces).")
     port: int = opt(8080, "TCP port to bind; 0 picks a free port (printed on start).")
+    workers: str = opt("1", "Server processes sharing the port (SO_REUSEPORT), supervised and "
+                       "restarted by the parent; 'auto' = one per CPU. Stats cover all of "
+                       "them; stored responses move to a shared on-disk store.",
+                       metavar="N|auto")
+    loop: Literal["auto", "asyncio", "uvloop"] = opt(
+        "auto", "Event loop: 'auto' uses uvloop when installed (the 'fast' extra), else "
+        "asyncio.", choices=("auto", "asyncio", "uvloop"))
     # --- simulation ----------------------------------------------------------------------
     seed: int | None = opt(None, "Seed for reproducible output: the same request gives the same "
                            "text, token counts and delays. Unset: runs vary.", metavar="N")
@@ -325,13 +332,6 @@ class Config:
                                   "this many seconds before closing them.", metavar="S")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
-    log_level: Literal["debug", "info", "warning", "error"] = opt(
-        "warning", "Log level of the llmsim loggers; 'info' turns on the access log (one line "
-        "per request: method, path, model, status, tokens, TTFT, duration).",
-        choices=("debug", "info", "warning", "error"))
-    log_format: Literal["plain", "json"] = opt(
-        "plain", "Log line format: 'plain' text or 'json' (one object per line).",
-        choices=("plain", "json"))
     api_key: tuple[str, ...] = opt((), "Require one of these API keys (Bearer token or api-key "
                                    "header) on /v1 paths; wrong or missing → 401.",
                                    metavar="KEY")
@@ -553,6 +553,9 @@ def load_config(file: str | os.PathLike[str] | None = None,
 def _check(cfg: Config) -> None:
     if not 0 <= cfg.port <= 65535:
         raise ConfigError("port: must be between 0 and 65535")
+    w = str(cfg.workers).strip().lower()
+    if w != "auto" and (not w.isdigit() or int(w) < 1):
+        raise ConfigError(f"workers: {cfg.workers!r} is not a positive integer or 'auto'")
     for name in ("ttft_ms", "itl_ms"):
         v = getattr(cfg, name)
         if v is not None and v < 0:
