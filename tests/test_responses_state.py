@@ -1,0 +1,344 @@
+"""Stored responses, bounds, background work, resumable streams and the WebSocket branch.
+
+Every bounded store has a test that the bound holds. Background/timing tests run on the
+FakeClock (virtual time) or on long fixed latencies that only need "not finished yet"."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from llmsim import Config
+from llmsim.api.responses.state import state
+from llmsim.app import App
+from llmsim.clock import FakeClock
+from llmsim.config import ResponsesConfig
+from llmsim.flow import Pump
+from llmsim.messages import JSONResponse, RawResponse, Request, StreamResponse
+from llmsim.state.store import BoundedStore
+from tests import rawhttp
+
+
+def sdk(srv: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+                         _strict_response_validation=True)
+
+
+def _req(body: dict[str, Any], method: str = "POST", path: str = "/v1/responses",
+         query: dict[str, list[str]] | None = None, **kw: Any) -> Request:
+    return Request(method, path, query or {}, {}, orjson.dumps(body) if body else b"",
+                   "req_t", **kw)
+
+
+# --- the store itself ----------------------------------------------------------------------
+
+def test_bounded_store_entry_cap_and_ttl():
+    now = [0.0]
+    evicted: list[str] = []
+    s: BoundedStore[int] = BoundedStore(3, 10.0, lambda: now[0],
+                                        on_evict=lambda k, v: evicted.append(k))
+    for i in range(5):
+        s.put(f"k{i}", i)
+    assert len(s) == 3 and s.get("k0") is None and s.get("k4") == 4
+    assert evicted == ["k0", "k1"]
+    now[0] = 5.0
+    s.put("k5", 5)
+    now[0] = 10.5  # k2..k4 were born at 0 → expired; k5 (born at 5) lives
+    assert s.get("k3") is None and s.get("k5") == 5 and len(s) == 1
+    assert s.pop("k5") == 5 and len(s) == 0
+    off: BoundedStore[int] = BoundedStore(0, 0, lambda: 0.0)
+    assert off.put("x", 1) is False and off.get("x") is None
+
+
+def test_stored_responses_bound_holds(make_server):
+    """responses.store_max_entries: only the newest N responses stay retrievable."""
+    s = make_server(responses=ResponsesConfig(store_max_entries=3))
+    c = sdk(s)
+    ids = [c.responses.create(model="gpt-4o", input=f"r{i}").id for i in range(6)]
+    for rid in ids[:3]:
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(rid)
+    assert [c.responses.retrieve(r).id for r in ids[3:]] == ids[3:]
+    assert len(state(s.app).store) == 3
+
+
+async def test_stored_responses_ttl_on_fake_clock():
+    clock = FakeClock()
+    app = App(Config(latency="instant", responses=ResponsesConfig(store_ttl_s=60)),
+              clock=clock)
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "x"}))
+    rid = res.data["id"]
+    get = _req({}, "GET", f"/v1/responses/{rid}")
+    assert (await app.dispatch(get)).data["id"] == rid
+    clock.advance(61)
+    got = await app.dispatch(_req({}, "GET", f"/v1/responses/{rid}"))
+    assert isinstance(got, RawResponse) and got.status == 404
+
+
+def test_store_disabled(make_server):
+    c = sdk(make_server(responses=ResponsesConfig(store_max_entries=0)))
+    r = c.responses.create(model="gpt-4o", input="x")
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.responses.create(model="gpt-4o", input="x", background=True)
+    assert ei.value.param == "background"
+
+
+def test_conversation_bounds_hold(make_server):
+    """conversations_max_entries and conversation_max_items both hold."""
+    s = make_server(responses=ResponsesConfig(conversations_max_entries=2,
+                                              conversation_max_items=4))
+    c = sdk(s)
+    convs = [c.conversations.create() for _ in range(3)]
+    with pytest.raises(openai.NotFoundError):
+        c.conversations.retrieve(convs[0].id)
+    cid = convs[2].id
+    for i in range(4):
+        c.responses.create(model="gpt-4o", input=f"turn {i}", conversation=cid)
+    items = c.conversations.items.list(cid, order="asc", limit=100).data
+    assert len(items) == 4  # 8 items were added, the oldest 4 dropped
+    assert items[-1].role == "assistant"
+
+
+def test_chain_depth_bound_holds(make_server):
+    """responses.max_chain_depth: a long previous_response_id chain keeps only the newest
+    turns as context (and releases the older records)."""
+    s = make_server(responses=ResponsesConfig(max_chain_depth=2), output_tokens_sigma=0,
+                    output_tokens_mean=20)
+    c = sdk(s)
+    prev = None
+    used = []
+    ids = []
+    for i in range(5):
+        r = c.responses.create(model="gpt-4o", input=f"turn {i}", previous_response_id=prev)
+        used.append(r.usage.input_tokens)
+        prev = r.id
+        ids.append(r.id)
+    assert used[1] < used[2]
+    assert used[2] == used[3] == used[4]  # context no longer grows beyond 2 earlier turns
+    st = state(s.app)
+    assert st.store.get(ids[2]).parent is None  # older turns are let go
+
+
+def test_background_limit(make_server):
+    """responses.background_max_active: more concurrent background responses → 429."""
+    s = make_server(responses=ResponsesConfig(background_max_active=1),
+                    latency="realistic", ttft_ms=60_000, itl_ms=10)
+    c = sdk(s)
+    b1 = c.responses.create(model="gpt-4o", input="x", background=True)
+    with pytest.raises(openai.RateLimitError):
+        c.responses.create(model="gpt-4o", input="y", background=True)
+    c.responses.cancel(b1.id)
+    assert c.responses.create(model="gpt-4o", input="z", background=True).status == "queued"
+
+
+# --- background ----------------------------------------------------------------------------
+
+def test_background_polling(srv):
+    """background: returns at once (queued), then completes; polling shows it."""
+    c = sdk(srv)
+    b = c.responses.create(model="o3", input="long task", background=True,
+                           reasoning={"summary": "auto"})
+    assert b.status == "queued" and b.background is True and b.output == []
+    deadline = time.monotonic() + 5
+    while (r := c.responses.retrieve(b.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert r.status == "completed" and [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    with pytest.raises(openai.BadRequestError):
+        c.responses.cancel(b.id)  # already completed
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.responses.create(model="gpt-4o", input="x", background=True, store=False)
+    assert ei.value.param == "background"
+
+
+def test_background_cancel_and_delete(make_server):
+    """cancel stops a running background response (status cancelled, nothing after);
+    delete stops one too; foreground responses cannot be cancelled."""
+    s = make_server(latency="realistic", ttft_ms=60_000, itl_ms=10)
+    c = sdk(s)
+    b = c.responses.create(model="gpt-4o", input="x", background=True)
+    got = c.responses.retrieve(b.id)
+    assert got.status in ("queued", "in_progress")
+    cancelled = c.responses.cancel(b.id)
+    assert cancelled.status == "cancelled" and cancelled.id == b.id
+    assert c.responses.retrieve(b.id).status == "cancelled"
+    assert c.responses.cancel(b.id).status == "cancelled"  # idempotent
+    assert state(s.app).active_background == 0
+    b2 = c.responses.create(model="gpt-4o", input="y", background=True)
+    c.responses.delete(b2.id)
+    assert state(s.app).active_background == 0
+    fast = make_server()
+    fc = sdk(fast)
+    r = fc.responses.create(model="gpt-4o", input="x")
+    with pytest.raises(openai.BadRequestError):
+        fc.responses.cancel(r.id)
+
+
+def test_background_stream_and_resume_with_sdk(srv):
+    """background + stream: the SDK resumes with responses.stream(response_id=,
+    starting_after=N) and gets exactly the events after N (same sequence numbers)."""
+    c = sdk(srv)
+    with c.responses.stream(model="gpt-4o", input="x", background=True) as s:
+        events = list(s)
+        final = s.get_final_response()
+    assert events[0].response.status == "queued"
+    assert [e.type for e in events[:3]] == ["response.created", "response.queued",
+                                           "response.in_progress"]
+    with c.responses.stream(response_id=final.id, starting_after=5) as s2:
+        tail = list(s2)
+        again = s2.get_final_response()
+    assert [e.sequence_number for e in tail] == [e.sequence_number for e in events[6:]]
+    assert again.output_text == final.output_text
+    raw = list(c.responses.retrieve(final.id, stream=True))  # full replay
+    assert [e.type for e in raw] == [e.type for e in events]
+
+
+class Collect:
+    """A sink that records what a pump emits and when (virtual time)."""
+
+    paused = False
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write_events(self, frames: list[bytes]) -> None:
+        self.frames.extend(frames)
+
+    def abort(self) -> None:
+        pass
+
+
+def _pump(app: App, res: StreamResponse) -> tuple[list[tuple[float, int, str]],
+                                                  asyncio.Future[str]]:
+    seen: list[tuple[float, int, str]] = []
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    pump = Pump(res.stream, app.clock, lambda t, d: b"", Collect(),
+                on_done=lambda r: done.done() or done.set_result(r),
+                observer=lambda t, d, now: seen.append((now, d["sequence_number"], t)))
+    pump.start()
+    return seen, done
+
+
+async def test_resume_follows_the_live_schedule():
+    """A stream resumed mid-way sends what was already out at once, then every later event
+    at the same moment as the original stream (FakeClock)."""
+    clock = FakeClock()
+    app = App(Config(latency="realistic", ttft_ms=500, itl_ms=20, seed=5), clock=clock)
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "stream": True,
+                                   "background": True}))
+    assert isinstance(res, StreamResponse)
+    first, p1 = _pump(app, res)
+    rid = None
+    while len(first) < 15:
+        await asyncio.sleep(0)
+    rid = state(app).store.values().__next__().id
+    t_join = clock.now()
+    res2 = await app.dispatch(_req({}, "GET", f"/v1/responses/{rid}",
+                                   {"stream": ["true"], "starting_after": ["3"]}))
+    assert isinstance(res2, StreamResponse)
+    second, p2 = _pump(app, res2)
+    await p1
+    await p2
+    assert [s for _, s, _ in second] == list(range(4, len(first)))
+    orig = {s: t for t, s, _ in first}
+    for t, s, _ in second:
+        assert t == pytest.approx(max(orig[s], t_join)), s
+    assert second[-1][2] == "response.completed"
+
+
+async def test_background_cancel_on_fake_clock_stops_generation():
+    clock = FakeClock()
+    app = App(Config(latency="realistic", ttft_ms=100, itl_ms=10, seed=1), clock=clock)
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "background": True}))
+    assert isinstance(res, JSONResponse) and res.data["status"] == "queued"
+    rid = res.data["id"]
+    rec = state(app).store.get(rid)
+    while rec.emitted < 8:  # created, queued, in_progress, item, part, deltas...
+        await asyncio.sleep(0)
+    assert rec.status == "in_progress"
+    got = await app.dispatch(_req({}, "POST", f"/v1/responses/{rid}/cancel"))
+    assert got.data["status"] == "cancelled"
+    n = rec.emitted
+    t = clock.now()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert rec.emitted == n and clock.pending == 0 and clock.now() == t
+    replay = await app.dispatch(_req({}, "GET", f"/v1/responses/{rid}",
+                                     {"stream": ["true"]}))
+    assert len(replay.stream.drain()) == n  # the replay stops where the cancel did
+
+
+# --- the WebSocket branch of the contract (dispatch with transport="ws") --------------------
+
+class FakeWS:
+    def __init__(self) -> None:
+        self.cache: dict[str, Any] = {}
+
+    def cached_response(self, rid: str) -> Any:
+        return self.cache.get(rid)
+
+    def cache_response(self, record: Any) -> None:
+        self.cache = {record.id: record}  # R10.5: the most recent completed response
+
+
+async def test_ws_branch_contract():
+    app = App(Config(latency="instant", seed=9))
+    ws = FakeWS()
+
+    async def create(body: dict[str, Any]) -> Any:
+        return await app.dispatch(_req(body, transport="ws", context=ws))
+
+    res = await create({"model": "gpt-4o", "input": "hi", "store": False})
+    assert isinstance(res, StreamResponse) and res.stream.kind == "responses"
+    evs = res.stream.drain()
+    rid = evs[0][1]["response"]["id"]
+    assert evs[-1][0] == "response.completed" and list(ws.cache) == [rid]
+    # store=false responses chain through the connection cache only
+    res2 = await create({"model": "gpt-4o", "input": "more", "previous_response_id": rid})
+    assert isinstance(res2, StreamResponse)
+    evs2 = res2.stream.drain()
+    assert evs2[-1][1]["response"]["usage"]["input_tokens"] > \
+        evs[-1][1]["response"]["usage"]["input_tokens"]
+    http = await app.dispatch(_req({"model": "gpt-4o", "input": "x",
+                                    "previous_response_id": rid}))
+    assert isinstance(http, RawResponse) and http.status == 400
+    err = orjson.loads(http.body)["error"]
+    assert err["code"] == "previous_response_not_found"
+    assert err["param"] == "previous_response_id"
+    # background is rejected over WS; generate: false is a warm-up
+    bg = await create({"model": "gpt-4o", "input": "x", "background": True})
+    assert isinstance(bg, RawResponse) and orjson.loads(bg.body)["error"]["param"] == \
+        "background"
+    warm = await create({"model": "gpt-4o", "input": "prepare", "generate": False})
+    wevs = warm.stream.drain()
+    assert [t for t, _ in wevs] == ["response.created", "response.completed"]
+    done = wevs[-1][1]["response"]
+    assert done["output"] == [] and done["usage"]["output_tokens"] == 0
+    wid = done["id"]
+    assert wid in ws.cache
+    chained = await create({"model": "gpt-4o", "input": "go", "previous_response_id": wid})
+    cevs = chained.stream.drain()
+    assert cevs[-1][1]["response"]["usage"]["input_tokens"] > done["usage"]["input_tokens"]
+    # generate is a WS-only field
+    http2 = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "generate": False}))
+    assert isinstance(http2, RawResponse) and http2.status == 400
+
+
+def test_raw_get_stream_query_validation(srv):
+    c = sdk(srv)
+    r = c.responses.create(model="gpt-4o", input="x")
+    bad = rawhttp.request(srv.url, "GET",
+                          f"/v1/responses/{r.id}?stream=true&starting_after=abc")
+    assert bad.status == 400 and orjson.loads(bad.body)["error"]["param"] == "starting_after"
+    nf = rawhttp.request(srv.url, "GET", "/v1/responses/resp_missing")
+    assert nf.status == 404
+    d = rawhttp.request(srv.url, "DELETE", f"/v1/responses/{r.id}")
+    assert d.json() == {"id": r.id, "object": "response", "deleted": True}
