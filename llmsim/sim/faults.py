@@ -376,11 +376,12 @@ class FaultEngine:
     _next_id: int = 1
     _occ: OrderedDict[bytes, int] = field(default_factory=OrderedDict)
     fired: dict[str, int] = field(default_factory=dict)  # totals per fault spec kind
+    has_random: bool = False  # any probability configured (set in __post_init__)
 
-    @property
-    def has_random(self) -> bool:
+    def __post_init__(self) -> None:
         c = self.config
-        return any(getattr(c, "p_" + k) for k in FAULT_KINDS) or bool(
+        # decided once (the config is frozen): the per-request fast path is one attribute read
+        self.has_random = any(getattr(c, "p_" + k) for k in FAULT_KINDS) or bool(
             c.models or c.endpoints)
 
     # -- rules ---------------------------------------------------------------------------
