@@ -545,3 +545,17 @@ def test_r8_1_same_models_as_chat(client):
     for m in client.models.list():
         r = client.responses.create(model=m.id, input="hi", max_output_tokens=16)
         assert r.model == m.id and r.status in ("completed", "incomplete")
+
+
+def test_include_output_text_logprobs(client):
+    """include message.output_text.logprobs (+ top_logprobs) → one logprob per token."""
+    r = client.responses.create(model="gpt-4o", input="hi", top_logprobs=3,
+                                include=["message.output_text.logprobs"])
+    part = r.output[0].content[0]
+    assert len(part.logprobs) == r.usage.output_tokens
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 3 and lp.logprob <= 0 for lp in part.logprobs)
+    events = list(client.responses.create(model="gpt-4o", input="hi", stream=True,
+                                          include=["message.output_text.logprobs"]))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert all(len(e.logprobs) == 1 and e.logprobs[0].token == e.delta for e in deltas)

@@ -94,7 +94,7 @@ def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> d
     """An output item as in ``response.output`` (``done``) or ``output_item.added``."""
     if type(item) is MessageOut:
         content = ([{"type": "output_text", "text": item.text, "annotations": [],
-                     "logprobs": []}] if done else [])
+                     "logprobs": item.logprobs or []}] if done else [])
         return {"id": item.id, "type": "message", "status": item.status if done
                 else "in_progress", "content": content, "role": "assistant"}
     if type(item) is ReasoningOut:
@@ -183,18 +183,20 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "type": "response.content_part.added", "item_id": rid, "output_index": idx,
                 "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
-            for p in item.pieces:
+            lps = item.logprobs
+            for k, p in enumerate(item.pieces):
                 yield wait(True), "response.output_text.delta", {
                     "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
-                    "content_index": 0, "delta": p, "logprobs": []}
+                    "content_index": 0, "delta": p,
+                    "logprobs": [lps[k]] if lps is not None else []}
             text = item.text
             yield 0.0, "response.output_text.done", {
                 "type": "response.output_text.done", "item_id": rid, "output_index": idx,
-                "content_index": 0, "text": text, "logprobs": []}
+                "content_index": 0, "text": text, "logprobs": lps or []}
             yield 0.0, "response.content_part.done", {
                 "type": "response.content_part.done", "item_id": rid, "output_index": idx,
                 "content_index": 0, "part": {"type": "output_text", "text": text,
-                                             "annotations": [], "logprobs": []}}
+                                             "annotations": [], "logprobs": lps or []}}
         else:
             assert type(item) is CallOut
             fn = item.kind == "function_call"

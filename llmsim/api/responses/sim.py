@@ -53,6 +53,7 @@ class MessageOut:
     pieces: list[str]
     tokens: int
     status: str = "completed"  # "incomplete" when cut by max_output_tokens
+    logprobs: list[dict[str, Any]] | None = None  # include message.output_text.logprobs
 
     @property
     def text(self) -> str:
@@ -210,6 +211,20 @@ def _json_source(rr: RespRequest, rng: random.Random, length: int) -> str:
     return orjson.dumps({"response": words}).decode()
 
 
+def _logprobs(pieces: list[str], top: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Plausible log-probabilities: the chosen token first among its alternatives."""
+    out = []
+    for p in pieces:
+        lp = round(-abs(rng.gauss(0.0, 0.6)), 6)
+        b = list(p.encode())
+        alts = [{"token": p, "bytes": b, "logprob": lp}]
+        for w in rng.sample(tok.WORDS, max(0, top - 1)):
+            alts.append({"token": w, "bytes": list(w.encode()),
+                         "logprob": round(lp - rng.uniform(0.5, 6.0), 6)})
+        out.append({"token": p, "bytes": b, "logprob": lp, "top_logprobs": alts[:top]})
+    return out
+
+
 def _encrypted(rng: random.Random, reasoning: int) -> str:
     # opaque, Fernet-looking, size growing with the reasoning (bounded at ~8 KiB)
     n = min(6144, 96 + reasoning * 2)
@@ -288,6 +303,8 @@ def simulate(rr: RespRequest, context: list[Item], app: App, rng: random.Random,
             t = txt.generate(mode, crng, length=length, limit=budget, source=source,
                              encoding=enc)
         msg = MessageOut(new_id("msg_"), t.pieces, t.tokens)
+        if "message.output_text.logprobs" in rr.include:
+            msg.logprobs = _logprobs(t.pieces, rr.top_logprobs, crng)
         if t.finish == "length":
             msg.status = "incomplete"
             out.status, out.incomplete_reason = "incomplete", "max_output_tokens"
