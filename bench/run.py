@@ -185,8 +185,24 @@ class Child:
         self.stop()
 
 
-def llmsim(*args: str, name: str = "llmsim") -> Child:
-    return Child(name, [PY, "-m", "llmsim", "--port", "0", *args], cwd=ROOT)
+def llmsim(*args: str, name: str = "llmsim", warm: bool = True) -> Child:
+    """Start llmsim; ``warm``: wait for one served request (tokenizer loaded) before measuring."""
+    c = Child(name, [PY, "-m", "llmsim", "--port", "0", *args], cwd=ROOT)
+    if warm:
+        body = {**CHAT_BODY, "max_tokens": 1}
+        try:
+            with socket.create_connection(("127.0.0.1", c.port), timeout=60) as s:  # type: ignore[arg-type]
+                s.sendall(http_request("/v1/chat/completions", body))
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+        except BaseException:
+            c.stop()
+            raise
+    return c
 
 
 def http_request(path: str, body: dict[str, Any]) -> bytes:
@@ -305,7 +321,7 @@ def startup(runs: int = 3) -> dict[str, Any]:
     req = http_request("/v1/chat/completions", CHAT_BODY)
     for _ in range(runs):
         t0 = time.perf_counter()
-        c = llmsim("--latency", "instant")
+        c = llmsim("--latency", "instant", warm=False)
         try:
             with socket.create_connection(("127.0.0.1", c.port), timeout=10) as s:  # type: ignore[arg-type]
                 s.sendall(req)
@@ -439,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2", help="llmsim worker counts for rps/stream")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/RESULTS.md")
     a = ap.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds through the finally blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = set(a.only.split(","))
     secs = 3.0 if a.quick else 8.0
     sdur = 3.0 if a.quick else 6.0
