@@ -402,6 +402,7 @@ CAP_WORDS: tuple[str, ...] = tuple(" " + w for w in FIRST_WORDS)
 PUNCT: tuple[str, ...] = (",", ".")
 
 _COMMA_PROB = 0.1
+_WORD_INDEX = {w: i for i, w in enumerate(WORDS)}
 
 
 def lorem_pieces(n: int, rng: random.Random) -> list[str]:
@@ -414,25 +415,33 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
     later sentences start with a :data:`CAP_WORDS` entry. The output simply stops
     when ``n`` pieces have been produced, possibly mid-sentence.
     """
+    # Hot path (one call per simulated answer): draw a sentence's words in one
+    # ``choices`` call and place the optional comma by replacing a word, instead of
+    # one ``choice`` call per word.
     out: list[str] = []
-    choice = rng.choice
+    choices = rng.choices
     rand = rng.random
+    randint = rng.randint
+    words = WORDS
+    nwords = len(words)
     while len(out) < n:
-        length = rng.randint(6, 18)
-        sent = [choice(FIRST_WORDS) if not out else choice(CAP_WORDS)]
-        while len(sent) < length - 1:
-            prev = sent[-1]
-            if len(sent) >= 2 and prev != "," and len(sent) < length - 2 and rand() < _COMMA_PROB:
-                sent.append(",")
-                continue
-            w = choice(WORDS)
-            while w == prev:
-                w = choice(WORDS)
-            sent.append(w)
-        sent.append(".")
-        out.extend(sent)
+        length = randint(6, 18)
+        body = choices(words, k=length - 2)
+        for i in range(1, len(body)):
+            if body[i] == body[i - 1]:
+                body[i] = words[(_WORD_INDEX[body[i]] + 1) % nwords]
+        if length >= 6 and rand() < _COMMA_PROB * (length - 4):
+            # a comma after the opener's first word at the earliest, never last
+            body[randint(1, length - 4)] = ","
+        out.append(choice_first(rng) if not out else rng.choice(CAP_WORDS))
+        out.extend(body)
+        out.append(".")
     del out[n:]
     return out
+
+
+def choice_first(rng: random.Random) -> str:
+    return rng.choice(FIRST_WORDS)
 
 
 SEQUENCE_SEPARATOR = ","
