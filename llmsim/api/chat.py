@@ -9,6 +9,7 @@ usage chunk (``choices: []``) and ``[DONE]``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -93,7 +94,27 @@ class ChatOut:
     choices: list[ChoiceOut]
     prompt_tokens: int
     ttft: float
-    gaps: list[float]  # seconds between step k and k+1 (shared by all choices)
+    steps: int  # delivery steps after the role chunk (all choices advance together)
+    lat: Latency
+    gap_seed: int  # inter-token gaps are drawn lazily from Random(gap_seed): O(1) memory
+
+    def iter_gaps(self) -> Iterator[float]:
+        """The ``steps - 1`` gaps between consecutive steps, same values on every call."""
+        n = max(0, self.steps - 1)
+        lat = self.lat
+        if lat.is_zero:
+            return iter(())
+        if lat.instant is False and lat.fixed_itl_ms is not None:
+            return itertools.repeat(lat.fixed_itl_ms / 1000.0, n)
+        rng = random.Random(self.gap_seed)
+        gap = lat.gap
+        return (gap(rng) for _ in range(n))
+
+    def total_time(self) -> float:
+        lat = self.lat
+        if lat.fixed_itl_ms is not None and not lat.instant:
+            return self.ttft + max(0, self.steps - 1) * lat.fixed_itl_ms / 1000.0
+        return self.ttft + sum(self.iter_gaps())
 
     @property
     def completion_tokens(self) -> int:
@@ -510,9 +531,9 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
                  else 1 + sum(len(t.pieces) + 1 for t in c.tool_calls)) for c in choices)
     think = max((c.reasoning for c in choices), default=0)
     ttft = lat.ttft(rng, cr.prompt_tokens) + lat.reasoning_time(rng, think)
-    gaps = [lat.gap(rng) for _ in range(max(0, steps - 1))] if not lat.is_zero else []
     created = int(app.clock.time())
-    return ChatOut(new_id("chatcmpl-"), created, choices, cr.prompt_tokens, ttft, gaps)
+    return ChatOut(new_id("chatcmpl-"), created, choices, cr.prompt_tokens, ttft, steps, lat,
+                   rng.getrandbits(64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -573,7 +594,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
         return {**head, "choices": [{"index": choice, "delta": delta, "logprobs": logprobs,
                                      "finish_reason": finish}]}
 
-    gaps = out.gaps
+    gaps = out.iter_gaps()
     first = True
     for c in out.choices:
         role: dict[str, Any] = {"role": "assistant", "content": "" if c.content is not None
@@ -583,7 +604,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
     seqs = [c.content if c.content is not None else _choice_steps(c) for c in out.choices]
     steps = max(len(s) for s in seqs)
     for k in range(steps):
-        delay = gaps[k - 1] if k and gaps else 0.0
+        delay = next(gaps, 0.0) if k else 0.0
         for c, seq in zip(out.choices, seqs, strict=True):
             if k >= len(seq):
                 continue
@@ -639,7 +660,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
                                    "is_token": is_token_event, "error_events": error_events,
                                    "usage": out.usage()})
         return StreamResponse(stream)
-    total = out.ttft + sum(out.gaps)
+    total = out.total_time()
     if total > 0:
         key = app.stats.running_open(cr.model)  # vllm:num_requests_running
         try:
