@@ -342,3 +342,19 @@ def test_raw_get_stream_query_validation(srv):
     assert nf.status == 404
     d = rawhttp.request(srv.url, "DELETE", f"/v1/responses/{r.id}")
     assert d.json() == {"id": r.id, "object": "response", "deleted": True}
+
+
+async def test_shutdown_stops_background_work():
+    """Closing the server cancels running background responses: no timer is left behind."""
+    from llmsim import Server
+
+    srv = Server(Config(port=0, latency="realistic", ttft_ms=60_000, itl_ms=10, quiet=True))
+    await srv.start()
+    res = await srv.app.dispatch(_req({"model": "gpt-4o", "input": "x", "background": True}))
+    rec = state(srv.app).store.get(res.data["id"])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert rec.status == "in_progress" and srv.app.clock.pending >= 1
+    await srv.close(grace=0.1)
+    assert rec.status == "cancelled" and state(srv.app).active_background == 0
+    assert srv.app.clock.pending == 0

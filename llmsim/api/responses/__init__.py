@@ -436,9 +436,17 @@ async def conv_add_items(req: Request, app: App) -> JSONResponse:
                          "last_id": items[-1]["id"] if items else None, "has_more": False})
 
 
+async def _on_stop(app: App) -> None:
+    """Server shutdown: stop every running background response (no timer outlives it)."""
+    for rec in list(state(app).store.values()):
+        if rec.pump is not None:
+            rec.cancel()
+
+
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
+    app.extensions.setdefault("on_stop", []).append(_on_stop)
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
