@@ -1,0 +1,842 @@
+"""Responses over WebSocket: handshake, one wsproto session per upgraded connection, lanes.
+
+Theory of operation. ``protocol.py`` hands a request carrying ``Upgrade: websocket`` to
+:func:`upgrade`. It validates the handshake (RFC 6455 §4.2.1) and the connection cap and
+answers any problem as an ordinary HTTP error in the OpenAI envelope, *before* switching.
+Otherwise it answers 101 through h11 (:meth:`HTTPProtocol.switch_protocol`), which returns the
+bytes that arrived behind the upgrade request; they are the first bytes fed to a fresh
+``wsproto`` connection (no extension is negotiated: no permessage-deflate, like the SDK).
+
+From then on the protocol forwards ``data_received``/``eof_received``/``connection_lost``/
+``resume_writing`` to the :class:`WebSocketSession`. Text messages are reassembled from
+wsproto's partial frames under a size cap (close 1009 above it). Each ``response.create``
+becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` and goes through
+``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply); there is
+no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
+a :class:`~llmsim.flow.Pump` whose sink is this session: every event becomes one JSON text
+frame, with ``stream_id`` appended when the create named a lane. Errors decided before the
+first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
+connection stays open.
+
+Ordering. A *lane* is a ``stream_id`` (or the default lane when none is given). A lane runs one
+response at a time, FIFO. Up to ``max_active`` responses of different lanes run at once; the
+rest wait in arrival order. Named lanes are capped per connection (``max_lanes`` distinct ids,
+as the real service: the count never goes down). Waiting creates are capped (``max_queued``):
+beyond it the session stops reading the socket, so a client that floods creates is slowed by
+TCP instead of growing a queue.
+
+Cache. The most recent completed response of each lane (the whole connection, when no lanes
+are used) is kept in a connection-local cache that the Responses handler consults for
+``previous_response_id`` before its global store (so ``store: false`` chains work). A
+same-lane continuation that fails evicts its parent, as the real service does.
+
+Backpressure and lifetime. Pumps check ``paused`` (the transport is above its high-water mark)
+and stop pulling events; ``resume_writing`` resumes them. While paused the session also stops
+reading client messages, so error replies to a client that does not read cannot pile up. A
+connection lives ``connection_time_limit_s``: then a ``websocket_connection_limit_reached``
+error event and a close (1001). A vanished client cancels every pump and task and releases
+every gauge exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import re
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from wsproto.connection import Connection, ConnectionState, ConnectionType
+from wsproto.events import (
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Ping,
+    Pong,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError
+
+from . import encode
+from .errors import APIError
+from .flow import Pump
+from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .sim.rng import new_id
+
+try:  # per-request accounting shared with the HTTP transport (stats + access log)
+    from .state import accounting
+except ImportError:  # pragma: no cover - older tree without it
+    accounting = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .app import App
+    from .protocol import HTTPProtocol
+
+__all__ = ["upgrade", "WebSocketSession", "WebSocketState", "WS_PATHS", "error_event",
+           "STREAM_ID_RE"]
+
+log = logging.getLogger("llmsim")
+
+WS_PATHS = frozenset({"/v1/responses", "/openai/v1/responses"})
+STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+CLIENT_EVENTS = ("response.create", "response.steer")
+_MAX_CLOSE_REASON = 120  # a close frame's reason must fit in 123 bytes
+
+
+# ------------------------------------------------------------------------------------------
+# Shared state and the upgrade
+# ------------------------------------------------------------------------------------------
+
+class WebSocketState:
+    """Per-app WebSocket state (``app.extensions["websocket"]``): the live sessions."""
+
+    def __init__(self) -> None:
+        self.sessions: set[WebSocketSession] = set()
+        self.total = 0  # connections accepted since start
+
+
+def state(app: App) -> WebSocketState:
+    st = app.extensions.get("websocket")
+    if st is None:
+        st = app.extensions["websocket"] = WebSocketState()
+    return st
+
+
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",") if t.strip()}
+
+
+def _bad(message: str, code: str, status: int = 400,
+         headers: list[tuple[str, str]] | None = None) -> APIError:
+    return APIError(status, message, type="invalid_request_error", code=code, headers=headers)
+
+
+def check_handshake(protocol: HTTPProtocol, req: Request, app: App) -> bytes:
+    """Validate an upgrade request (RFC 6455 §4.2.1); the ``Sec-WebSocket-Accept`` value, or
+    an APIError that is answered as a plain HTTP error before any switch."""
+    path = req.path.rstrip("/") if len(req.path) > 1 else req.path
+    if path not in WS_PATHS:
+        try:
+            app.router.resolve(req.method, path)
+        except APIError as exc:
+            if exc.status == 404:
+                raise
+        raise _bad(f"WebSocket upgrades are only supported on GET /v1/responses, not "
+                   f"{req.method} {path}.", "websocket_not_supported")
+    if req.method != "GET":
+        raise _bad(f"A WebSocket upgrade must use GET, not {req.method}.",
+                   "invalid_websocket_handshake")
+    if getattr(protocol.conn, "their_http_version", b"1.1") != b"1.1":
+        raise _bad("A WebSocket upgrade needs HTTP/1.1.", "invalid_websocket_handshake")
+    h = req.headers
+    if "upgrade" not in _tokens(h.get("connection", "")):
+        raise _bad("Invalid WebSocket handshake: the Connection header must include "
+                   "'Upgrade'.", "invalid_websocket_handshake")
+    if h.get("sec-websocket-version", "").strip() != "13":
+        raise _bad("Unsupported WebSocket version: only version 13 is supported.",
+                   "invalid_websocket_handshake", status=426,
+                   headers=[("sec-websocket-version", "13")])
+    key = h.get("sec-websocket-key", "").strip()
+    try:
+        ok = len(base64.b64decode(key, validate=True)) == 16
+    except ValueError:
+        ok = False
+    if not ok:
+        raise _bad("Invalid WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in "
+                   "base64.", "invalid_websocket_handshake")
+    return base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest())
+
+
+async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
+    """``app.ws_handler``: switch to a WebSocket session, or return the HTTP error Result."""
+    from .app import error_result
+
+    if protocol.transport is None or protocol.transport.is_closing():
+        return None
+    try:
+        return _upgrade(protocol, req)
+    except Exception:  # a bug must still get an answer, not a hung connection
+        log.exception("websocket upgrade failed")
+        if protocol.upgraded is not None:
+            protocol.force_close()
+            return None
+        return error_result(APIError(500, "The server had an error while processing your "
+                                     "request. Sorry about that!"))
+
+
+def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
+    app = protocol.app
+    from .app import error_result
+
+    try:
+        accept = check_handshake(protocol, req, app)
+    except APIError as exc:
+        return error_result(exc)
+    st = state(app)
+    cfg = app.config.websocket
+    if cfg.max_connections and len(st.sessions) >= cfg.max_connections:
+        return error_result(APIError(
+            429, f"Too many concurrent WebSocket connections: the limit is "
+            f"{cfg.max_connections}. Close one or retry later.", type="rate_limit_error",
+            code="too_many_websocket_connections", headers=[("retry-after", "1")]))
+    session = WebSocketSession(protocol, app, req)
+    trailing = protocol.switch_protocol(
+        [(b"sec-websocket-accept", accept), (b"server", b"llmsim"),
+         (b"x-request-id", req.request_id.encode())], session)
+    session.start(trailing)
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Events
+# ------------------------------------------------------------------------------------------
+
+def error_event(status: int | None, etype: str, message: str, code: str | None = None,
+                param: str | None = None, stream_id: str | None = None,
+                headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The SDK's ``ResponseWsError``: ``{"type": "error", "status", "error": {...}}``."""
+    err: dict[str, Any] = {"type": etype, "code": code, "message": message, "param": param}
+    if headers:
+        err["headers"] = dict(headers)
+    ev: dict[str, Any] = {"type": "error", "error": err}
+    if status is not None:
+        ev["status"] = status
+    if stream_id is not None:
+        ev["stream_id"] = stream_id
+    return ev
+
+
+def _from_result(res: Result, stream_id: str | None) -> dict[str, Any]:
+    """An error Result (decided before the first event) as a WebSocket error event."""
+    status = res.status
+    body: Any = None
+    if type(res) is RawResponse:
+        try:
+            body = orjson.loads(res.body)
+        except orjson.JSONDecodeError:
+            body = None
+    elif type(res) is JSONResponse:
+        body = res.data
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        text = res.body.decode("utf-8", "replace") if type(res) is RawResponse else ""
+        err = {"message": text or f"Request failed with status {status}.",
+               "type": "invalid_request_error" if status < 500 else "server_error"}
+    hdrs = {k.lower(): v for k, v in res.headers} if res.headers else None
+    return error_event(status, str(err.get("type") or "invalid_request_error"),
+                       str(err.get("message") or ""), err.get("code"), err.get("param"),
+                       stream_id, hdrs)
+
+
+# ------------------------------------------------------------------------------------------
+# The session
+# ------------------------------------------------------------------------------------------
+
+class Lane:
+    """One ordering lane: queued requests run one at a time, FIFO."""
+
+    __slots__ = ("key", "queue", "job", "waiting")
+
+    def __init__(self, key: str | None) -> None:
+        self.key = key
+        self.queue: deque[tuple[Request, str | None]] = deque()  # (request, previous id)
+        self.job: Job | None = None
+        self.waiting = False  # in the session's run queue
+
+
+class Job:
+    """One response running on a lane: the dispatch task, then its pump."""
+
+    __slots__ = ("lane", "req", "prev_id", "task", "pump", "res", "done", "streaming",
+                 "endpoint", "track", "answered")
+
+    def __init__(self, lane: Lane, req: Request, prev_id: str | None) -> None:
+        self.lane = lane
+        self.req = req
+        self.prev_id = prev_id
+        self.task: asyncio.Task[None] | None = None
+        self.pump: Pump | None = None
+        self.res: StreamResponse | None = None
+        self.done = False
+        self.streaming = False
+        self.endpoint = "responses"
+        self.track: Any = None  # the stats StreamTrack while streaming
+        self.answered = False  # counted in stats (stream started or error sent)
+
+
+class RequestContext:
+    """``Request.context`` of a WebSocket ``response.create``: the connection-local cache,
+    seen from one lane (the Responses handler calls :meth:`cached_response` and
+    :meth:`cache_response`; the record is opaque here)."""
+
+    __slots__ = ("session", "stream_id")
+    transport = "ws"
+
+    def __init__(self, session: WebSocketSession, stream_id: str | None) -> None:
+        self.session = session
+        self.stream_id = stream_id
+
+    def cached_response(self, response_id: str) -> Any | None:
+        """The cached record for ``response_id`` on this connection, or None."""
+        return self.session.cached_response(response_id)
+
+    def cache_response(self, record: Any, response_id: str | None = None) -> None:
+        """Remember ``record`` as this lane's most recent completed response."""
+        self.session.cache_response(record, self.stream_id, response_id)
+
+
+def _record_id(record: Any) -> str | None:
+    rid = getattr(record, "id", None)
+    if rid is None and isinstance(record, Mapping):
+        rid = record.get("id")
+        if rid is None and isinstance(record.get("response"), Mapping):
+            rid = record["response"].get("id")
+    if rid is None:
+        resp = getattr(record, "response", None)
+        rid = getattr(resp, "id", None) or (resp.get("id") if isinstance(resp, Mapping)
+                                            else None)
+    return rid if isinstance(rid, str) else None
+
+
+class WebSocketSession:
+    """One upgraded connection (see the module doc). Also the pumps' sink."""
+
+    def __init__(self, protocol: HTTPProtocol, app: App, handshake: Request) -> None:
+        self.protocol = protocol
+        self.app = app
+        self.cfg = app.config.websocket
+        self.handshake = handshake
+        self.ws = Connection(ConnectionType.SERVER)  # no extensions: no compression
+        self.transport = protocol.transport
+        self.closed = False  # the transport is gone
+        self.closing = False  # a close frame was sent or received: no new work
+        self.draining = False  # graceful shutdown: finish in-flight, then close
+        self._counted = False
+        self._msg: list[str] = []
+        self._msg_bytes = 0
+        self._lanes: dict[str | None, Lane] = {}  # lanes with work (≤ max_lanes + 1)
+        self._named: set[str] = set()  # distinct named lanes ever used (≤ max_lanes)
+        self._runq: deque[Lane] = deque()  # lanes with work waiting for an active slot
+        self._jobs: set[Job] = set()
+        self._active = 0
+        self._queued = 0
+        # most recent completed response per lane: id → record (≤ max_lanes + 1 entries)
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._cache_by_lane: dict[str | None, str] = {}
+        self._read_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+        self.opened_at = app.clock.now()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, trailing: bytes) -> None:
+        """Called right after the 101: count the connection, arm the time limit, feed the
+        bytes that came behind the upgrade request."""
+        st = state(self.app)
+        st.sessions.add(self)
+        st.total += 1
+        stats = self.app.stats
+        if hasattr(stats, "ws_open"):
+            stats.ws_open()
+        else:
+            stats.active_websockets += 1
+        self._counted = True
+        limit = self.cfg.connection_time_limit_s
+        if limit > 0:
+            self._timer = asyncio.get_running_loop().call_later(limit, self._on_time_limit)
+        if trailing:
+            self.data_received(trailing)
+
+    @property
+    def paused(self) -> bool:
+        """Sink interface: the transport's write buffer is above its high-water mark."""
+        return self.protocol.paused
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The TCP connection is gone: cancel everything, release every counter once."""
+        if self.closed:
+            return
+        self.closed = True
+        self.closing = True
+        for t in (self._timer, self._close_timer):
+            if t is not None:
+                t.cancel()
+        self._timer = self._close_timer = None
+        self._cancel_all()
+        self._cache.clear()
+        self._cache_by_lane.clear()
+        if self._counted:
+            self._counted = False
+            stats = self.app.stats
+            if hasattr(stats, "ws_close"):
+                stats.ws_close()
+            else:
+                stats.active_websockets -= 1
+            state(self.app).sessions.discard(self)
+
+    def eof_received(self) -> bool:
+        """The client half-closed without a close frame (1006): end the connection."""
+        try:
+            self.ws.receive_data(None)
+        except LocalProtocolError:
+            pass
+        self._process()
+        return False
+
+    def resume_writing(self) -> None:
+        """The client drained our writes: resume pumps and reading."""
+        for job in list(self._jobs):
+            if job.pump is not None:
+                job.pump.resume()
+        self._maybe_resume_reading()
+
+    def shutdown(self) -> None:
+        """Graceful server shutdown: finish what runs, accept nothing new, close 1001."""
+        self.draining = True  # queued creates still run; new ones are refused
+        if not self._jobs and not self._queued:
+            self.close(1001, "server shutting down")
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start the close handshake; the transport closes when the client answers (or after
+        ``close_timeout_s``)."""
+        if self.closed:
+            return
+        self.closing = True
+        self._cancel_all()
+        if self.ws.state is ConnectionState.OPEN:
+            self._write(self.ws.send(CloseConnection(code=code,
+                                                     reason=reason[:_MAX_CLOSE_REASON])))
+            if self._close_timer is None:
+                self._close_timer = asyncio.get_running_loop().call_later(
+                    self.cfg.close_timeout_s, self._close_transport)
+        else:
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        self._close_timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _on_time_limit(self) -> None:
+        self._timer = None
+        if self.closing:
+            return
+        self.closing = True
+        self._cancel_all()
+        minutes = self.cfg.connection_time_limit_s / 60
+        span = (f"{minutes:g} minutes" if minutes >= 1
+                else f"{self.cfg.connection_time_limit_s:g} seconds")
+        self.send_event(error_event(
+            400, "invalid_request_error",
+            f"Responses websocket connection limit reached ({span}). Create a new websocket "
+            "connection to continue.", "websocket_connection_limit_reached"))
+        self.close(1001, "connection time limit reached")
+
+    # -- writing (the pump sink) -------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def write_events(self, frames: list[bytes]) -> None:
+        """Sink interface: one JSON text frame per event."""
+        ws = self.ws
+        if ws.state is not ConnectionState.OPEN or self.closed:
+            return
+        out = [ws.send(TextMessage(data=f.decode())) for f in frames]
+        self._write(out[0] if len(out) == 1 else b"".join(out))
+
+    def abort(self) -> None:
+        """Sink interface: drop the connection now (a DISCONNECT fault)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """Send one server event (errors and other events outside a response stream)."""
+        self.write_events([orjson.dumps(event)])
+
+    # -- reading -----------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self.ws.receive_data(data)
+        except LocalProtocolError:  # bytes after the close handshake
+            return
+        self._process()
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused:
+            self._read_paused = True
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if (self._read_paused and not self.closed and not self.protocol.paused
+                and self._queued < self.cfg.max_queued):
+            self._read_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+            self._process()
+
+    def _process(self) -> None:
+        """Handle every complete wsproto event, unless backpressure says stop."""
+        if self.closed or self._read_paused:
+            return
+        for ev in self.ws.events():
+            self._handle(ev)
+            if self.closed:
+                return
+            if self.protocol.paused or self._queued >= self.cfg.max_queued:
+                # stop here: the rest stays in wsproto's buffer (at most one socket read)
+                self._pause_reading()
+                return
+
+    def _handle(self, ev: Event) -> None:
+        t = type(ev)
+        if t is TextMessage or t is BytesMessage:
+            self._on_data(ev)  # type: ignore[arg-type]
+        elif t is Ping:
+            if self.ws.state is ConnectionState.OPEN:
+                self._write(self.ws.send(ev.response()))  # type: ignore[union-attr]
+        elif t is Pong:
+            pass
+        elif t is CloseConnection:
+            self._on_close(ev)  # type: ignore[arg-type]
+
+    def _on_close(self, ev: CloseConnection) -> None:
+        self.closing = True
+        self._cancel_all()
+        ws = self.ws
+        if ws.state is ConnectionState.REMOTE_CLOSING:  # the client started the handshake
+            self._write(ws.send(ev.response()))
+        elif ws.state is ConnectionState.OPEN:  # wsproto found a protocol error (1002/1007)
+            self._write(ws.send(CloseConnection(code=ev.code,
+                                                reason=(ev.reason or "")[:_MAX_CLOSE_REASON])))
+        self._close_transport()
+
+    def _on_data(self, ev: TextMessage | BytesMessage) -> None:
+        if self.closing:
+            return
+        data = ev.data
+        if type(ev) is TextMessage:
+            n = len(data) if data.isascii() else len(data.encode())  # type: ignore[union-attr]
+        else:
+            n = len(data)
+        self._msg_bytes += n
+        if self._msg_bytes > self.cfg.max_message_bytes:
+            self._msg = []
+            self.close(1009, f"message too big: the limit is {self.cfg.max_message_bytes} "
+                       "bytes")
+            return
+        if type(ev) is TextMessage:
+            self._msg.append(data)  # type: ignore[arg-type]
+        if not ev.message_finished:
+            return
+        self._msg_bytes = 0
+        if type(ev) is BytesMessage:
+            self._msg = []
+            self.send_event(error_event(
+                400, "invalid_request_error", "Binary messages are not supported: send each "
+                "client event as a JSON text message.", "invalid_message_type"))
+            return
+        text = self._msg[0] if len(self._msg) == 1 else "".join(self._msg)
+        self._msg = []
+        self._on_message(text)
+
+    # -- client events -----------------------------------------------------------------------
+    def _reject(self, message: str, code: str | None, param: str | None = None,
+                stream_id: str | None = None, status: int = 400,
+                etype: str = "invalid_request_error") -> None:
+        self.send_event(error_event(status, etype, message, code, param, stream_id))
+
+    def _on_message(self, text: str) -> None:
+        try:
+            msg = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            self._reject(f"Invalid JSON in client event: {exc}. Each message must be one JSON "
+                         "object such as {\"type\": \"response.create\", ...}.", "invalid_json")
+            return
+        if not isinstance(msg, dict):
+            self._reject("Invalid client event: expected a JSON object with a 'type' field.",
+                         "invalid_type")
+            return
+        etype = msg.get("type")
+        if etype is None:
+            self._reject("Missing required parameter: 'type'.", "missing_required_parameter",
+                         "type")
+            return
+        if etype == "response.create":
+            self._on_create(msg)
+        elif etype == "response.steer":
+            self._on_steer(msg)
+        else:
+            shown = etype if isinstance(etype, str) else orjson.dumps(etype).decode()
+            self._reject(f"Invalid value: '{shown[:200]}'. Supported values are: "
+                         "'response.create' and 'response.steer'.", "invalid_value", "type")
+
+    def _on_steer(self, msg: dict[str, Any]) -> None:
+        """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
+        prev = msg.get("previous_response_id")
+        inp = msg.get("input")
+        if not isinstance(prev, str) or not prev:
+            self._reject("Missing required parameter: 'previous_response_id'.",
+                         "missing_required_parameter", "previous_response_id")
+            return
+        if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
+            self._reject("Invalid 'input': expected a string or a non-empty array of input "
+                         "messages.", "invalid_value", "input")
+            return
+        self.send_event({
+            "type": "response.steer.failed", "sequence_number": 0,
+            "error": {"type": "invalid_request_error", "code": "steering_not_supported",
+                      "message": "Steering is not supported by this simulator: send the input "
+                                 "in a new response.create with previous_response_id."},
+            "steer": {"input": inp, "previous_response_id": prev}})
+
+    def _on_create(self, msg: dict[str, Any]) -> None:
+        sid = msg.get("stream_id")
+        nested = msg.get("response")
+        if nested is not None:
+            if not isinstance(nested, dict):
+                self._reject("Invalid type for 'response': expected an object.",
+                             "invalid_type", "response",
+                             stream_id=sid if isinstance(sid, str) else None)
+                return
+            body = dict(nested)
+            if sid is None:
+                sid = body.get("stream_id")
+            for k, v in msg.items():
+                if k not in ("type", "response", "stream_id"):
+                    body.setdefault(k, v)
+        else:
+            body = {k: v for k, v in msg.items() if k != "type"}
+        body.pop("stream_id", None)
+        body.pop("type", None)
+        if sid is not None and (not isinstance(sid, str) or not STREAM_ID_RE.match(sid)):
+            self._reject("Invalid 'stream_id': expected 1 to 256 ASCII letters, digits, "
+                         "underscores, hyphens or periods.", "invalid_stream_id", "stream_id")
+            return
+        if self.draining:
+            self._reject("The server is shutting down; open a new connection.",
+                         "server_shutting_down", stream_id=sid, status=503,
+                         etype="server_error")
+            return
+        if sid is not None and sid not in self._named:
+            if len(self._named) >= self.cfg.max_lanes:
+                self._reject(f"Too many WebSocket streams on this connection: the limit is "
+                             f"{self.cfg.max_lanes} distinct stream_id values.",
+                             "websocket_stream_limit_reached", "stream_id", stream_id=sid)
+                return
+            self._named.add(sid)
+        prev = body.get("previous_response_id")
+        req = Request(method="POST", path="/v1/responses", query=self.handshake.query,
+                      headers=self.handshake.headers, body=orjson.dumps(body),
+                      request_id="req_" + new_id("", 32), transport="ws",
+                      client=self.handshake.client, received_at=self.app.clock.now(),
+                      context=RequestContext(self, sid))
+        lane = self._lanes.get(sid)
+        if lane is None:
+            lane = self._lanes[sid] = Lane(sid)
+        lane.queue.append((req, prev if isinstance(prev, str) else None))
+        self._queued += 1
+        if lane.job is None and not lane.waiting:
+            lane.waiting = True
+            self._runq.append(lane)
+        self._run_next()
+
+    # -- scheduling --------------------------------------------------------------------------
+    def _run_next(self) -> None:
+        while self._runq and self._active < self.cfg.max_active and not self.closing:
+            lane = self._runq.popleft()
+            lane.waiting = False
+            if lane.job is not None or not lane.queue:
+                continue
+            req, prev = lane.queue.popleft()
+            self._queued -= 1
+            job = Job(lane, req, prev)
+            lane.job = job
+            self._jobs.add(job)
+            self._active += 1
+            self.app.stats.request_open()
+            job.task = asyncio.get_running_loop().create_task(self._run(job))
+        if self._read_paused:
+            self._maybe_resume_reading()
+
+    async def _run(self, job: Job) -> None:
+        app = self.app
+        route = None
+        try:  # resolve here (not in dispatch) to know the endpoint for stats, as HTTP does
+            route, _params = app.resolve(job.req)
+            job.endpoint = route.name
+        except APIError:
+            job.endpoint = "unmatched"  # dispatch answers 404/405
+        try:
+            res = await app.dispatch(job.req, route)
+        except asyncio.CancelledError:
+            self._job_done(job, "cancelled")
+            return
+        except Exception:  # dispatch decides errors itself; this is a bug guard
+            log.exception("websocket dispatch failed")
+            res = RawResponse(APIError(500, "The server had an error while processing your "
+                                       "request. Sorry about that!").body(), status=500)
+        job.task = None
+        sid = job.lane.key
+        if type(res) is StreamResponse:
+            job.res = res  # type: ignore[assignment]
+            if job.done or self.closing:
+                res.stream.close()  # type: ignore[union-attr]
+                self._close_stream(job, "cancelled")  # never pumped: still release it
+                self._job_done(job, "cancelled")
+                return
+            self._start_pump(job, res)  # type: ignore[arg-type]
+            return
+        if job.done or self.closing:
+            self._job_done(job, "cancelled")
+            return
+        if getattr(res, "abort", False):  # fault injection: drop the connection
+            self._account(job, res)
+            self._job_done(job, "disconnect")
+            self.abort()
+            return
+        if res.status < 400:
+            log.error("the Responses handler answered a WebSocket create without a stream")
+            res = RawResponse(APIError(500, "The server had an error while processing your "
+                                       "request. Sorry about that!").body(), status=500)
+        if job.prev_id is not None and self._cache_by_lane.get(sid) == job.prev_id:
+            self._evict(job.prev_id)  # a failed same-lane continuation evicts its parent
+        self._account(job, res)
+        self.send_event(_from_result(res, sid))
+        self._job_done(job, "error")
+
+    def _account(self, job: Job, res: Result) -> None:
+        job.answered = True
+        if accounting is not None:
+            accounting.response_sent(self.app, job.req, job.endpoint, res.status, res,
+                                     transport="ws")
+
+    def _start_pump(self, job: Job, res: StreamResponse) -> None:
+        sid = job.lane.key
+        suffix = b',"stream_id":"' + sid.encode() + b'"}' if sid is not None else None
+        ws_text = encode.ws_text
+        prev = job.prev_id
+
+        def enc(etype: str, data: Any) -> bytes:
+            b = ws_text(etype, data)
+            if etype == "response.failed" and prev is not None:
+                if self._cache_by_lane.get(sid) == prev:
+                    self._evict(prev)
+            if suffix is not None and b[-1:] == b"}":
+                return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
+            return b
+
+        job.streaming = True
+        job.answered = True
+        observer = None
+        if accounting is not None:
+            job.track = accounting.stream_started(self.app, job.req, job.endpoint, res,
+                                                  transport="ws")
+            observer = job.track.observe
+        else:
+            self.app.stats.stream_open()
+        job.pump = Pump(res.stream, self.app.clock, enc, self,
+                        lambda reason: self._pump_done(job, reason), observer)
+        job.pump.start()
+
+    def _pump_done(self, job: Job, reason: str) -> None:
+        self._close_stream(job, reason)
+        self._job_done(job, reason)
+
+    def _close_stream(self, job: Job, reason: str) -> None:
+        if job.streaming:
+            job.streaming = False
+            if job.track is not None:
+                accounting.stream_ended(self.app, job.req, job.track, reason)
+                job.track = None
+            else:
+                self.app.stats.stream_close()
+        res, job.res = job.res, None
+        cb = res.on_close if res is not None else None
+        if cb is not None:
+            try:
+                cb(reason)
+            except Exception:
+                log.exception("stream close callback failed")
+
+    def _job_done(self, job: Job, reason: str) -> None:
+        if job.done:
+            return
+        job.done = True
+        job.pump = None
+        if not job.answered and accounting is not None:
+            accounting.request_gone(self.app, job.req, job.endpoint, transport="ws")
+        self._jobs.discard(job)
+        self._active -= 1
+        self.app.stats.request_close()
+        lane = job.lane
+        lane.job = None
+        if lane.queue and not self.closing:
+            if not lane.waiting:
+                lane.waiting = True
+                self._runq.append(lane)
+        elif not lane.queue and self._lanes.get(lane.key) is lane:
+            del self._lanes[lane.key]
+        if not self.closing:
+            self._run_next()
+            if self.draining and not self._jobs and not self._queued:
+                self.close(1001, "server shutting down")
+
+    def _drop_queued(self) -> None:
+        for lane in self._lanes.values():
+            lane.queue.clear()
+        self._runq.clear()
+        self._queued = 0
+
+    def _cancel_all(self) -> None:
+        """Stop every running response and forget queued ones (client gone or closing)."""
+        self._drop_queued()
+        for job in list(self._jobs):
+            if job.pump is not None:
+                job.pump.cancel()  # → _pump_done("cancelled")
+            elif job.task is not None and not job.task.done():
+                job.task.cancel()  # → _run sees CancelledError → _job_done
+            if not job.task and job.pump is None and not job.done:
+                self._job_done(job, "cancelled")
+        self._lanes = {k: v for k, v in self._lanes.items() if v.job is not None}
+
+    # -- the connection-local cache ------------------------------------------------------------
+    def cached_response(self, response_id: str) -> Any | None:
+        """The cached record of a recent completed response of this connection, or None."""
+        return self._cache.get(response_id)
+
+    def cache_response(self, record: Any, stream_id: str | None = None,
+                       response_id: str | None = None) -> None:
+        """Cache ``record`` as the most recent completed response of lane ``stream_id``."""
+        if self.closed:
+            return
+        rid = response_id or _record_id(record)
+        if rid is None:
+            log.warning("cache_response: record without an id: %r", type(record))
+            return
+        old = self._cache_by_lane.get(stream_id)
+        if old is not None and old != rid:
+            self._cache.pop(old, None)
+        self._cache[rid] = record
+        self._cache.move_to_end(rid)
+        self._cache_by_lane[stream_id] = rid
+        limit = self.cfg.max_lanes + 1  # one per named lane plus the default lane
+        while len(self._cache) > limit:
+            gone, _ = self._cache.popitem(last=False)
+            for k, v in list(self._cache_by_lane.items()):
+                if v == gone:
+                    del self._cache_by_lane[k]
+
+    def _evict(self, response_id: str) -> None:
+        self._cache.pop(response_id, None)
+        for k, v in list(self._cache_by_lane.items()):
+            if v == response_id:
+                del self._cache_by_lane[k]

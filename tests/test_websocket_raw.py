@@ -1,0 +1,396 @@
+"""Responses over WebSocket at the frame level: handshake errors, trailing bytes, malformed and
+binary frames, unknown events, limits (message size, connections, lanes, lifetime), ping/pong,
+the close handshake, disconnects and backpressure. Raw sockets with a wsproto client (tier 3)
+and an in-memory transport (tier 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import orjson
+import pytest
+from wsproto.connection import Connection, ConnectionType
+from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
+
+from llmsim.config import WebSocketConfig
+
+from . import rawhttp, ws_fake
+from .memtransport import connect, mem_server
+from .test_websocket_sdk import BASE, SHORT, validated
+
+TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
+
+
+def wait_for(cond: Any, timeout: float = 5.0) -> bool:
+    """Poll ``cond`` until true or the deadline (bounded; no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return bool(cond())
+
+
+def handshake(path: str = "/v1/responses", extra_headers: str = "",
+              version: str = "13", key: str | None = None) -> bytes:
+    key = key if key is not None else base64.b64encode(os.urandom(16)).decode()
+    return (f"GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            f"Sec-WebSocket-Version: {version}\r\nAuthorization: Bearer sk-test\r\n"
+            f"{extra_headers}\r\n").encode()
+
+
+def http_once(url: str, payload: bytes) -> tuple[bytes, bytes]:
+    """Send raw bytes, read one response (head, body by Content-Length); keep-alive safe."""
+    s = rawhttp.connect(url)
+    try:
+        s.sendall(payload)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            assert chunk, "closed before a response"
+            buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        n = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")))
+        while len(body) < n:
+            chunk = s.recv(65536)
+            assert chunk
+            body += chunk
+        return head, body
+    finally:
+        s.close()
+
+
+class RawWS:
+    """A minimal WebSocket client: raw handshake bytes, wsproto for frames."""
+
+    def __init__(self, url: str, path: str = "/v1/responses", first: list[Any] | None = None,
+                 timeout: float = 5.0) -> None:
+        self.ws = Connection(ConnectionType.CLIENT)
+        self.sock = rawhttp.connect(url, timeout=timeout)
+        extra = b"".join(self.ws.send(ev) for ev in (first or []))
+        self.sock.sendall(handshake(path) + extra)  # frames right behind the upgrade request
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, "closed during the handshake"
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        self.head = head.decode()
+        self.status = int(self.head.split()[1])
+        self.ws.receive_data(rest) if rest else None
+        self._text: list[str] = []
+        self.closed_with: CloseConnection | None = None
+
+    def send(self, ev: Any) -> None:
+        self.sock.sendall(self.ws.send(ev))
+
+    def send_json(self, obj: Any) -> None:
+        self.send(TextMessage(data=json.dumps(obj)))
+
+    def next_event(self) -> Any:
+        """The next complete message (str/bytes), Ping/Pong or CloseConnection."""
+        while True:
+            for ev in self.ws.events():
+                if isinstance(ev, TextMessage):
+                    self._text.append(ev.data)
+                    if ev.message_finished:
+                        out, self._text = "".join(self._text), []
+                        return out
+                elif isinstance(ev, BytesMessage):
+                    return bytes(ev.data)
+                else:
+                    if isinstance(ev, CloseConnection):
+                        self.closed_with = ev
+                    return ev
+            data = self.sock.recv(65536)
+            if not data:
+                self.ws.receive_data(None)
+            else:
+                self.ws.receive_data(data)
+
+    def recv_json(self) -> dict[str, Any]:
+        ev = self.next_event()
+        assert isinstance(ev, str), ev
+        return validated(ev)
+
+    def until_terminal(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            ev = self.recv_json()
+            out.append(ev)
+            if ev["type"] in TERMINAL:
+                return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def wsrv(make_server: Any) -> Any:
+    srv = make_server(**SHORT)
+    ws_fake.install(srv.app)
+    return srv
+
+
+def quiet(srv: Any) -> bool:
+    st = srv.app.stats
+    return (st.active_websockets == 0 and st.active_streams == 0
+            and st.active_connections == 0 and st.active_requests == 0)
+
+
+# -- handshake -----------------------------------------------------------------------------
+
+def _error(resp: rawhttp.Resp) -> dict[str, Any]:
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_plain_get_is_a_clear_426(wsrv: Any) -> None:
+    for path in ("/v1/responses", "/openai/v1/responses"):
+        r = rawhttp.request(wsrv.url, "GET", path)
+        assert r.status == 426
+        assert r.headers["upgrade"] == "websocket"
+        err = _error(r)
+        assert err["code"] == "websocket_upgrade_required" and "Upgrade" in err["message"]
+
+
+@pytest.mark.parametrize("raw,status,code", [
+    (handshake(version="8"), 426, "invalid_websocket_handshake"),
+    (handshake(key="short"), 400, "invalid_websocket_handshake"),
+    (handshake(path="/v1/chat/completions"), 400, "websocket_not_supported"),
+    (handshake(path="/v1/nowhere"), 404, None),
+    (handshake().replace(b"Connection: Upgrade", b"Connection: keep-alive"), 400,
+     "invalid_websocket_handshake"),
+    (handshake().replace(b"GET ", b"PUT ", 1), 400, "invalid_websocket_handshake"),
+])
+def test_bad_handshakes_get_http_errors(wsrv: Any, raw: bytes, status: int,
+                                        code: str | None) -> None:
+    head, body = http_once(wsrv.url, raw)
+    assert head.startswith(b"HTTP/1.1 %d " % status), head
+    err = orjson.loads(body)["error"]
+    assert err["code"] == code
+    if status == 426:
+        assert b"sec-websocket-version: 13" in head.lower()
+    assert wait_for(lambda: wsrv.app.stats.active_websockets == 0)
+
+
+def test_handshake_101_and_no_compression(wsrv: Any) -> None:
+    c = RawWS(wsrv.url, path="/openai/v1/responses")
+    assert c.status == 101
+    assert "sec-websocket-accept" in c.head.lower()
+    assert "sec-websocket-extensions" not in c.head.lower()
+    c.send_json({"type": "response.create", **BASE})
+    assert c.until_terminal()[-1]["type"] == "response.completed"
+    c.close()
+
+
+def test_bytes_behind_the_upgrade_request_are_not_lost(wsrv: Any) -> None:
+    first = [TextMessage(data=json.dumps({"type": "response.create", **BASE})),
+             Ping(payload=b"early")]
+    c = RawWS(wsrv.url, first=first)
+    assert c.status == 101
+    pongs, types = [], []
+    while not types or types[-1] not in TERMINAL:
+        ev = c.next_event()
+        if isinstance(ev, Pong):
+            pongs.append(ev.payload)  # control frames may interleave with the stream
+        else:
+            types.append(validated(ev)["type"])
+    assert types[-1] == "response.completed"
+    assert pongs == [b"early"]
+    c.close()
+    assert wait_for(lambda: quiet(wsrv))
+
+
+# -- client frames -------------------------------------------------------------------------
+
+def test_malformed_and_unknown_frames_keep_the_connection(wsrv: Any) -> None:
+    c = RawWS(wsrv.url)
+    c.send(TextMessage(data="{not json"))
+    e = c.recv_json()
+    assert e["type"] == "error" and e["status"] == 400
+    assert e["error"]["type"] == "invalid_request_error" and e["error"]["code"] == "invalid_json"
+    c.send_json([1, 2])
+    assert c.recv_json()["error"]["code"] == "invalid_type"
+    c.send_json({"model": "gpt-4o"})
+    assert c.recv_json()["error"]["param"] == "type"
+    c.send_json({"type": "session.update"})
+    e = c.recv_json()
+    assert e["error"]["code"] == "invalid_value" and "session.update" in e["error"]["message"]
+    c.send(BytesMessage(data=b'{"type": "response.create"}'))
+    e = c.recv_json()
+    assert e["error"]["code"] == "invalid_message_type" and "Binary" in e["error"]["message"]
+    c.send_json({"type": "response.create", "response": "nope"})
+    assert c.recv_json()["error"]["param"] == "response"
+    c.send_json({"type": "response.create", **BASE, "stream_id": "bad id!"})
+    e = c.recv_json()
+    assert e["error"]["code"] == "invalid_stream_id" and e["error"]["param"] == "stream_id"
+    # a fragmented text message is reassembled
+    msg = json.dumps({"type": "response.create", **BASE, "stream_id": "frag"})
+    c.send(TextMessage(data=msg[:10], message_finished=False))
+    c.send(TextMessage(data=msg[10:], message_finished=True))
+    events = c.until_terminal()
+    assert events[-1]["type"] == "response.completed"
+    assert all(ev["stream_id"] == "frag" for ev in events)
+    c.close()
+
+
+def test_ping_pong_and_close_handshake(wsrv: Any) -> None:
+    c = RawWS(wsrv.url)
+    c.send(Ping(payload=b"hello"))
+    ev = c.next_event()
+    assert isinstance(ev, Pong) and ev.payload == b"hello"
+    c.send(CloseConnection(code=1000, reason="bye"))
+    ev = c.next_event()
+    assert isinstance(ev, CloseConnection) and ev.code == 1000
+    assert c.sock.recv(10) == b""  # the server closes TCP after the handshake
+    c.close()
+    assert wait_for(lambda: quiet(wsrv))
+
+
+def test_message_size_cap_closes_1009(make_server: Any) -> None:
+    srv = make_server(**SHORT, websocket=WebSocketConfig(max_message_bytes=1000))
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    c.send_json({"type": "response.create", **BASE, "input": "x" * 500})
+    assert c.until_terminal()[-1]["type"] == "response.completed"
+    c.send(TextMessage(data="y" * 800, message_finished=False))
+    c.send(TextMessage(data="y" * 800, message_finished=True))
+    ev = c.next_event()
+    assert isinstance(ev, CloseConnection) and ev.code == 1009
+    c.close()
+    assert wait_for(lambda: quiet(srv))
+
+
+def test_protocol_error_closes_1002(wsrv: Any) -> None:
+    c = RawWS(wsrv.url)
+    c.sock.sendall(b"\x81\x05hello")  # unmasked client frame: a protocol error
+    ev = c.next_event()
+    assert isinstance(ev, CloseConnection) and ev.code == 1002
+    c.close()
+    assert wait_for(lambda: quiet(wsrv))
+
+
+# -- limits --------------------------------------------------------------------------------
+
+def test_connection_cap_answered_before_upgrade(make_server: Any) -> None:
+    srv = make_server(**SHORT, websocket=WebSocketConfig(max_connections=1))
+    ws_fake.install(srv.app)
+    a = RawWS(srv.url)
+    assert a.status == 101
+    head, body = http_once(srv.url, handshake())
+    assert head.startswith(b"HTTP/1.1 429 "), head
+    err = orjson.loads(body)["error"]
+    assert err["type"] == "rate_limit_error" and err["code"] == "too_many_websocket_connections"
+    a.close()
+    assert wait_for(lambda: srv.app.stats.active_websockets == 0)
+    b = RawWS(srv.url)
+    assert b.status == 101
+    b.close()
+
+
+def test_lane_cap(make_server: Any) -> None:
+    srv = make_server(**SHORT, websocket=WebSocketConfig(max_lanes=2))
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    for sid in ("a", "b", "a", None):
+        msg = {"type": "response.create", **BASE}
+        if sid:
+            msg["stream_id"] = sid
+        c.send_json(msg)
+        assert c.until_terminal()[-1]["type"] == "response.completed"
+    c.send_json({"type": "response.create", **BASE, "stream_id": "c"})
+    e = c.recv_json()
+    assert e["error"]["code"] == "websocket_stream_limit_reached" and e["stream_id"] == "c"
+    c.close()
+
+
+def test_connection_time_limit(make_server: Any) -> None:
+    srv = make_server(latency="realistic", ttft_ms=1, itl_ms=20,
+                      websocket=WebSocketConfig(connection_time_limit_s=0.3))
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    c.send_json({"type": "response.create", **BASE, "max_output_tokens": 1000})
+    seen = 0
+    while True:
+        ev = c.recv_json()
+        if ev["type"] == "error":
+            break
+        seen += 1
+    assert 0 < seen < 1000
+    assert ev["error"]["code"] == "websocket_connection_limit_reached"
+    assert "stream_id" not in ev
+    close = c.next_event()
+    assert isinstance(close, CloseConnection) and close.code == 1001
+    c.close()
+    assert wait_for(lambda: quiet(srv))
+
+
+def test_disconnect_mid_stream_frees_everything(make_server: Any) -> None:
+    srv = make_server(latency="realistic", ttft_ms=1, itl_ms=5)
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    for sid in ("one", "two"):
+        c.send_json({"type": "response.create", **BASE, "max_output_tokens": 5000,
+                     "stream_id": sid})
+    c.send_json({"type": "response.create", **BASE, "stream_id": "one"})  # queued behind
+    deltas = 0
+    while deltas < 4:
+        if c.recv_json()["type"] == "response.output_text.delta":
+            deltas += 1
+    st = srv.app.stats
+    assert st.active_websockets == 1 and st.active_streams == 2
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    c.close()  # RST: the client vanishes without a close frame
+    assert wait_for(lambda: quiet(srv)), (st.active_websockets, st.active_streams,
+                                          st.active_connections, st.active_requests)
+    assert srv.app.clock.pending == 0  # no pump timer left behind
+
+
+# -- tier 2: backpressure ------------------------------------------------------------------
+
+async def test_slow_reader_pauses_generation() -> None:
+    server = mem_server(latency="instant")
+    ws_fake.install(server.app)
+    proto, tr = connect(server, high_water=8192)
+    client = Connection(ConnectionType.CLIENT)
+    msg = json.dumps({"type": "response.create", **BASE, "max_output_tokens": 3000})
+    proto.data_received(handshake() + client.send(TextMessage(data=msg)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert tr.paused
+    held = len(tr.out)
+    assert held < 8192 + 256 * 300  # at most one batch beyond the high-water mark
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(tr.out) == held  # nothing generated while the client does not read
+    # while paused, client messages are not processed either (no unbounded error replies)
+    proto.data_received(client.send(TextMessage(data="{bad")))
+    assert not tr.reading
+    received = tr.drain_client()
+    head, _, frames = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 ")
+    client.receive_data(frames)
+    types: list[str] = []
+    for _ in range(5000):
+        types += [json.loads(ev.data)["type"] for ev in client.events()
+                  if isinstance(ev, TextMessage)]
+        if "error" in types and types[-1] in ("response.completed", "response.incomplete"):
+            break
+        await asyncio.sleep(0)
+        client.receive_data(tr.drain_client())
+    assert types.count("response.output_text.delta") == 3000
+    assert types.count("error") == 1  # the bad message was answered once reading resumed
+    assert tr.reading
+    proto.connection_lost(None)
+    st = server.app.stats
+    assert st.active_websockets == 0 and st.active_streams == 0
