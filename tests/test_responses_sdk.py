@@ -559,3 +559,13 @@ def test_include_output_text_logprobs(client):
                                           include=["message.output_text.logprobs"]))
     deltas = [e for e in events if e.type == "response.output_text.delta"]
     assert all(len(e.logprobs) == 1 and e.logprobs[0].token == e.delta for e in deltas)
+
+
+def test_seeded_requests_are_deterministic(client):
+    """With a server seed, identical requests give identical text, usage and tool calls."""
+    a = client.responses.create(model="o3", input="same", reasoning={"summary": "auto"})
+    b = client.responses.create(model="o3", input="same", reasoning={"summary": "auto"})
+    assert a.id != b.id and a.output_text == b.output_text
+    assert a.usage == b.usage and a.output[0].summary == b.output[0].summary
+    c = client.responses.create(model="o3", input="different", reasoning={"summary": "auto"})
+    assert c.output_text != a.output_text
