@@ -358,3 +358,28 @@ async def test_shutdown_stops_background_work():
     await srv.close(grace=0.1)
     assert rec.status == "cancelled" and state(srv.app).active_background == 0
     assert srv.app.clock.pending == 0
+
+
+def test_client_disconnect_mid_stream_cancels_and_releases(make_server):
+    """A foreground stream whose client leaves stops generating: the stored response is
+    cancelled, and no timer or stream gauge is left behind."""
+    import socket
+
+    s = make_server(latency="realistic", ttft_ms=0, itl_ms=20)
+    body = orjson.dumps({"model": "gpt-4o", "input": "x", "stream": True})
+    sock = rawhttp.connect(s.url)
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    buf = b""
+    while b"response.output_text.delta" not in buf:
+        buf += sock.recv(65536)
+    rid = orjson.loads(buf.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    c = sdk(s)
+    deadline = time.monotonic() + 5
+    while c.responses.retrieve(rid).status == "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert c.responses.retrieve(rid).status == "cancelled"
+    assert s.call(lambda: s.app.clock.pending) == 0
