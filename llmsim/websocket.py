@@ -444,11 +444,11 @@ class WebSocketSession:
 
     def write_events(self, frames: list[bytes]) -> None:
         """Sink interface: one JSON text frame per event."""
-        ws = self.ws
-        if ws.state is not ConnectionState.OPEN or self.closed:
+        if self.ws.state is not ConnectionState.OPEN or self.closed:
             return
-        out = [ws.send(TextMessage(data=f.decode())) for f in frames]
-        self._write(out[0] if len(out) == 1 else b"".join(out))
+        frame = encode.ws_text_frame
+        self._write(frame(frames[0]) if len(frames) == 1
+                    else b"".join([frame(f) for f in frames]))
 
     def abort(self) -> None:
         """Sink interface: drop the connection now (a DISCONNECT fault)."""

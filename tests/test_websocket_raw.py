@@ -394,3 +394,18 @@ async def test_slow_reader_pauses_generation() -> None:
     proto.connection_lost(None)
     st = server.app.stats
     assert st.active_websockets == 0 and st.active_streams == 0
+
+
+# -- tier 1: the hand-written frame equals wsproto's ----------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_text_frame_matches_wsproto(n: int) -> None:
+    from llmsim.encode import ws_text_frame
+
+    payload = ("é" * (n // 2) + "x" * (n % 2)).encode()
+    server = Connection(ConnectionType.SERVER)
+    assert ws_text_frame(payload) == server.send(TextMessage(data=payload.decode()))
+    client = Connection(ConnectionType.CLIENT)
+    client.receive_data(ws_text_frame(payload))
+    (ev,) = list(client.events())
+    assert isinstance(ev, TextMessage) and ev.data == payload.decode() and ev.message_finished
