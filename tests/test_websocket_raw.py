@@ -409,3 +409,89 @@ def test_text_frame_matches_wsproto(n: int) -> None:
     client.receive_data(ws_text_frame(payload))
     (ev,) = list(client.events())
     assert isinstance(ev, TextMessage) and ev.data == payload.decode() and ev.message_finished
+
+
+# -- lanes, cache, shutdown ----------------------------------------------------------------
+
+def test_lanes_run_concurrently_up_to_max_active(make_server: Any) -> None:
+    srv = make_server(latency="realistic", ttft_ms=1, itl_ms=3,
+                      websocket=WebSocketConfig(max_active=2), **SHORT)
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    for sid in ("a", "b", "c", "a"):
+        c.send_json({"type": "response.create", **BASE, "stream_id": sid})
+    order: list[tuple[str, str]] = []
+    done = 0
+    while done < 4:
+        ev = c.recv_json()
+        order.append((ev["stream_id"], ev["type"]))
+        done += ev["type"] in TERMINAL
+    assert all(t != "error" for _, t in order)
+    started = [sid for sid, t in order if t == "response.created"]
+    ended = [sid for sid, t in order if t == "response.completed"]
+    # a and b run together (interleaved); c waits for a free slot; a's second waits for a's first
+    first_end = next(i for i, (_, t) in enumerate(order) if t == "response.completed")
+    assert {sid for sid, t in order[:first_end] if t == "response.created"} == {"a", "b"}
+    assert started[2] == "c"  # FIFO across lanes: c was waiting before a's second create
+    assert sorted(started) == sorted(ended) == ["a", "a", "b", "c"]
+    for sid in ("a", "b", "c"):  # per lane: created → ... → completed, never overlapping
+        lane = [t for s, t in order if s == sid]
+        opened = 0
+        for t in lane:
+            opened += t == "response.created"
+            opened -= t == "response.completed"
+            assert opened in (0, 1)
+    c.close()
+    assert wait_for(lambda: quiet(srv))
+
+
+def test_failed_same_lane_continuation_evicts_parent(wsrv: Any) -> None:
+    c = RawWS(wsrv.url)
+    c.send_json({"type": "response.create", **BASE, "store": False, "stream_id": "s"})
+    rid = c.until_terminal()[-1]["response"]["id"]
+    # a fork on another lane that fails keeps the parent for its own lane
+    c.send_json({"type": "response.create", "input": "x", "previous_response_id": rid,
+                 "stream_id": "t"})  # no model: 400
+    assert c.recv_json()["status"] == 400
+    c.send_json({"type": "response.create", "input": "x", "store": False, "stream_id": "s",
+                 "previous_response_id": rid})  # same lane, no model: 400
+    assert c.recv_json()["status"] == 400
+    c.send_json({"type": "response.create", **BASE, "store": False, "stream_id": "s",
+                 "previous_response_id": rid})
+    e = c.recv_json()
+    assert e["error"]["code"] == "previous_response_not_found" and e["stream_id"] == "s"
+    c.close()
+
+
+def test_graceful_shutdown_closes_1001(make_server: Any) -> None:
+    srv = make_server(**SHORT)
+    ws_fake.install(srv.app)
+    c = RawWS(srv.url)
+    c.send_json({"type": "response.create", **BASE})
+    assert c.until_terminal()[-1]["type"] == "response.completed"
+    srv.stop()
+    ev = c.next_event()
+    assert isinstance(ev, CloseConnection) and ev.code == 1001
+    c.close()
+
+
+async def test_flooding_creates_stops_reading() -> None:
+    server = mem_server(latency="realistic", ttft_ms=1000, itl_ms=1000, output_tokens_mean=12,
+                        output_tokens_sigma=0, websocket=WebSocketConfig(max_queued=3))
+    ws_fake.install(server.app)
+    proto, tr = connect(server)
+    client = Connection(ConnectionType.CLIENT)
+    msg = json.dumps({"type": "response.create", **BASE})
+    proto.data_received(handshake() + b"".join(client.send(TextMessage(data=msg))
+                                                 for _ in range(10)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not tr.reading  # 1 running + 3 waiting; the other 6 stay unread
+    session = proto.upgraded
+    assert session._queued == 3 and session._active == 1
+    proto.connection_lost(None)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    st = server.app.stats
+    assert (st.active_websockets, st.active_streams, st.active_requests) == (0, 0, 0)
+    assert server.app.clock.pending == 0
