@@ -45,6 +45,7 @@ import base64
 import hashlib
 import logging
 import re
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -274,20 +275,30 @@ class RequestContext:
     seen from one lane (the Responses handler calls :meth:`cached_response` and
     :meth:`cache_response`; the record is opaque here)."""
 
-    __slots__ = ("session", "stream_id")
+    __slots__ = ("_session", "stream_id")
     transport = "ws"
 
     def __init__(self, session: WebSocketSession, stream_id: str | None) -> None:
-        self.session = session
+        # weak: a stored response keeps its request context, and must not keep a closed
+        # connection (protocol, buffers, cache) alive until the store forgets it
+        self._session = weakref.ref(session)
         self.stream_id = stream_id
+
+    @property
+    def session(self) -> WebSocketSession | None:
+        """The connection's session, or None once it is gone."""
+        return self._session()
 
     def cached_response(self, response_id: str) -> Any | None:
         """The cached record for ``response_id`` on this connection, or None."""
-        return self.session.cached_response(response_id)
+        s = self._session()
+        return s.cached_response(response_id) if s is not None else None
 
     def cache_response(self, record: Any, response_id: str | None = None) -> None:
         """Remember ``record`` as this lane's most recent completed response."""
-        self.session.cache_response(record, self.stream_id, response_id)
+        s = self._session()
+        if s is not None:
+            s.cache_response(record, self.stream_id, response_id)
 
 
 def _record_id(record: Any) -> str | None:

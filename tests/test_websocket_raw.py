@@ -495,3 +495,19 @@ async def test_flooding_creates_stops_reading() -> None:
     st = server.app.stats
     assert (st.active_websockets, st.active_streams, st.active_requests) == (0, 0, 0)
     assert server.app.clock.pending == 0
+
+
+def test_closed_session_is_not_kept_alive_by_stored_responses(wsrv: Any) -> None:
+    import gc
+    import weakref
+
+    c = RawWS(wsrv.url)
+    c.send_json({"type": "response.create", **BASE})  # stored (store defaults to true)
+    assert c.until_terminal()[-1]["type"] == "response.completed"
+    (session,) = wsrv.app.extensions["websocket"].sessions
+    ref = weakref.ref(session)
+    del session
+    c.close()
+    assert wait_for(lambda: quiet(wsrv))
+    wsrv.call(gc.collect)
+    assert ref() is None
