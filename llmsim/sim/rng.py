@@ -22,7 +22,8 @@ __all__ = ["request_rng", "new_id", "derive", "DELIVERY_ONLY"]
 # Fields that change how an answer is delivered or filed, not what the model says: the same
 # seeded request gives the same text streamed or not, stored or not, tagged or not.
 DELIVERY_ONLY = frozenset({"stream", "stream_options", "background", "store", "metadata", "user",
-                           "safety_identifier", "prompt_cache_key", "service_tier", "include"})
+                           "safety_identifier", "prompt_cache_key", "service_tier", "include",
+                           "generate"})
 
 
 def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> random.Random:
