@@ -177,6 +177,9 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 
     try:
         accept = check_handshake(protocol, req, app)
+        authenticate = app.extensions.get("authenticate")
+        if authenticate is not None:
+            authenticate(req)  # a missing/wrong key is refused before the upgrade (401)
     except APIError as exc:
         return error_result(exc)
     st = state(app)

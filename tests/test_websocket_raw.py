@@ -511,3 +511,14 @@ def test_closed_session_is_not_kept_alive_by_stored_responses(wsrv: Any) -> None
     assert wait_for(lambda: quiet(wsrv))
     wsrv.call(gc.collect)
     assert ref() is None
+
+
+def test_api_key_checked_at_the_handshake(make_server: Any) -> None:
+    """With --api-key, a wrong key is refused before the upgrade (401), a right one upgrades."""
+    srv = make_server(**SHORT, api_key=("sk-test",))
+    head, body = http_once(srv.url, handshake().replace(b"Bearer sk-test", b"Bearer sk-nope"))
+    assert head.startswith(b"HTTP/1.1 401 "), head
+    assert orjson.loads(body)["error"]["code"] == "invalid_api_key"
+    ok = RawWS(srv.url)
+    assert ok.status == 101
+    ok.close()

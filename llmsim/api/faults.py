@@ -89,23 +89,28 @@ def _mask(key: str) -> str:
     return key[:3] + "*" * min(len(key) - 7, 40) + key[-4:]
 
 
+def check_api_key(keys: frozenset[str], req: Request) -> None:
+    """Raise the real API's 401 unless ``req`` carries one of ``keys`` (API paths only)."""
+    if not is_api_path(req.path):
+        return
+    key = req.api_key
+    if key is None:
+        raise APIError(401, "You didn't provide an API key. You need to provide your API "
+                       "key in an Authorization header using Bearer auth (i.e. "
+                       "Authorization: Bearer YOUR_KEY), or as the password field (with "
+                       "blank username) if you're accessing the API from your browser and "
+                       "are prompted for a username and password. You can obtain an API "
+                       "key from https://platform.openai.com/account/api-keys.",
+                       type="invalid_request_error", code=None)
+    if key not in keys:
+        raise APIError(401, f"Incorrect API key provided: {_mask(key)}. You can find your "
+                       "API key at https://platform.openai.com/account/api-keys.",
+                       type="invalid_request_error", code="invalid_api_key")
+
+
 def _auth_hook(keys: frozenset[str]) -> Any:
     async def auth(req: Request, route: Route, app: App) -> Result | None:
-        if not is_api_path(req.path):
-            return None
-        key = req.api_key
-        if key is None:
-            raise APIError(401, "You didn't provide an API key. You need to provide your API "
-                           "key in an Authorization header using Bearer auth (i.e. "
-                           "Authorization: Bearer YOUR_KEY), or as the password field (with "
-                           "blank username) if you're accessing the API from your browser and "
-                           "are prompted for a username and password. You can obtain an API "
-                           "key from https://platform.openai.com/account/api-keys.",
-                           type="invalid_request_error", code=None)
-        if key not in keys:
-            raise APIError(401, f"Incorrect API key provided: {_mask(key)}. You can find your "
-                           "API key at https://platform.openai.com/account/api-keys.",
-                           type="invalid_request_error", code="invalid_api_key")
+        check_api_key(keys, req)
         return None
 
     return auth
@@ -446,7 +451,10 @@ def _pace(plan: Iterator[PlanItem], slot: Slot, prefill: float,
 def register(app: App) -> None:
     cfg = app.config
     if cfg.api_key:
-        app.before.append(_auth_hook(frozenset(cfg.api_key)))
+        keys = frozenset(cfg.api_key)
+        app.before.append(_auth_hook(keys))
+        # the WebSocket upgrade checks the key at the handshake, as the real API does
+        app.extensions["authenticate"] = lambda req: check_api_key(keys, req)
     faults = Faults(app)
     app.extensions["faults"] = faults
     app.before.append(faults.before)
