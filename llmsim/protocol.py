@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["HTTPProtocol"]
 
 log = logging.getLogger("llmsim")
+_INF = float("inf")
 PIPELINE_BUFFER = 256 * 1024  # unread pipelined bytes before we stop reading the socket
 
 _date_cache: list[Any] = [0, b""]
@@ -99,7 +100,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._buffered = 0
         self._task: asyncio.Task[None] | None = None
         self._pump: Pump | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = _INF  # loop time when the current timeout fires (see Server sweep)
         self._timer_kind: str | None = None
         self._chunked = True
         self._request_open = False
@@ -184,21 +185,18 @@ class HTTPProtocol(asyncio.Protocol):
             self._pump.resume()
 
     # ------------------------------------------------------------------ timers
+    # Timeouts are a deadline per connection checked by the server's periodic sweep
+    # (Server._sweep), not a loop timer per request: arming one is a float store.
     def _arm(self, kind: str, seconds: float) -> None:
-        self._cancel_timer()
         self._timer_kind = kind
-        if seconds > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(seconds, self._on_timeout)
+        self._deadline = self.server.loop_time() + seconds if seconds > 0 else _INF
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = _INF
         self._timer_kind = None
 
     def _on_timeout(self) -> None:
-        self._timer = None
+        self._deadline = _INF
         if self._busy or self.transport is None:
             return
         if self._timer_kind == "header" and self.conn.their_state is h11.SEND_BODY:

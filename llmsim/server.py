@@ -37,6 +37,11 @@ class Server:
         self._idle: asyncio.Event | None = None  # created on start (needs a loop)
         self.host = self.config.host
         self.port = self.config.port
+        self._loop_time = _loop_time
+        self._sweeper: asyncio.TimerHandle | None = None
+        c = self.config
+        # check deadlines often enough that a timeout fires at most ~50% late (≥ 20 ms)
+        self._sweep_every = max(0.02, min(1.0, c.header_timeout_s / 2, c.idle_timeout_s / 2))
 
     @property
     def url(self) -> str:
@@ -65,12 +70,26 @@ class Server:
 
         for enc in ("o200k_base", "cl100k_base"):
             loop.run_in_executor(None, tokens.get_encoding, enc)
+        self._loop_time = loop.time
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         s = self._server.sockets[0]
         addr = s.getsockname()
         self.host, self.port = addr[0], addr[1]
         for hook in self.app.extensions.get("on_start", []):
             await hook(self.app)
         return self
+
+    def loop_time(self) -> float:
+        return self._loop_time()
+
+    def _sweep(self) -> None:
+        """Close connections whose header/idle deadline has passed (one timer per server)."""
+        now = self._loop_time()
+        for c in [c for c in self.connections if c._deadline <= now]:
+            c._on_timeout()
+        if self._server is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every,
+                                                                  self._sweep)
 
     def _conn_closed(self) -> None:
         if not self.connections and self._idle is not None:
@@ -82,6 +101,9 @@ class Server:
             return
         grace = self.config.shutdown_grace_s if grace is None else grace
         self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for hook in self.app.extensions.get("on_stop", []):
             try:
                 await hook(self.app)
@@ -193,6 +215,10 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 async def _call(fn: Any, *args: Any) -> Any:

@@ -246,6 +246,24 @@ def _tool_name(t: dict[str, Any]) -> str:
     return t["custom"]["name"] if t.get("type") == "custom" else t["function"]["name"]
 
 
+_IGNORED_CHECKS: dict[str, Any] = {
+    "presence_penalty": lambda v: v.num("presence_penalty", None, lo=-2, hi=2),
+    "frequency_penalty": lambda v: v.num("frequency_penalty", None, lo=-2, hi=2),
+    "logit_bias": lambda v: v.dict("logit_bias"),
+    "seed": lambda v: v.int("seed"),
+    "user": lambda v: v.str("user"),
+    "metadata": lambda v: v.metadata(),
+    "store": lambda v: v.bool("store"),
+    "prediction": lambda v: v.dict("prediction"),
+    "web_search_options": lambda v: v.dict("web_search_options"),
+    "modalities": lambda v: v.list("modalities"),
+    "audio": lambda v: v.dict("audio"),
+    "verbosity": lambda v: v.str("verbosity", choices=("low", "medium", "high")),
+    "prompt_cache_key": lambda v: v.str("prompt_cache_key"),
+    "safety_identifier": lambda v: v.str("safety_identifier"),
+}
+
+
 def parse(req: Request, app: App) -> ChatRequest:
     """Validate a Chat Completions body; raise APIError naming the first bad parameter."""
     body = req.json_object()
@@ -271,20 +289,10 @@ def parse(req: Request, app: App) -> ChatRequest:
     reasoning = profile.reasoning
     temperature = v.num("temperature", None, lo=0, hi=2)
     top_p = v.num("top_p", None, lo=0, hi=1)
-    v.num("presence_penalty", None, lo=-2, hi=2)
-    v.num("frequency_penalty", None, lo=-2, hi=2)
-    v.dict("logit_bias")
-    v.int("seed")
-    v.str("user")
-    v.metadata()
-    v.bool("store")
-    v.dict("prediction")
-    v.dict("web_search_options")
-    v.list("modalities")
-    v.dict("audio")
-    v.str("verbosity", choices=("low", "medium", "high"))
-    v.str("prompt_cache_key")
-    v.str("safety_identifier")
+    for key in body:  # accepted-and-ignored fields: validated only when present (hot path)
+        check = _IGNORED_CHECKS.get(key)
+        if check is not None:
+            check(v)
     service_tier = v.str("service_tier", None,
                          choices=("auto", "default", "flex", "scale", "priority"))
     max_tokens = v.int("max_tokens", None, lo=1)
