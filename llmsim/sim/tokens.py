@@ -35,7 +35,7 @@ Synthetic text
 
 from __future__ import annotations
 
-import base64
+import binascii
 import gzip
 import hashlib
 import importlib.util
@@ -153,10 +153,11 @@ def _read_ranks(name: str) -> dict[bytes, int] | None:
                 data = gzip.decompress(data)
             if hashlib.sha256(data).hexdigest() != expected:
                 continue
-            return {
-                base64.b64decode(tok): int(rank)
-                for tok, rank in (line.split() for line in data.splitlines() if line)
-            }
+            # "b64token rank" per line; binascii directly is ~2x faster than
+            # base64.b64decode over 200k lines (start-up time of the first request)
+            fields = data.split()
+            return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]),
+                            strict=True))
         except (OSError, ValueError, EOFError):
             continue
     return None
