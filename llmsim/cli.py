@@ -101,8 +101,10 @@ def banner(url: str, cfg: Config) -> str:
 
 
 async def _serve(cfg: Config) -> None:
+    from .logs import setup_logging
     from .server import Server
 
+    setup_logging(cfg.log_level, cfg.log_format)
     server = Server(cfg)
     await server.start()
     if not cfg.quiet:
@@ -149,6 +151,11 @@ def _serve_workers(cfg: Config, n: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "top":  # `llmsim top --url ...`: the terminal stats view
+        from .top import main as top_main
+
+        return top_main(args[1:])
     try:
         cfg, _ns = config_from_args(argv)
     except ConfigError as exc:

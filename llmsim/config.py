@@ -332,6 +332,13 @@ class Config:
                                   "this many seconds before closing them.", metavar="S")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
+    log_level: Literal["debug", "info", "warning", "error"] = opt(
+        "warning", "Log level of the llmsim loggers; 'info' turns on the access log (one line "
+        "per request: method, path, model, status, tokens, TTFT, duration).",
+        choices=("debug", "info", "warning", "error"))
+    log_format: Literal["plain", "json"] = opt(
+        "plain", "Log line format: 'plain' text or 'json' (one object per line).",
+        choices=("plain", "json"))
     api_key: tuple[str, ...] = opt((), "Require one of these API keys (Bearer token or api-key "
                                    "header) on /v1 paths; wrong or missing → 401.",
                                    metavar="KEY")

@@ -90,14 +90,15 @@ def _new_hist() -> list[Any]:
 class StreamTrack:
     """Latency and gauge bookkeeping for one stream, whatever transport writes it.
 
-    Pass :meth:`observe` as the :class:`~llmsim.flow.Pump` observer (it is called for every
-    event written, with the clock time of the write) and call :meth:`finish` when the stream
-    ends for any reason (idempotent). TTFT is first token write − ``t0`` (the request's
-    ``received_at``), the inter-token gap is the time between consecutive token writes.
+    Pass :attr:`observe` as the :class:`~llmsim.flow.Pump` observer (called for every event
+    written, with the clock time of the write; None when the stream cannot tell tokens) and
+    call :meth:`finish` when the stream ends for any reason (idempotent). TTFT is first token
+    write − ``t0`` (the request's ``received_at``), the inter-token gap is the time between
+    consecutive token writes.
     """
 
-    __slots__ = ("stats", "key", "t0", "last", "first", "tokens", "is_token", "_ttft", "_itl",
-                 "_e2e", "done", "transport", "prompt")
+    __slots__ = ("stats", "key", "t0", "first", "tokens", "base", "_e2e", "done", "transport",
+                 "prompt", "observe")
 
     def __init__(self, stats: Stats, key: str, t0: float, transport: str,
                  is_token: Callable[[str, Any], bool] | None) -> None:
@@ -105,33 +106,47 @@ class StreamTrack:
         self.key = key
         self.t0 = t0
         self.transport = transport
-        self.is_token = is_token
-        self.last: float | None = None
         self.first: float | None = None
         self.tokens = 0
+        self.base = 0  # tokens already counted before a stats reset
         self.prompt = 0
         self.done = False
-        h = stats._hist(key)
-        self._ttft, self._itl, self._e2e = h
+        ttft_h, itl_h, self._e2e = stats._hist(key)
+        self.observe: Callable[[str, Any, float], None] | None = None
+        if is_token is not None:
+            self.observe = self._observer(is_token, ttft_h, itl_h)
 
-    def observe(self, etype: str, data: Any, now: float) -> None:
-        """One event was written at ``now`` (hot path: keep it small)."""
-        it = self.is_token
-        if it is None or not it(etype, data):
-            return
-        last = self.last
-        if last is None:
-            self.first = now
-            v = now - self.t0
-            h = self._ttft
-        else:
-            v = now - last
-            h = self._itl
-        h[bisect_left(BOUNDS, v)] += 1
-        h[-1] += v
-        self.last = now
-        self.tokens += 1
-        self.stats.tokens_delivered += 1
+    def _observer(self, is_token: Callable[[str, Any], bool], ttft_h: list[Any],
+                  itl_h: list[Any]) -> Callable[[str, Any, float], None]:
+        # A closure over locals: the cheapest per-token call CPython offers (measured ~2x
+        # faster than a method reading slots). Gaps within one write batch are 0: no search.
+        track = self
+        t0 = self.t0
+        bounds = BOUNDS
+        b0 = BOUNDS[0]
+        search = bisect_left
+        last = -1.0
+
+        def observe(etype: str, data: Any, now: float) -> None:
+            nonlocal last
+            if not is_token(etype, data):
+                return
+            if last < 0.0:
+                track.first = now
+                v = now - t0
+                ttft_h[search(bounds, v)] += 1
+                ttft_h[-1] += v
+            else:
+                v = now - last
+                if v == 0.0:
+                    itl_h[0] += 1
+                else:
+                    itl_h[search(bounds, v) if v > b0 else 0] += 1
+                    itl_h[-1] += v
+            last = now
+            track.tokens += 1
+
+        return observe
 
     @property
     def ttft(self) -> float | None:
@@ -148,6 +163,8 @@ class StreamTrack:
         running = st.running
         running[self.key] = running.get(self.key, 1) - 1
         st.stream_ends[reason] += 1
+        st._live.discard(self)
+        st.tokens_delivered += self.tokens - self.base
         if reason == "cancelled":
             st.error("client_disconnect")
         v = now - self.t0
@@ -156,7 +173,7 @@ class StreamTrack:
         h[-1] += v
         m = st.models.get(self.key)
         if m is not None:
-            m[1] += self.tokens
+            m[1] += self.tokens - self.base
 
 
 class Stats:
@@ -178,6 +195,7 @@ class Stats:
         self.active_websockets = 0
         self.running: dict[str, int] = {}  # model key → requests generating (streams + JSON)
         self.gauges: dict[str, dict[str, float]] = {}  # name → model key → value
+        self._live: set[StreamTrack] = set()  # open streams (their tokens count as delivered)
         self.reset()
 
     def reset(self) -> None:
@@ -198,6 +216,8 @@ class Stats:
         self.websockets_total = 0
         self.models: dict[str, list[int]] = {}  # key → [prompt_tokens, delivered_tokens]
         self.hists: dict[str, tuple[list[Any], list[Any], list[Any]]] = {}
+        for t in self._live:
+            t.base = t.tokens
         live = {k for k, v in self.running.items() if v}
         for g in self.gauges.values():
             live.update(k for k, v in g.items() if v)
@@ -321,7 +341,12 @@ class Stats:
         m[0] += prompt_tokens
         t = StreamTrack(self, key, t0, transport, is_token)
         t.prompt = prompt_tokens
+        self._live.add(t)
         return t
+
+    def delivered_total(self) -> int:
+        """Output tokens written so far: finished responses plus streams in flight."""
+        return self.tokens_delivered + sum(t.tokens - t.base for t in self._live)
 
     def _hist(self, key: str) -> tuple[list[Any], list[Any], list[Any]]:
         h = self.hists.get(key)
@@ -339,7 +364,7 @@ class Stats:
                 for j in range(NB + 1):
                     tot[j] += hi[j]
             hs.append(tot)
-        return (now, self.requests_n, self.tokens_delivered, self.tokens_in, self.errors_n, hs)
+        return (now, self.requests_n, self.delivered_total(), self.tokens_in, self.errors_n, hs)
 
     def _tick(self, now: float) -> None:
         self._ring_sec = int(now)
@@ -377,7 +402,7 @@ class Stats:
                          "websockets_total": self.websockets_total,
                          "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                          "tokens_reasoning": self.tokens_reasoning,
-                         "tokens_delivered": self.tokens_delivered},
+                         "tokens_delivered": self.delivered_total()},
             "gauges": {"connections": self.active_connections,
                        "requests": self.active_requests, "streams": self.active_streams,
                        "websockets": self.active_websockets},
