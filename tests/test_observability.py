@@ -466,3 +466,43 @@ def test_access_log_plain_format():
     out = buf.getvalue()
     assert '"POST /v1/chat/completions" 200 model=gpt-4o tokens=8/12 ttft=123.4ms ' \
            'duration=500.0ms sse end=completed req_1' in out
+
+
+def test_reset_mid_stream_counts_only_new_tokens():
+    st = Stats()
+    tr = st.track("gpt-4o", 0.0, "sse", lambda t, d: True)
+    assert tr.observe is not None
+    for i in range(5):
+        tr.observe("tok", None, 0.1 * (i + 1))
+    assert st.raw()["counters"]["tokens_delivered"] == 5
+    st.reset()
+    assert st.raw()["counters"]["tokens_delivered"] == 0
+    assert st.active_streams == 1 and st.running["gpt-4o"] == 1  # live gauges survive
+    tr.observe("tok", None, 0.7)
+    assert st.raw()["counters"]["tokens_delivered"] == 1
+    tr.finish("completed", 0.8)
+    tr.finish("completed", 0.9)  # idempotent
+    raw = st.raw()
+    assert raw["counters"]["tokens_delivered"] == 1
+    assert st.active_streams == 0 and st.running["gpt-4o"] == 0
+    assert raw["stream_ends"] == {"completed": 1}
+
+
+def test_responses_api_is_labelled(srv):
+    if not any(r.name.startswith("responses") for r in srv.app.router.routes()):
+        pytest.skip("the Responses API is not part of this build")
+    client = sdk(srv.url)
+    client.responses.create(model="gpt-4o", input="hi", max_output_tokens=16)
+    n = 0
+    for ev in client.responses.create(model="gpt-4o-mini", input="hi", max_output_tokens=16,
+                                      stream=True):
+        n += ev.type == "response.output_text.delta"
+    client.close()
+    s = stats(srv.url)
+    rows = {(r["endpoint"], r["model"], r["transport"], r["status"]): r["count"]
+            for r in s["requests"]}
+    assert rows[("responses", "gpt-4o", "http", 200)] == 1
+    assert rows[("responses", "gpt-4o-mini", "sse", 200)] == 1
+    assert s["models"]["gpt-4o-mini"]["delivered_tokens"] == n
+    assert s["models"]["gpt-4o-mini"]["ttft_ms"]["count"] == 1
+    assert s["active"]["streams"] == 0 and s["running"] == 0
