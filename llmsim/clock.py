@@ -20,6 +20,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
+from heapq import heappush as _heappush
 from typing import Any
 
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
@@ -47,6 +48,7 @@ class Clock:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Timer]] = []
         self._counter = itertools.count()
+        self._running = False  # inside _run_due: arm once at the end, not per push
 
     # -- to be provided by subclasses ----------------------------------------------------
     def now(self) -> float:  # pragma: no cover - interface
@@ -64,9 +66,9 @@ class Clock:
         """Run ``callback()`` at monotonic time ``deadline`` (or as soon as possible)."""
         t = Timer(deadline, callback)
         heap = self._heap
-        heapq.heappush(heap, (deadline, next(self._counter), t))
-        if heap[0][2] is t:
-            self._arm()
+        _heappush(heap, (deadline, next(self._counter), t))
+        if heap[0][2] is t and not self._running:
+            self._arm()  # new earliest deadline (inside _run_due the pass re-arms once)
         return t
 
     def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
@@ -92,16 +94,20 @@ class Clock:
         heap = self._heap
         limit = now + self.coalesce
         pop = heapq.heappop
-        while heap and heap[0][0] <= limit:
-            t = pop(heap)[2]
-            if not t.cancelled:
-                t.cancelled = True  # fired; a late cancel() is a no-op
-                try:
-                    t.callback()
-                except Exception:  # a broken callback must not stop every other stream
-                    import logging
+        self._running = True
+        try:
+            while heap and heap[0][0] <= limit:
+                t = pop(heap)[2]
+                if not t.cancelled:
+                    t.cancelled = True  # fired; a late cancel() is a no-op
+                    try:
+                        t.callback()
+                    except Exception:  # a broken callback must not stop every other stream
+                        import logging
 
-                    logging.getLogger("llmsim").exception("timer callback failed")
+                        logging.getLogger("llmsim").exception("timer callback failed")
+        finally:
+            self._running = False
 
     @property
     def pending(self) -> int:
@@ -116,6 +122,7 @@ class RealClock(Clock):
         self._loop = loop
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = float("inf")
+        self._time: Callable[[], float] | None = loop.time if loop is not None else None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -124,7 +131,10 @@ class RealClock(Clock):
         return self._loop
 
     def now(self) -> float:
-        return self.loop.time()
+        t = self._time  # the loop's bound ``time`` once known: this is called per event
+        if t is None:
+            t = self._time = self.loop.time
+        return t()
 
     def _arm(self) -> None:
         heap = self._heap
@@ -169,6 +179,8 @@ class FakeClock(Clock):
         """Move time forward by hand (runs what falls due)."""
         self._now += seconds
         self._run_due(self._now)
+        if self._heap:
+            self._arm()
 
     def _arm(self) -> None:
         self._quiet = 0
