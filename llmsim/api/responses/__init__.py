@@ -22,7 +22,7 @@ from ..validate import V
 from . import render
 from .parse import RespRequest, normalize_input, parse_body
 from .sim import cached_prefix_tokens, prompt_tokens, simulate
-from .state import Conversation, Record, ResponsesState, state
+from .state import CANCEL, DELETED, Conversation, Record, ResponsesState, Snapshot, state
 
 if TYPE_CHECKING:
     from ...app import App
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["register", "create", "is_token_event"]
 
 Item = dict[str, Any]
+WATCH_S = 0.2  # --workers > 1: how often a running background response checks for a remote
+#               cancel/delete (one indexed sqlite read per running response per period)
+REMOTE_CANCEL_WAIT_S = 5.0  # a cancel on another worker waits this long for the owner
 TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_arguments.delta",
                           "response.custom_tool_call_input.delta",
                           "response.reasoning_summary_text.delta"))
@@ -54,15 +57,32 @@ def _prev_not_found(rid: str) -> APIError:
 # Context assembly
 # ------------------------------------------------------------------------------------------
 
-def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record:
-    rec = None
+def _lookup(st: ResponsesState, rid: str) -> Record | Snapshot | None:
+    """A stored response: this worker's record, else (``--workers > 1``) the snapshot another
+    worker published. A local record deleted through another worker is dropped here."""
+    rec = st.store.get(rid)
+    sh = st.shared
+    if sh is None:
+        return rec
+    if rec is not None:
+        if sh.deleted(rid):
+            st.store.pop(rid)
+            if rec.pump is not None:
+                rec.cancel()
+            return None
+        return rec
+    return sh.get(rid)
+
+
+def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record | Snapshot:
+    rec: Record | Snapshot | None = None
     ctx = req.context if req.transport == "ws" else None
     if ctx is not None:
         lookup = getattr(ctx, "cached_response", None)
         if lookup is not None:
             rec = lookup(rid)
     if rec is None:
-        rec = st.store.get(rid)
+        rec = _lookup(st, rid)
     if rec is None:
         raise _prev_not_found(rid)
     if not rec.terminal:
@@ -119,7 +139,7 @@ class Prepared:
     __slots__ = ("rr", "parent", "conversation", "input_items", "context", "input_tokens",
                  "cached_tokens")
 
-    def __init__(self, rr: RespRequest, parent: Record | None, conv: Conversation | None,
+    def __init__(self, rr: RespRequest, parent: Record | Snapshot | None, conv: Conversation | None,
                  input_items: list[Item], context: list[Item], input_tokens: int,
                  cached_tokens: int) -> None:
         self.rr = rr
@@ -213,6 +233,9 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
                  warmup=not rr.generate)
     if rr.store:
         st.store.put(rec.id, rec)
+        if st.shared is not None:  # --workers > 1: other workers see it too
+            rec.shared = st.shared
+            st.shared.publish(rec)
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
@@ -242,9 +265,29 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
     rec.stream = stream
     st.active_background += 1
 
+    watch = None
+    sh = st.shared
+    if sh is not None and rec.shared is not None:
+        # --workers > 1: a cancel or delete that landed on another worker is a control entry
+        # in the shared store; look for it every WATCH_S seconds while this response runs
+        def check() -> None:
+            nonlocal watch
+            watch = None
+            cmd = sh.command(rec.id)
+            if cmd == DELETED:
+                st.store.pop(rec.id)
+            if cmd in (CANCEL, DELETED):
+                rec.cancel()
+            elif rec.pump is not None:
+                watch = app.clock.call_later(WATCH_S, check)
+
+        watch = app.clock.call_later(WATCH_S, check)
+
     def done(reason: str) -> None:
         st.active_background -= 1
         rec.pump = None
+        if watch is not None:
+            watch.cancel()
         if not rec.terminal:
             rec.cancel()
 
@@ -262,9 +305,9 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
 # Stored responses
 # ------------------------------------------------------------------------------------------
 
-def _record(app: App, req: Request) -> Record:
+def _record(app: App, req: Request) -> Record | Snapshot:
     rid = req.params.get("id", "")
-    rec = state(app).store.get(rid)
+    rec = _lookup(state(app), rid)
     if rec is None:
         raise _not_found(rid)
     return rec
@@ -302,17 +345,37 @@ async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
     rec = _record(app, req)
     if _bool_query(req, "stream"):
         after = _int_query(req, "starting_after", -1, -1, 1 << 40)
+        if type(rec) is Snapshot:
+            if not rec.terminal:
+                raise APIError(400, f"Response '{rec.id}' is still {rec.status} on another "
+                               "llmsim worker: its events can be followed live only on the "
+                               "worker that runs it (use --workers 1 to follow running "
+                               "responses from any connection). Once it has finished, the "
+                               "whole stream can be replayed from any worker.",
+                               param="stream", code="invalid_value")
+            rec = rec.replay(app)
+        assert type(rec) is Record
         return _follow(rec, after, app, rec.echo["model"])
-    return JSONResponse(rec.response())
+    return JSONResponse(rec.response if type(rec) is Snapshot else rec.response())
 
 
 async def delete(req: Request, app: App) -> JSONResponse:
     """``DELETE /v1/responses/{id}`` (a running background response is stopped)."""
     rid = req.params.get("id", "")
-    rec = state(app).store.pop(rid)
-    if rec is None:
+    st = state(app)
+    rec = st.store.pop(rid)
+    found = rec is not None
+    sh = st.shared
+    if sh is not None:
+        if sh.deleted(rid):
+            found = False  # already deleted through another worker
+        else:
+            # the tombstone is written first, so the owner's next publication and its watch
+            # see the delete; True when another worker had published the response
+            found = sh.delete(rid, found) or found
+    if not found:
         raise _not_found(rid)
-    if rec.pump is not None:
+    if rec is not None and rec.pump is not None:
         rec.cancel()
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
@@ -326,8 +389,36 @@ async def cancel(req: Request, app: App) -> JSONResponse:
     if rec.terminal and rec.status != "cancelled":
         raise APIError(400, f"Cannot cancel a response with status '{rec.status}'.",
                        param=None, code=None)
+    if type(rec) is Snapshot:
+        return JSONResponse(await _cancel_remote(app, rec))
+    assert type(rec) is Record
     rec.cancel()
     return JSONResponse(rec.response())
+
+
+async def _cancel_remote(app: App, snap: Snapshot) -> dict[str, Any]:
+    """Cancel a background response running on another worker: leave a cancel entry for its
+    owner (it looks every ``WATCH_S``) and wait up to ``REMOTE_CANCEL_WAIT_S`` for the
+    cancelled snapshot it publishes. An owner that never answers (killed) cannot run the
+    response any more: it is then published as cancelled with the output known so far."""
+    sh = state(app).shared
+    assert sh is not None
+    if snap.terminal:
+        return snap.response
+    sh.request_cancel(snap.id)
+    waited = 0.0
+    while waited < REMOTE_CANCEL_WAIT_S:
+        await app.clock.sleep(WATCH_S / 4)
+        waited += WATCH_S / 4
+        cur = sh.get(snap.id)
+        if cur is None:
+            raise _not_found(snap.id)  # deleted meanwhile
+        if cur.terminal:
+            return cur.response
+        snap = cur
+    snap.response = dict(snap.response, status="cancelled")
+    sh.snapshots.put(snap.id, snap)
+    return snap.response
 
 
 def _page(req: Request, items: list[Item]) -> dict[str, Any]:

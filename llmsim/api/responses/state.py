@@ -7,15 +7,24 @@ event to :meth:`Record.observe`; everything else (GET, cancel, resume-by-replay)
 record. Replays re-render the plan (see :mod:`.render`) and pace the events that are still in
 the future on the live stream's schedule, so a resumed stream sees the same events with the
 same sequence numbers at the same moments as the original.
+
+With ``--workers > 1`` (:func:`llmsim.state.shared.shared_dir` set) a stored record is also
+published as a :class:`Snapshot` (plain, picklable data) in a :class:`SharedResponses` store
+every worker reads: when it is created, when it reaches a terminal state, and when it is
+deleted (a tombstone). The worker that created a response stays its owner (it runs it and
+keeps the live record); other workers answer from the snapshot when their own store misses.
+With one process none of this exists (``ResponsesState.shared is None``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...errors import APIError
+from ...state import shared
 from ...state.store import BoundedStore
 from ...stream import EventStream
 from . import render
@@ -25,7 +34,8 @@ if TYPE_CHECKING:
     from ...app import App
     from ...flow import Pump
 
-__all__ = ["Record", "Conversation", "ResponsesState", "state", "FAILED_CODES"]
+__all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
+           "FAILED_CODES"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -44,10 +54,10 @@ class Record:
 
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
                  "stream", "pump", "emitted", "cancel_seq", "failed_event", "done_output",
-                 "final", "conversation", "ws_context", "app", "warmup", "_finished")
+                 "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared")
 
     def __init__(self, app: App, echo: dict[str, Any], out: RespOut, input_items: list[Item],
-                 parent: Record | None, *, background: bool = False,
+                 parent: Record | Snapshot | None, *, background: bool = False,
                  conversation: Conversation | None = None, ws_context: Any = None,
                  warmup: bool = False) -> None:
         self.app = app
@@ -70,6 +80,7 @@ class Record:
         self.conversation = conversation
         self.ws_context = ws_context
         self._finished = False
+        self.shared: SharedResponses | None = None  # set when published to other workers
 
     # -- views --------------------------------------------------------------------------------
     @property
@@ -85,21 +96,31 @@ class Record:
     def output_items(self) -> list[Item]:
         return list(self.final["output"]) if self.final is not None else list(self.done_output)
 
-    def context(self, max_depth: int) -> list[Item]:
-        """Input and output items of the chain up to and including this response (oldest
-        first). Chains longer than ``max_depth`` forget their oldest turns for good."""
+    def turns(self, max_depth: int) -> list[list[Item]]:
+        """Input and output items of each turn of the chain up to and including this response
+        (oldest first). Chains longer than ``max_depth`` forget their oldest turns for good."""
         chain: list[Record] = []
-        r: Record | None = self
+        base: list[list[Item]] = []
+        r: Record | Snapshot | None = self
         while r is not None:
+            if type(r) is Snapshot:  # a parent created on another worker
+                base = list(r.turns[-(max_depth - len(chain)):])
+                break
+            assert type(r) is Record
             chain.append(r)
             if len(chain) >= max_depth and r.parent is not None:
                 r.parent = None  # bound the memory a long chain keeps alive
                 break
             r = r.parent
-        items: list[Item] = []
         for r in reversed(chain):
-            items.extend(r.input_items)
-            items.extend(r.output_items())
+            base.append(r.input_items + r.output_items())
+        return base
+
+    def context(self, max_depth: int) -> list[Item]:
+        """The items of :meth:`turns`, flattened (what ``previous_response_id`` chains)."""
+        items: list[Item] = []
+        for turn in self.turns(max_depth):
+            items.extend(turn)
         return items
 
     # -- the live stream reports here ---------------------------------------------------------
@@ -139,6 +160,8 @@ class Record:
             cache = getattr(ctx, "cache_response", None)
             if cache is not None:
                 cache(self)
+        if self.shared is not None:
+            self.shared.publish(self)
 
     def failed(self, err: APIError) -> list[tuple[str, Any]]:
         """A mid-stream failure as the Responses API reports it: a terminal
@@ -200,6 +223,117 @@ class Record:
             k += 1
 
 
+class Snapshot:
+    """A stored response as every worker sees it (``--workers > 1``): plain data, pickled.
+
+    ``response`` is the Response object at the last publication (created, terminal),
+    ``turns`` the chain's items per turn (terminal only; what ``previous_response_id``
+    needs), ``echo``/``out``/``cancel_seq``/``failed_event`` what a terminal replay
+    (``GET ?stream=true``) re-renders from, ``t0`` the wall-clock creation time.
+    """
+
+    __slots__ = ("id", "response", "input_items", "turns", "depth", "background", "warmup",
+                 "echo", "out", "cancel_seq", "failed_event")
+
+    def __init__(self, rec: Record, turns: list[list[Item]] | None) -> None:
+        self.id = rec.id
+        self.response = rec.response()
+        self.input_items = rec.input_items
+        self.turns = turns
+        self.depth = rec.depth
+        self.background = rec.background
+        self.warmup = rec.warmup
+        self.echo = rec.echo
+        self.out = rec.out
+        self.cancel_seq = rec.cancel_seq
+        self.failed_event = rec.failed_event
+
+    @property
+    def status(self) -> str:
+        return str(self.response["status"])
+
+    @property
+    def terminal(self) -> bool:
+        return self.status not in ACTIVE
+
+    def output_items(self) -> list[Item]:
+        return list(self.response["output"])
+
+    def context(self, max_depth: int) -> list[Item]:
+        """The chained items (as :meth:`Record.context`), from the published turns."""
+        items: list[Item] = []
+        for turn in (self.turns or [])[-max_depth:]:
+            items.extend(turn)
+        return items
+
+    def replay(self, app: App) -> Record:
+        """A detached, terminal :class:`Record` that re-renders this response's events (the
+        replay of ``GET ?stream=true`` on a worker that did not run it)."""
+        rec = Record(app, self.echo, self.out, self.input_items, None,
+                     background=self.background, warmup=self.warmup)
+        rec._finished = True
+        rec.final = self.response
+        rec.status = self.status
+        rec.cancel_seq = self.cancel_seq
+        rec.failed_event = self.failed_event
+        return rec
+
+
+DELETED = "deleted"
+CANCEL = "cancel"
+
+
+class SharedResponses:
+    """Stored responses published to every worker (see the module doc).
+
+    Two shared tables with the local store's bounds: ``snapshots`` (id → :class:`Snapshot`)
+    and ``control`` (id → ``"deleted"`` tombstone or ``"cancel"`` request for the owner).
+    Ordering makes deletes race-free without locks: a delete writes its tombstone *before*
+    dropping the snapshot, and a publication checks for a tombstone *after* writing.
+    """
+
+    def __init__(self, max_entries: int, ttl: float, max_depth: int) -> None:
+        now = time.time
+        self.max_depth = max_depth
+        self.snapshots: Any = shared.open_store("responses", max_entries, ttl, now)
+        self.control: Any = shared.open_store("responses_ctl", max_entries, ttl, now)
+
+    def publish(self, rec: Record) -> bool:
+        """Write ``rec``'s snapshot; False (and nothing kept) when it was deleted meanwhile."""
+        turns = rec.turns(self.max_depth) if rec.terminal else None
+        self.snapshots.put(rec.id, Snapshot(rec, turns))
+        if self.control.get(rec.id) == DELETED:
+            self.snapshots.pop(rec.id)
+            return False
+        return True
+
+    def get(self, rid: str) -> Snapshot | None:
+        """The published snapshot of ``rid`` (None if unknown or deleted)."""
+        snap = self.snapshots.get(rid)
+        if snap is None or self.control.get(rid) == DELETED:
+            return None
+        return snap  # type: ignore[no-any-return]
+
+    def deleted(self, rid: str) -> bool:
+        return bool(self.control.get(rid) == DELETED)
+
+    def command(self, rid: str) -> str | None:
+        """The pending control entry of ``rid`` (``"deleted"``, ``"cancel"`` or None)."""
+        return self.control.get(rid)  # type: ignore[no-any-return]
+
+    def delete(self, rid: str, known: bool) -> bool:
+        """Tombstone ``rid`` everywhere (``known``: this worker has it); True if it was
+        published. Unknown ids leave no tombstone (they must not push real ones out)."""
+        if not known and self.snapshots.get(rid) is None:
+            return False
+        self.control.put(rid, DELETED)
+        return self.snapshots.pop(rid) is not None
+
+    def request_cancel(self, rid: str) -> None:
+        if self.control.get(rid) != DELETED:
+            self.control.put(rid, CANCEL)
+
+
 class Conversation:
     """An in-memory conversation transcript, bounded to ``max_items`` (oldest dropped)."""
 
@@ -231,6 +365,10 @@ class ResponsesState:
         self.conversations: BoundedStore[Conversation] = BoundedStore(
             cfg.conversations_max_entries, cfg.conversation_ttl_s, now)
         self.active_background = 0
+        self.shared: SharedResponses | None = None
+        if shared.shared_dir() is not None and cfg.store_max_entries > 0:
+            self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
+                                          cfg.max_chain_depth)
 
     @staticmethod
     def _evicted(key: str, rec: Record) -> None:
