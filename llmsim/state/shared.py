@@ -67,6 +67,8 @@ class SharedStore(Generic[V]):
         self._db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k TEXT PRIMARY KEY, "
                          "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL)")
         self._db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_seq ON {self.table}(seq)")
+        # purge() runs after every put: without this index it scans the table (~1 ms at 1024)
+        self._db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_born ON {self.table}(born)")
 
     @property
     def enabled(self) -> bool:

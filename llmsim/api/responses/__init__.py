@@ -235,7 +235,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         st.store.put(rec.id, rec)
         if st.shared is not None:  # --workers > 1: other workers see it too
             rec.shared = st.shared
-            st.shared.publish(rec)
+            if rr.background or rr.stream:  # (a JSON answer's id is unknown until it ends)
+                st.shared.publish(rec)
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
