@@ -268,7 +268,9 @@ def stream(server: Child, n: int, seconds: float, kind: str = "chat",
         body.pop("stream", None)
         frame = write_tmp(json.dumps({"type": "response.create", **body}).encode())
         req = ws_upgrade("/v1/responses")
-        extra = ["-w", frame, "-e", '"type":"response.completed"']
+        # max_output_tokens is reached exactly (as the stream benchmark asks), so the real
+        # API's terminal event is response.incomplete, not response.completed
+        extra = ["-w", frame, "-e", '"type":"response.incomplete"']
     ramp = min(1.0, max(0.2, n / 2000))
     args = ["-c", str(n), "-d", str(seconds), "-f", write_tmp(req), "-t", str(TTFT_MS),
             "-i", str(ITL_MS), "-m", marker, "-r", str(ramp), *extra]
@@ -441,8 +443,9 @@ class Report:
 
 
 def has_module(name: str) -> bool:
-    return (ROOT / "llmsim" / f"{name}.py").exists() or (ROOT / "llmsim" / "api" /
-                                                         f"{name}.py").exists()
+    base = ROOT / "llmsim"
+    return any(p.exists() for p in (base / f"{name}.py", base / "api" / f"{name}.py",
+                                     base / "api" / name / "__init__.py"))
 
 
 def main(argv: list[str] | None = None) -> int:
