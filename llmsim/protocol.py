@@ -342,7 +342,7 @@ class HTTPProtocol(asyncio.Protocol):
         """Answer 101 through h11, hand the connection to ``session``; returns the bytes that
         arrived behind the upgrade request (feed them to the session first)."""
         self._write(self.conn.send(h11.InformationalResponse(
-            status_code=101, headers=[(b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
+            status_code=101, reason=b"Switching Protocols", headers=[(b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
                                       *headers])))
         self.upgraded = session
         self._busy = False
