@@ -258,7 +258,7 @@ def _sse_events(srv: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-_VOLATILE = {"id", "item_id", "created_at", "response_id", "previous_response_id"}
+_VOLATILE = {"id", "item_id", "created_at", "completed_at", "response_id", "previous_response_id"}
 
 
 def _normalise(x: Any) -> Any:
