@@ -40,6 +40,9 @@ class App:
         self.config = config or Config()
         self.clock: Clock = clock or RealClock()
         self.registry = Registry(self.config.models, strict=self.config.strict_models)
+        from .sim import tokens
+
+        tokens.set_mode(self.config.tokenizer)
         self.router = Router()
         self.stats = Stats()
         self.before: list[BeforeHook] = []

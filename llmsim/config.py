@@ -315,6 +315,11 @@ class Config:
         "'exact' always produces exactly max_tokens tokens (finish_reason 'length', what "
         "benchmarks want); 'cap' draws a natural length and only cuts at max_tokens.",
         choices=("exact", "cap"))
+    tokenizer: Literal["auto", "estimate"] = opt(
+        "auto", "Token counting: 'auto' is exact when the optional tiktoken extra is installed "
+        "(its files load in ~0.4 s at start-up, the first request waits for them); 'estimate' "
+        "never loads it (documented estimate, fastest start-up). Generated text is exact either "
+        "way.", choices=("auto", "estimate"))
     tool_call_probability: float = opt(0.5, "Probability that the model calls a tool when "
                                        "tools are given and tool_choice is 'auto'.", metavar="P")
     # --- limits and timeouts -------------------------------------------------------------

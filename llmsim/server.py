@@ -68,8 +68,9 @@ class Server:
         # load the tokenizer files off the loop now; the first request waits only if needed
         from .sim import tokens
 
-        for enc in ("o200k_base", "cl100k_base"):
-            loop.run_in_executor(None, tokens.get_encoding, enc)
+        if self.config.tokenizer == "auto":
+            for enc in ("o200k_base", "cl100k_base"):
+                loop.run_in_executor(None, tokens.get_encoding, enc)
         self._loop_time = loop.time
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         s = self._server.sockets[0]

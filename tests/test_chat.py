@@ -338,3 +338,16 @@ def test_multimodal_content_parts(client):
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
         max_tokens=3)
     assert r.usage.prompt_tokens > 85
+
+
+def test_tokenizer_estimate_mode(make_server):
+    """--tokenizer estimate never loads tiktoken; generated text still has exact counts."""
+    from llmsim.sim import tokens as T
+
+    try:
+        s = make_server(tokenizer="estimate")
+        assert T.get_encoding("o200k_base") is None
+        r = post(s, {"model": "gpt-4o", "messages": MSG, "max_tokens": 9}).json()
+        assert r["usage"]["completion_tokens"] == 9 and r["usage"]["prompt_tokens"] > 0
+    finally:
+        T.set_mode("auto")  # the mode is process-wide: leave it as other tests expect

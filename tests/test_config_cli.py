@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -85,7 +86,7 @@ def test_every_option_has_help_flag_and_env():
 
 def test_config_is_frozen():
     c = Config()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.port = 1  # type: ignore[misc]
 
 

@@ -329,7 +329,7 @@ def test_get_encoding_offline_fresh_process(tmp_path):
     env = dict(os.environ)
     env["TIKTOKEN_CACHE_DIR"] = str(tmp_path)  # empty: must fall back to bundled data
     env.pop("DATA_GYM_CACHE_DIR", None)
-    env.pop("LLMSIM_DISABLE_TIKTOKEN", None)
+    env.pop("LLMSIM_TOKENIZER", None)
     r = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -371,7 +371,7 @@ def test_get_encoding_from_tiktoken_cache_dir(tmp_path):
     )
     env = dict(os.environ)
     env["TIKTOKEN_CACHE_DIR"] = str(tmp_path)
-    env.pop("LLMSIM_DISABLE_TIKTOKEN", None)
+    env.pop("LLMSIM_TOKENIZER", None)
     r = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -389,7 +389,7 @@ def test_disable_env_forces_estimate():
         "assert T.get_encoding('o200k_base') is None and not T.is_exact()\n"
         "assert T.count_tokens('hello world') == 2\n"
     )
-    env = dict(os.environ, LLMSIM_DISABLE_TIKTOKEN="1")
+    env = dict(os.environ, LLMSIM_TOKENIZER="estimate")
     r = subprocess.run(
         [sys.executable, "-c", code],
         env=env,

@@ -18,7 +18,8 @@ Exact mode
     The regex pattern and special tokens are copied from
     ``tiktoken_ext.openai_public`` so tiktoken's downloader is never invoked.
     Neither tiktoken nor bpe-openai is a runtime dependency (extra ``tokens``).
-    Setting ``LLMSIM_DISABLE_TIKTOKEN=1`` forces estimate mode.
+    ``--tokenizer estimate`` (env ``LLMSIM_TOKENIZER=estimate``, or :func:`set_mode`)
+    forces estimate mode: no rank files are loaded (start-up ~0.4 s faster).
 
 Estimate mode
     Without tiktoken, :func:`count_tokens` / :func:`split_pieces` use a regex that
@@ -164,7 +165,7 @@ def _read_ranks(name: str) -> dict[bytes, int] | None:
 
 
 def _load(name: str) -> Any:
-    if name not in _SPECS or os.environ.get("LLMSIM_DISABLE_TIKTOKEN", "") not in ("", "0"):
+    if name not in _SPECS:
         return None
     try:
         import tiktoken
@@ -192,14 +193,35 @@ def get_encoding(name: str) -> Any:
     strictly offline (see module docstring for where the ranks come from).
     Only ``cl100k_base`` and ``o200k_base`` are supported.
     """
+    if _MODE and _MODE[0] == "estimate":
+        return None
     try:
         return _cache[name]
     except KeyError:
         pass
+    if _estimate_only():
+        return None
     with _lock:
         if name not in _cache:
             _cache[name] = _load(name)
         return _cache[name]
+
+
+_MODE: list[str] = []  # set by set_mode(); falls back to the LLMSIM_TOKENIZER env var
+
+
+def set_mode(mode: str) -> None:
+    """``"auto"`` (exact with tiktoken when available) or ``"estimate"`` (never load it).
+
+    Process-wide: the server calls it from its config (``--tokenizer``)."""
+    if mode not in ("auto", "estimate"):
+        raise ValueError(f"tokenizer mode must be 'auto' or 'estimate', not {mode!r}")
+    _MODE[:] = [mode]
+
+
+def _estimate_only() -> bool:
+    mode = _MODE[0] if _MODE else os.environ.get("LLMSIM_TOKENIZER", "auto")
+    return mode == "estimate"
 
 
 def is_exact() -> bool:
