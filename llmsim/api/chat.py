@@ -518,20 +518,11 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
                                      reasoning))
             continue
         rf_type = (cr.response_format or {}).get("type")
-        if rf_type in ("json_object", "json_schema"):
-            out = txt.generate("fixed", crng, length=natural, limit=limit,
-                               source=_json_text(cr, crng, natural), encoding=enc)
-        else:
-            mode = cfg.text
-            source = ""
-            if mode == "echo":
-                source = last_user_text(cr.messages) or "."
-            elif mode == "fixed":
-                source = cfg.fixed_text
-            length = limit if (limit is not None and mode in ("lorem", "sequence")
-                               and cfg.max_tokens_mode == "exact") else natural
-            out = txt.generate(mode, crng, length=length, limit=limit, source=source,
-                               encoding=enc)
+        json_source = (_json_text(cr, crng, natural)
+                       if rf_type in ("json_object", "json_schema") else None)
+        out = txt.answer(cfg, crng, natural=natural, limit=limit, encoding=enc,
+                         user_text=lambda: last_user_text(cr.messages),
+                         json_source=json_source)
         out = txt.apply_stop(out, cr.stops)
         lps = _logprobs(out.pieces, cr.top_logprobs, crng) if cr.logprobs else None
         choices.append(ChoiceOut(i, out.pieces, [], out.finish, out.tokens, reasoning, lps))

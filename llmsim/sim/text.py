@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import tokens as tok
 
-__all__ = ["TextOut", "draw_length", "generate", "apply_stop", "reasoning_tokens",
+__all__ = ["TextOut", "draw_length", "generate", "answer", "apply_stop", "reasoning_tokens",
            "EFFORT_MULTIPLIER", "summary_words"]
 
 # R4.3.1: reasoning tokens as a multiple of the visible output tokens
@@ -72,6 +73,28 @@ def generate(mode: str, rng: random.Random, *, length: int, limit: int | None,
     else:
         pieces = tok.lorem_pieces(n, rng)
     return TextOut(pieces, n, finish)
+
+
+def answer(cfg: Any, rng: random.Random, *, natural: int, limit: int | None,
+           user_text: Callable[[], str], encoding: str,
+           json_source: str | None = None) -> TextOut:
+    """The visible answer in the configured text mode (``cfg.text``), shared by every API.
+
+    ``json_source`` (structured output) replaces the mode; ``user_text`` is only called for
+    ``echo``. With ``max_tokens_mode = "exact"`` generated modes fill the limit exactly.
+    """
+    if json_source is not None:
+        return generate("fixed", rng, length=natural, limit=limit, source=json_source,
+                        encoding=encoding)
+    mode = cfg.text
+    source = ""
+    if mode == "echo":
+        source = user_text() or "."
+    elif mode == "fixed":
+        source = cfg.fixed_text
+    length = limit if (limit is not None and mode in ("lorem", "sequence")
+                       and cfg.max_tokens_mode == "exact") else natural
+    return generate(mode, rng, length=length, limit=limit, source=source, encoding=encoding)
 
 
 def _cut(pieces: list[str], limit: int, encoding: str) -> list[str]:

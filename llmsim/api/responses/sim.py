@@ -288,20 +288,10 @@ def simulate(rr: RespRequest, context: list[Item], app: App, rng: random.Random,
             if c.status == "incomplete":
                 break
     else:
-        if rr.text_format["type"] in ("json_object", "json_schema"):
-            t = txt.generate("fixed", crng, length=natural, limit=budget,
-                             source=_json_source(rr, crng, natural), encoding=enc)
-        else:
-            mode = cfg.text
-            source = ""
-            if mode == "echo":
-                source = _last_user_text(context) or "."
-            elif mode == "fixed":
-                source = cfg.fixed_text
-            length = budget if (budget is not None and mode in ("lorem", "sequence")
-                                and cfg.max_tokens_mode == "exact") else natural
-            t = txt.generate(mode, crng, length=length, limit=budget, source=source,
-                             encoding=enc)
+        json_source = (_json_source(rr, crng, natural)
+                       if rr.text_format["type"] in ("json_object", "json_schema") else None)
+        t = txt.answer(cfg, crng, natural=natural, limit=budget, encoding=enc,
+                       user_text=lambda: _last_user_text(context), json_source=json_source)
         msg = MessageOut(new_id("msg_"), t.pieces, t.tokens)
         if "message.output_text.logprobs" in rr.include:
             msg.logprobs = _logprobs(t.pieces, rr.top_logprobs, crng)
