@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import random
 import socket
 import struct
 import time
@@ -62,8 +62,11 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
+_RID_RNG = random.Random()
+
+
 def new_request_id() -> str:
-    return "req_" + os.urandom(16).hex()
+    return f"req_{_RID_RNG.getrandbits(128):032x}"
 
 
 _JSON = (b"content-type", b"application/json")
@@ -77,6 +80,41 @@ def reason(status: int) -> bytes:
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _COMMON = [(b"server", b"llmsim"), (b"openai-version", b"2020-10-01")]
+
+
+class _Resume:
+    """Continue a handler coroutine that suspended during its eager first step.
+
+    The coroutine yielded ``awaited`` (a future, or None for a bare yield) with no Task to
+    catch it. Awaiting this object re-yields that value to the new Task, which waits for the
+    future exactly as if the coroutine had been its own from the start, then resumes the
+    coroutine; what the Task throws in (cancellation) is thrown into the coroutine."""
+
+    __slots__ = ("coro", "awaited")
+
+    def __init__(self, coro: Any, awaited: Any) -> None:
+        self.coro = coro
+        self.awaited = awaited
+
+    def __await__(self) -> Any:
+        coro, awaited = self.coro, self.awaited
+        while True:
+            try:
+                yield awaited
+            except BaseException as exc:  # the Task throws cancellation in: pass it on
+                try:
+                    awaited = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                awaited = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _resume(coro: Any, awaited: Any) -> None:
+    await _Resume(coro, awaited)
 
 
 class HTTPProtocol(asyncio.Protocol):
@@ -111,6 +149,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._req: Request | None = None  # the request whose stream is being written
         self._track: Any = None  # its StreamTrack (latency at the socket write)
         self.upgraded: Any = None  # the WebSocket session after a 101
+        self._eager = False  # inside the synchronous first step of a handler
         self.peer = ""
 
     # ------------------------------------------------------------------ asyncio callbacks
@@ -301,7 +340,21 @@ class HTTPProtocol(asyncio.Protocol):
         if headers.get("upgrade", "").lower() == "websocket":
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
-        self._task = asyncio.get_running_loop().create_task(self._run(req))
+        # Run the handler eagerly: most answers (instant latency, no waiting hook) complete
+        # without ever suspending, and then need no Task and no extra loop pass. Only a
+        # handler that really waits continues in a Task (see _resume).
+        coro = self._run(req)
+        self._eager = True
+        try:
+            awaited = coro.send(None)
+        except StopIteration:
+            return
+        finally:
+            self._eager = False
+        if not self._closed and self._busy:
+            self._task = asyncio.get_running_loop().create_task(_resume(coro, awaited))
+        else:
+            coro.close()
 
     async def _run(self, req: Request) -> None:
         app = self.app
@@ -492,7 +545,8 @@ class HTTPProtocol(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._arm("idle", self.cfg.idle_timeout_s)
-        self._process()
+        if not self._eager:  # inside an eager dispatch the caller's _process loop goes on
+            self._process()
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
