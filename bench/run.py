@@ -442,6 +442,9 @@ class Report:
         self.sections.append(text)
 
 
+ANALYSIS_MARK = "## Targets"
+
+
 def has_module(name: str) -> bool:
     base = ROOT / "llmsim"
     return any(p.exists() for p in (base / f"{name}.py", base / "api" / f"{name}.py",
@@ -575,7 +578,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rep.note(f"\ntotal bench time: {time.perf_counter() - t_all:.0f} s")
     if not a.no_write:
-        (HERE / "RESULTS.md").write_text("\n".join(rep.sections) + "\n\n" + NOTES)
+        # the hand-written analysis (from "## Targets" on) survives a re-run: it is kept
+        # below the fresh tables, to be re-read against them
+        path = HERE / "RESULTS.md"
+        old = path.read_text() if path.exists() else ""
+        kept = old[old.index(ANALYSIS_MARK):] if ANALYSIS_MARK in old else ""
+        path.write_text("\n".join(rep.sections) + "\n\n" + NOTES
+                        + ("\n" + kept if kept else ""))
     for f in BUILD.glob("llmsim-bench-*"):
         f.unlink(missing_ok=True)
     return 0

@@ -68,11 +68,7 @@ from .errors import APIError
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from .sim.rng import new_id
-
-try:  # per-request accounting shared with the HTTP transport (stats + access log)
-    from .state import accounting
-except ImportError:  # pragma: no cover - older tree without it
-    accounting = None  # type: ignore[assignment]
+from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
 
 if TYPE_CHECKING:
     from .app import App
@@ -730,9 +726,8 @@ class WebSocketSession:
 
     def _account(self, job: Job, res: Result) -> None:
         job.answered = True
-        if accounting is not None:
-            accounting.response_sent(self.app, job.req, job.endpoint, res.status, res,
-                                     transport="ws")
+        accounting.response_sent(self.app, job.req, job.endpoint, res.status, res,
+                                 transport="ws")
 
     def _start_pump(self, job: Job, res: StreamResponse) -> None:
         sid = job.lane.key
@@ -751,15 +746,10 @@ class WebSocketSession:
 
         job.streaming = True
         job.answered = True
-        observer = None
-        if accounting is not None:
-            job.track = accounting.stream_started(self.app, job.req, job.endpoint, res,
-                                                  transport="ws")
-            observer = job.track.observe
-        else:
-            self.app.stats.stream_open()
+        job.track = accounting.stream_started(self.app, job.req, job.endpoint, res,
+                                              transport="ws")
         job.pump = Pump(res.stream, self.app.clock, enc, self,
-                        lambda reason: self._pump_done(job, reason), observer)
+                        lambda reason: self._pump_done(job, reason), job.track.observe)
         job.pump.start()
 
     def _pump_done(self, job: Job, reason: str) -> None:
@@ -769,11 +759,8 @@ class WebSocketSession:
     def _close_stream(self, job: Job, reason: str) -> None:
         if job.streaming:
             job.streaming = False
-            if job.track is not None:
-                accounting.stream_ended(self.app, job.req, job.track, reason)
-                job.track = None
-            else:
-                self.app.stats.stream_close()
+            accounting.stream_ended(self.app, job.req, job.track, reason)
+            job.track = None
         res, job.res = job.res, None
         cb = res.on_close if res is not None else None
         if cb is not None:
@@ -787,7 +774,7 @@ class WebSocketSession:
             return
         job.done = True
         job.pump = None
-        if not job.answered and accounting is not None:
+        if not job.answered:
             accounting.request_gone(self.app, job.req, job.endpoint, transport="ws")
         self._jobs.discard(job)
         self._active -= 1
