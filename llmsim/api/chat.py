@@ -27,7 +27,7 @@ from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_tokens, content_text
 from ..sim.rng import derive, new_id, request_rng
 from ..stream import EventStream
-from .validate import FUNCTION_NAME, V, unsupported, unsupported_value
+from .validate import FUNCTION_NAME, V, got, unsupported, unsupported_value
 
 if TYPE_CHECKING:
     from ..app import App
@@ -186,7 +186,7 @@ def _check_messages(messages: list[Any]) -> None:
                                        code="missing_required_parameter")
         elif not isinstance(content, str):
             raise APIError(400, f"Invalid type for '{p}.content': expected one of a string or "
-                           "array of objects, but got an object instead.", param=f"{p}.content",
+                           f"array of objects, but got {got(content)} instead.", param=f"{p}.content",
                            code="invalid_type")
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise APIError(400, f"Missing required parameter: '{p}.tool_call_id'.",

@@ -7,11 +7,16 @@ from typing import Any
 
 from ..errors import APIError
 
-__all__ = ["V"]
+__all__ = ["V", "got"]
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def got(v: Any) -> str:
+    """The JSON type of `v` as the API's "but got ... instead" wording names it."""
+    return "null" if v is None else _TYPE_NAMES.get(type(v), "an object")
 
 
 def _bad_type(param: str, expected: str) -> APIError:
@@ -54,7 +59,7 @@ class V:
                 v = int(v)
             else:
                 raise _bad_type(self.name(key), "an integer")
-        self._range(key, v, lo, hi)
+        self._range(key, v, lo, hi, "integer")
         return v
 
     def num(self, key: str, default: float | None = None, *, lo: float | None = None,
@@ -64,20 +69,21 @@ class V:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _bad_type(self.name(key), "a number")
-        self._range(key, v, lo, hi)
+        self._range(key, v, lo, hi, "decimal")
         return float(v)
 
-    def _range(self, key: str, v: float, lo: float | None, hi: float | None) -> None:
+    def _range(self, key: str, v: float, lo: float | None, hi: float | None,
+               kind: str) -> None:
+        # The wording and code follow the parameter's declared type ("integer" for n,
+        # "decimal" for temperature), not how the number happened to be spelled in the JSON.
         if lo is not None and v < lo:
-            raise APIError(400, f"Invalid '{self.name(key)}': decimal below minimum value. "
+            raise APIError(400, f"Invalid '{self.name(key)}': {kind} below minimum value. "
                            f"Expected a value >= {lo}, but got {v} instead.",
-                           param=self.name(key), code="decimal_below_min_value"
-                           if isinstance(v, float) else "integer_below_min_value")
+                           param=self.name(key), code=f"{kind}_below_min_value")
         if hi is not None and v > hi:
-            raise APIError(400, f"Invalid '{self.name(key)}': decimal above maximum value. "
+            raise APIError(400, f"Invalid '{self.name(key)}': {kind} above maximum value. "
                            f"Expected a value <= {hi}, but got {v} instead.",
-                           param=self.name(key), code="decimal_above_max_value"
-                           if isinstance(v, float) else "integer_above_max_value")
+                           param=self.name(key), code=f"{kind}_above_max_value")
 
     def str(self, key: str, default: str | None = None, *,
             choices: tuple[str, ...] | None = None, max_len: int | None = None) -> str | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import APIError
 from ...sim.models import ModelProfile
 from ...sim.rng import new_id
-from ..validate import FUNCTION_NAME, V, unsupported
+from ..validate import FUNCTION_NAME, V, got, unsupported
 
 if TYPE_CHECKING:
     from ...app import App
@@ -135,7 +135,8 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
                 else {"type": "input_text", "text": content}]
     if not isinstance(content, list):
         raise _err(f"{p}.content", f"Invalid type for '{p}.content': expected one of a string "
-                   "or array of input item content, but got an object instead.", "invalid_type")
+                   f"or array of input item content, but got {got(content)} instead.",
+                   "invalid_type")
     allowed = ASSISTANT_PARTS if assistant else USER_PARTS
     out = []
     for j, part in enumerate(content):
@@ -209,7 +210,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
                  "content": [{"type": "input_text", "text": raw}], "status": "completed"}], []
     if not isinstance(raw, list):
         raise _err("input", "Invalid type for 'input': expected one of a string or array of "
-                   "input items, but got an object instead.", "invalid_type")
+                   f"input items, but got {got(raw)} instead.", "invalid_type")
     items: list[dict[str, Any]] = []
     refs: list[str] = []
     for i, it in enumerate(raw):

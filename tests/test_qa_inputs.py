@@ -1,0 +1,56 @@
+"""Regressions from exploratory QA: error wording that must match the value actually sent."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from . import rawhttp
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _err(srv, path, body):
+    r = rawhttp.request(srv.url, "POST", path, orjson.dumps(body))
+    assert r.status == 400, r.body
+    return r.json()["error"]
+
+
+@pytest.mark.parametrize("path,body,param,kind,side", [
+    # an integer parameter sent as an integer: "integer", not "decimal"
+    ("/v1/chat/completions", {"messages": MSG, "n": 200}, "n", "integer", "above_max"),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": -1}, "max_tokens", "integer",
+     "below_min"),
+    ("/v1/responses", {"input": "x", "top_logprobs": 30}, "top_logprobs", "integer",
+     "above_max"),
+    # a decimal parameter sent as a whole number: still "decimal"
+    ("/v1/chat/completions", {"messages": MSG, "temperature": 5}, "temperature", "decimal",
+     "above_max"),
+    ("/v1/chat/completions", {"messages": MSG, "frequency_penalty": -3}, "frequency_penalty",
+     "decimal", "below_min"),
+    ("/v1/responses", {"input": "x", "temperature": 3}, "temperature", "decimal", "above_max"),
+])
+def test_range_error_names_the_parameter_type(srv, path, body, param, kind, side):
+    e = _err(srv, path, {"model": "gpt-4o", **body})
+    assert e["param"] == param
+    assert e["code"] == f"{kind}_{side}_value"
+    words = side.replace("_max", " maximum").replace("_min", " minimum")
+    assert e["message"].startswith(f"Invalid '{param}': {kind} {words} value."), e["message"]
+
+
+@pytest.mark.parametrize("path,body,param,got", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages[0].content", "an integer"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": True}]},
+     "messages[0].content", "a boolean"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": {"a": 1}}]},
+     "messages[0].content", "an object"),
+    ("/v1/responses", {"input": 5}, "input", "an integer"),
+    ("/v1/responses", {"input": {"role": "user"}}, "input", "an object"),
+    ("/v1/responses", {"input": [{"role": "user", "content": 1.5}]}, "input[0].content",
+     "a number"),
+])
+def test_type_error_names_the_type_sent(srv, path, body, param, got):
+    e = _err(srv, path, {"model": "gpt-4o", **body})
+    assert e["param"] == param and e["code"] == "invalid_type"
+    assert f"but got {got} instead." in e["message"], e["message"]
