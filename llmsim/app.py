@@ -58,7 +58,7 @@ class App:
     # -- helpers for handlers ---------------------------------------------------------------
     def model(self, name: Any, param: str = "model") -> ModelProfile:
         """Resolve a request's model or raise the real API's error."""
-        if name is None:
+        if name is None or name == "":  # "" is a string: not a type error but no model
             raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
                            code="missing_required_parameter")
         if not isinstance(name, str) or not name:

@@ -54,3 +54,12 @@ def test_type_error_names_the_type_sent(srv, path, body, param, got):
     e = _err(srv, path, {"model": "gpt-4o", **body})
     assert e["param"] == param and e["code"] == "invalid_type"
     assert f"but got {got} instead." in e["message"], e["message"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": MSG}),
+    ("/v1/responses", {"input": "x"}),
+])
+def test_empty_model_is_missing_not_a_type_error(srv, path, body):
+    e = _err(srv, path, {"model": "", **body})
+    assert e["param"] == "model" and e["code"] == "missing_required_parameter"
