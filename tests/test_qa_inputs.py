@@ -63,3 +63,53 @@ def test_type_error_names_the_type_sent(srv, path, body, param, got):
 def test_empty_model_is_missing_not_a_type_error(srv, path, body):
     e = _err(srv, path, {"model": "", **body})
     assert e["param"] == "model" and e["code"] == "missing_required_parameter"
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}} for n in ("a", "b", "c")]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 6, 12])
+def test_max_tokens_caps_tool_calls(client, limit):
+    """A tool-call answer obeys max_tokens like text does: cut off, finish_reason length."""
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"go {seed}"}], tools=TOOLS,
+            tool_choice="required", max_tokens=limit, n=2)
+        for ch in r.choices:
+            assert ch.finish_reason == "length"
+            calls = ch.message.tool_calls
+            assert calls
+            full = "".join(c.function.arguments for c in calls)
+            assert len(full) < 60 * len(calls)
+        assert r.usage.completion_tokens <= 2 * limit
+        s = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"go {seed}"}], tools=TOOLS,
+            tool_choice="required", max_tokens=limit, n=2, stream=True,
+            stream_options={"include_usage": True})
+        args: dict[tuple[int, int], str] = {}
+        fin = {}
+        usage = None
+        for chunk in s:
+            usage = chunk.usage or usage
+            for c in chunk.choices:
+                fin[c.index] = c.finish_reason or fin.get(c.index)
+                for tc in c.delta.tool_calls or []:
+                    args[(c.index, tc.index)] = (args.get((c.index, tc.index), "")
+                                                 + (tc.function.arguments or ""))
+        assert fin == {0: "length", 1: "length"}
+        assert usage.completion_tokens <= 2 * limit
+        # the streamed arguments are the non-streamed ones (same seed, same decision)
+        for ch in r.choices:
+            assert [args[(ch.index, j)] for j in range(len(ch.message.tool_calls))] == [
+                c.function.arguments for c in ch.message.tool_calls]
+
+
+def test_tool_calls_within_max_tokens_are_whole(client):
+    r = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "x"}], tools=TOOLS,
+        tool_choice="required", max_tokens=4000)
+    assert r.choices[0].finish_reason == "tool_calls"
+    for c in r.choices[0].message.tool_calls:
+        assert set(orjson.loads(c.function.arguments)) == {"city", "days"}

@@ -464,6 +464,25 @@ def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str) -> ToolCa
     return ToolCallOut(new_id("call_"), _tool_name(tool), args, pieces)
 
 
+def _truncate_calls(tcs: list[ToolCallOut], budget: int) -> list[ToolCallOut]:
+    """The calls that fit in `budget` completion tokens (4 per call for its name and framing,
+    one per argument piece); the last one keeps a prefix of its arguments, as the real API
+    cuts a call off mid-JSON when max_tokens runs out (finish_reason "length")."""
+    out: list[ToolCallOut] = []
+    for t in tcs:
+        if budget <= 0 and out:
+            break
+        room = max(0, budget - 4)
+        if room >= len(t.pieces):
+            out.append(t)
+        else:
+            pieces = t.pieces[:room]
+            out.append(ToolCallOut(t.id, t.name, "".join(pieces), pieces))
+            break
+        budget -= len(t.pieces) + 4
+    return out
+
+
 def _json_text(cr: ChatRequest, rng: random.Random, length: int) -> str:
     rf = cr.response_format or {}
     if rf.get("type") == "json_schema":
@@ -514,8 +533,10 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
             tcs = [make_tool_call(t, crng, enc) for t in calls]
             ntok = sum(len(t.pieces) + 4 for t in tcs)
             named = isinstance(cr.tool_choice, dict)
-            choices.append(ChoiceOut(i, None, tcs, "stop" if named else "tool_calls", ntok,
-                                     reasoning))
+            finish = "stop" if named else "tool_calls"
+            if limit is not None and ntok > limit:
+                tcs, ntok, finish = _truncate_calls(tcs, limit), limit, "length"
+            choices.append(ChoiceOut(i, None, tcs, finish, ntok, reasoning))
             continue
         rf_type = (cr.response_format or {}).get("type")
         json_source = (_json_text(cr, crng, natural)
