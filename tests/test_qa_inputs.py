@@ -113,3 +113,14 @@ def test_tool_calls_within_max_tokens_are_whole(client):
     assert r.choices[0].finish_reason == "tool_calls"
     for c in r.choices[0].message.tool_calls:
         assert set(orjson.loads(c.function.arguments)) == {"city", "days"}
+
+
+def test_chat_unknown_parameter_is_rejected(srv, client):
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG, "top_k": 5})
+    assert e["message"] == "Unrecognized request argument supplied: top_k"
+    assert e["type"] == "invalid_request_error"
+    # every field the SDK can send is still accepted (deprecated ones too)
+    r = client.chat.completions.create(
+        model="gpt-4o", messages=MSG, functions=[{"name": "f", "parameters": {}}],
+        prompt_cache_retention="24h", max_tokens=2)
+    assert r.choices[0].finish_reason

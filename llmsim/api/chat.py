@@ -246,6 +246,17 @@ def _tool_name(t: dict[str, Any]) -> str:
     return t["custom"]["name"] if t.get("type") == "custom" else t["function"]["name"]
 
 
+# Every body field of the SDK's CompletionCreateParams (openai 3.52); anything else is the
+# real API's 400 "Unrecognized request argument supplied".
+KNOWN_FIELDS = frozenset((
+    "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model",
+    "moderation", "n", "parallel_tool_calls", "prediction", "presence_penalty",
+    "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning_effort",
+    "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+    "verbosity", "web_search_options"))
+
 _IGNORED_CHECKS: dict[str, Any] = {
     "presence_penalty": lambda v: v.num("presence_penalty", None, lo=-2, hi=2),
     "frequency_penalty": lambda v: v.num("frequency_penalty", None, lo=-2, hi=2),
@@ -293,6 +304,9 @@ def parse(req: Request, app: App) -> ChatRequest:
         check = _IGNORED_CHECKS.get(key)
         if check is not None:
             check(v)
+        elif key not in KNOWN_FIELDS:
+            raise APIError(400, f"Unrecognized request argument supplied: {key}",
+                           param=None, code=None)
     service_tier = v.str("service_tier", None,
                          choices=("auto", "default", "flex", "scale", "priority"))
     max_tokens = v.int("max_tokens", None, lo=1)
