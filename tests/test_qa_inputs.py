@@ -124,3 +124,31 @@ def test_chat_unknown_parameter_is_rejected(srv, client):
         model="gpt-4o", messages=MSG, functions=[{"name": "f", "parameters": {}}],
         prompt_cache_retention="24h", max_tokens=2)
     assert r.choices[0].finish_reason
+
+
+def _call(cid):
+    return {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def test_tool_message_must_answer_a_preceding_call(srv):
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]})
+    assert e["param"] == "messages.[1].role"
+    assert "must be a response to a preceeding message with 'tool_calls'" in e["message"]
+
+
+def test_every_tool_call_needs_an_answer_before_the_next_turn(srv, client):
+    asst = {"role": "assistant", "content": None, "tool_calls": [_call("c1"), _call("c2")]}
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "x"}, asst,
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "user", "content": "and?"}]})
+    assert e["param"] == "messages.[3].role"
+    assert e["message"].endswith("did not have response messages: c2")
+    # answered in any order, then the conversation goes on: fine
+    r = client.chat.completions.create(model="gpt-4o", max_tokens=3, messages=[
+        {"role": "user", "content": "x"}, asst,
+        {"role": "tool", "tool_call_id": "c2", "content": "r"},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "user", "content": "and?"}])
+    assert r.choices[0].message.content

@@ -202,6 +202,30 @@ def _check_messages(messages: list[Any]) -> None:
                     raise APIError(400, f"Invalid '{p}.tool_calls[{j}]': expected an object "
                                    "with 'id', 'type' and 'function'.",
                                    param=f"{p}.tool_calls[{j}]", code="invalid_value")
+    _check_tool_turns(messages)
+
+
+def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
+    """The real API's ordering rules: a `tool` message answers a call of the assistant
+    message before it, and every such call is answered before the next non-tool message."""
+    pending: list[str] | None = None  # call ids of the last assistant turn still unanswered
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            if pending is None:
+                raise APIError(400, "Invalid parameter: messages with role 'tool' must be a "
+                               "response to a preceeding message with 'tool_calls'.",
+                               param=f"messages.[{i}].role")
+            tid = m["tool_call_id"]
+            if tid in pending:
+                pending.remove(tid)
+            continue
+        if pending:
+            raise APIError(400, "An assistant message with 'tool_calls' must be followed by "
+                           "tool messages responding to each 'tool_call_id'. The following "
+                           f"tool_call_ids did not have response messages: {', '.join(pending)}",
+                           param=f"messages.[{i}].role")
+        tcs = m.get("tool_calls") if m["role"] == "assistant" else None
+        pending = [tc["id"] for tc in tcs] if tcs else None
 
 
 def _check_tools(tools: list[Any]) -> list[dict[str, Any]]:
