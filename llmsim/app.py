@@ -33,6 +33,16 @@ StreamHook = Callable[[Request, Route, StreamResponse], None]
 AbortHook = Callable[[Request], None]
 
 
+def cors_preflight(req: Request) -> RawResponse:
+    """The answer to a browser's OPTIONS preflight on any path: every origin, method and
+    requested header is allowed, as the real API does for browser SDK use."""
+    asked = req.headers.get("access-control-request-headers", "")
+    return RawResponse(b"", 200, headers=[
+        ("access-control-allow-methods", "GET, POST, DELETE, OPTIONS"),
+        ("access-control-allow-headers", asked or "authorization, content-type"),
+        ("access-control-max-age", "86400")])
+
+
 class App:
     """Everything a handler needs, passed explicitly (no globals)."""
 
@@ -81,6 +91,8 @@ class App:
     async def dispatch(self, req: Request, route: Route | None = None) -> Result:
         """Run hooks and the handler; every failure becomes an error Result."""
         try:
+            if req.method == "OPTIONS":  # CORS preflight: no auth, faults or limits apply
+                return self._after(req, None, cors_preflight(req))
             if route is None:
                 route, params = self.resolve(req)
                 if params:

@@ -79,7 +79,9 @@ def reason(status: int) -> bytes:
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-_COMMON = [(b"server", b"llmsim"), (b"openai-version", b"2020-10-01")]
+# access-control-allow-origin: the real API allows browser callers (dangerouslyAllowBrowser)
+_COMMON = [(b"server", b"llmsim"), (b"openai-version", b"2020-10-01"),
+           (b"access-control-allow-origin", b"*")]
 
 
 class _Resume:

@@ -152,3 +152,23 @@ def test_every_tool_call_needs_an_answer_before_the_next_turn(srv, client):
         {"role": "tool", "tool_call_id": "c1", "content": "r"},
         {"role": "user", "content": "and?"}])
     assert r.choices[0].message.content
+
+
+def test_cors_preflight_and_allow_origin(make_server):
+    """Browser apps (the SDK's dangerouslyAllowBrowser) need a preflight answer and
+    access-control-allow-origin on every response, even with an API key required."""
+    srv = make_server(api_key=("sk-right",))
+    pre = rawhttp.request(srv.url, "OPTIONS", "/v1/chat/completions", headers=[
+        ("origin", "http://app.example"), ("access-control-request-method", "POST"),
+        ("access-control-request-headers", "authorization,content-type,x-stainless-os")])
+    assert pre.status == 200
+    h = dict(pre.headers)
+    assert h["access-control-allow-origin"] == "*"
+    assert "POST" in h["access-control-allow-methods"]
+    assert h["access-control-allow-headers"] == "authorization,content-type,x-stainless-os"
+    ok = rawhttp.request(srv.url, "POST", "/v1/chat/completions", orjson.dumps(
+        {"model": "gpt-4o", "messages": MSG, "max_tokens": 2, "stream": True}),
+        headers=[("authorization", "Bearer sk-right")])
+    assert ok.status == 200 and dict(ok.headers)["access-control-allow-origin"] == "*"
+    bad = rawhttp.request(srv.url, "GET", "/v1/models")  # 401, still readable by the page
+    assert bad.status == 401 and dict(bad.headers)["access-control-allow-origin"] == "*"
