@@ -8,6 +8,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from .errors import APIError
 
@@ -64,6 +65,11 @@ class Router:
                 m = rx.match(path)
                 if m:
                     methods, params = ms, m.groupdict()
+                    # the SDKs percent-encode path parameters ("org/m x" → "org%2Fm%20x");
+                    # match on the raw path (an encoded "/" stays in its segment), then decode
+                    for k, val in params.items():
+                        if "%" in val:
+                            params[k] = unquote(val)
                     break
         if methods is None:
             raise APIError(404, f"Invalid URL ({method} {path})", type="invalid_request_error",

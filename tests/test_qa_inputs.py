@@ -172,3 +172,13 @@ def test_cors_preflight_and_allow_origin(make_server):
     assert ok.status == 200 and dict(ok.headers)["access-control-allow-origin"] == "*"
     bad = rawhttp.request(srv.url, "GET", "/v1/models")  # 401, still readable by the page
     assert bad.status == 401 and dict(bad.headers)["access-control-allow-origin"] == "*"
+
+
+def test_path_parameters_are_percent_decoded(srv, client):
+    """The SDK percent-encodes path parameters; the id the server sees is the decoded one."""
+    for mid in ("org/model name", "a%b", "ft:gpt-4o-mini:org::abc"):
+        assert client.models.retrieve(mid).id == mid
+    r = client.responses.create(model="gpt-4o", input="x", max_output_tokens=16)
+    enc = "".join(f"%{b:02X}" for b in r.id.encode())  # every byte encoded: still found
+    got = rawhttp.request(srv.url, "GET", f"/v1/responses/{enc}")
+    assert got.status == 200 and got.json()["id"] == r.id
