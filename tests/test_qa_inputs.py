@@ -182,3 +182,29 @@ def test_path_parameters_are_percent_decoded(srv, client):
     enc = "".join(f"%{b:02X}" for b in r.id.encode())  # every byte encoded: still found
     got = rawhttp.request(srv.url, "GET", f"/v1/responses/{enc}")
     assert got.status == 200 and got.json()["id"] == r.id
+
+
+def _allowed(mode, *names):
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [
+        {"type": "function", "function": {"name": n}} for n in names]}}
+
+
+def test_chat_allowed_tools_restricts_and_forces(client, srv):
+    tools = [{"type": "function", "function": {"name": n}} for n in "abcd"]
+    for i in range(12):
+        m = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"x{i}"}], tools=tools,
+            tool_choice=_allowed("required", "b", "c")).choices[0]
+        assert m.finish_reason == "tool_calls"
+        assert m.message.tool_calls and {t.function.name for t in m.message.tool_calls} <= {"b", "c"}
+        m = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"x{i}"}], tools=tools,
+            tool_choice=_allowed("auto", "d")).choices[0]
+        assert {t.function.name for t in m.message.tool_calls or []} <= {"d"}
+    bad = _allowed("sometimes", "a")
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG, "tools": tools,
+                                           "tool_choice": bad})
+    assert e["param"] == "tool_choice.allowed_tools.mode"
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG, "tools": tools,
+                                           "tool_choice": {"type": "allowed_tools"}})
+    assert e["param"] == "tool_choice.allowed_tools"

@@ -270,6 +270,29 @@ def _tool_name(t: dict[str, Any]) -> str:
     return t["custom"]["name"] if t.get("type") == "custom" else t["function"]["name"]
 
 
+def _check_allowed_tools(at: Any) -> None:
+    """`tool_choice: {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`."""
+    p = "tool_choice.allowed_tools"
+    if not isinstance(at, dict):
+        raise APIError(400, f"Missing required parameter: '{p}'.", param=p,
+                       code="missing_required_parameter")
+    mode = at.get("mode")
+    if mode not in ("auto", "required"):
+        raise APIError(400, f"Invalid value: '{mode}'. Supported values are: 'auto' and "
+                       "'required'.", param=f"{p}.mode", code="invalid_value")
+    tools = at.get("tools")
+    if not isinstance(tools, list):
+        raise APIError(400, f"Invalid type for '{p}.tools': expected an array.",
+                       param=f"{p}.tools", code="invalid_type")
+    for i, t in enumerate(tools):
+        kind = t.get("type", "function") if isinstance(t, dict) else None
+        inner = t.get(kind) if kind in ("function", "custom") else None  # type: ignore[union-attr]
+        if not isinstance(inner, dict) or not isinstance(inner.get("name"), str):
+            raise APIError(400, f"Missing required parameter: '{p}.tools[{i}].function.name'.",
+                           param=f"{p}.tools[{i}].function.name",
+                           code="missing_required_parameter")
+
+
 # Every body field of the SDK's CompletionCreateParams (openai 3.52); anything else is the
 # real API's 400 "Unrecognized request argument supplied".
 KNOWN_FIELDS = frozenset((
@@ -399,7 +422,7 @@ def parse(req: Request, app: App) -> ChatRequest:
             fn = tool_choice.get("function") or tool_choice.get("custom") or {}
             name = fn.get("name") if isinstance(fn, dict) else None
             if tool_choice.get("type") == "allowed_tools":
-                pass
+                _check_allowed_tools(tool_choice.get("allowed_tools"))
             elif not isinstance(name, str):
                 raise APIError(400, "Missing required parameter: 'tool_choice.function.name'.",
                                param="tool_choice.function.name",
@@ -476,20 +499,28 @@ def _wants_tools(cr: ChatRequest, rng: random.Random, p_auto: float) -> list[dic
     tc = cr.tool_choice
     if not cr.tools or tc == "none":
         return []
-    if isinstance(tc, dict) and tc.get("type") != "allowed_tools":
-        fn = tc.get("function") or tc.get("custom") or {}
-        return [t for t in cr.tools if _tool_name(t) == fn.get("name")][:1]
-    if tc != "required":
+    tools, forced = cr.tools, tc == "required"
+    if isinstance(tc, dict):
+        if tc.get("type") != "allowed_tools":
+            fn = tc.get("function") or tc.get("custom") or {}
+            return [t for t in cr.tools if _tool_name(t) == fn.get("name")][:1]
+        # allowed_tools: only the listed tools may be called; mode "required" forces a call
+        at = tc["allowed_tools"]
+        names = {_tool_name(a) for a in at["tools"]}
+        tools, forced = [t for t in cr.tools if _tool_name(t) in names], at["mode"] == "required"
+        if not tools:
+            return []
+    if not forced:
         # auto: after a tool result the model usually answers; otherwise it calls with p_auto
         last = cr.messages[-1].get("role")
         p = p_auto * (0.2 if last in ("tool", "function") else 1.0)
         if rng.random() >= p:
             return []
     k = 1
-    if cr.parallel_tool_calls and len(cr.tools) > 1:
+    if cr.parallel_tool_calls and len(tools) > 1:
         k = rng.choice((1, 1, 1, 2, 2, 3))
-    k = min(k, len(cr.tools))
-    return rng.sample(cr.tools, k)
+    k = min(k, len(tools))
+    return rng.sample(tools, k)
 
 
 def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str) -> ToolCallOut:
@@ -570,7 +601,8 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
         if calls:
             tcs = [make_tool_call(t, crng, enc) for t in calls]
             ntok = sum(len(t.pieces) + 4 for t in tcs)
-            named = isinstance(cr.tool_choice, dict)
+            named = (isinstance(cr.tool_choice, dict)
+                     and cr.tool_choice.get("type") != "allowed_tools")
             finish = "stop" if named else "tool_calls"
             if limit is not None and ntok > limit:
                 tcs, ntok, finish = _truncate_calls(tcs, limit), limit, "length"
