@@ -351,3 +351,35 @@ def test_tokenizer_estimate_mode(make_server):
         assert r["usage"]["completion_tokens"] == 9 and r["usage"]["prompt_tokens"] > 0
     finally:
         T.set_mode("auto")  # the mode is process-wide: leave it as other tests expect
+
+
+def test_vllm_benchmark_extensions(client):
+    """Fields that benchmark harnesses send to vLLM-style servers are accepted; ignore_eos and
+    min_tokens shape the length, the rest are ignored (the real API would 400 on them)."""
+    r = client.chat.completions.create(model="bench-model", messages=MSG, max_tokens=40,
+                                       extra_body={"ignore_eos": True, "top_k": 5,
+                                                   "repetition_penalty": 1.1})
+    assert r.usage.completion_tokens == 40 and r.choices[0].finish_reason == "length"
+
+
+def test_min_tokens_and_ignore_eos_in_cap_mode(make_server):
+    s = make_server(max_tokens_mode="cap", output_tokens_mean=5, output_tokens_sigma=0)
+    r = post(s, {"model": "m", "messages": MSG, "max_tokens": 50}).json()
+    assert r["usage"]["completion_tokens"] == 5
+    r = post(s, {"model": "m", "messages": MSG, "max_tokens": 50, "ignore_eos": True}).json()
+    assert r["usage"]["completion_tokens"] == 50
+    r = post(s, {"model": "m", "messages": MSG, "max_tokens": 50, "min_tokens": 20}).json()
+    assert r["usage"]["completion_tokens"] == 20
+    r = post(s, {"model": "m", "messages": MSG, "min_tokens": -1})
+    assert r.status == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
+def test_request_work_is_bounded(srv):
+    """One request cannot make the simulator decide gigabytes of output before its first byte."""
+    r = post(srv, {"model": "gpt-4o", "messages": MSG, "n": 128, "max_tokens": 16384,
+                   "logprobs": True, "top_logprobs": 20})
+    assert r.status == 400
+    err = r.json()["error"]
+    assert err["param"] == "n" and err["code"] == "request_too_large"
+    assert post(srv, {"model": "gpt-4o", "messages": MSG, "n": 64, "max_tokens": 16384}
+                ).status == 200

@@ -116,8 +116,8 @@ def test_tool_calls_within_max_tokens_are_whole(client):
 
 
 def test_chat_unknown_parameter_is_rejected(srv, client):
-    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG, "top_k": 5})
-    assert e["message"] == "Unrecognized request argument supplied: top_k"
+    e = _err(srv, "/v1/chat/completions", {"model": "gpt-4o", "messages": MSG, "topk": 5})
+    assert e["message"] == "Unrecognized request argument supplied: topk"
     assert e["type"] == "invalid_request_error"
     # every field the SDK can send is still accepted (deprecated ones too)
     r = client.chat.completions.create(

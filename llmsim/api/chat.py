@@ -62,6 +62,8 @@ class ChatRequest:
     effort: str | None = None
     prompt_tokens: int = 0
     service_tier: str | None = None
+    ignore_eos: bool = False  # vLLM extension: always generate exactly the limit
+    min_tokens: int = 0  # vLLM extension: never stop before this many tokens
 
 
 @dataclass(slots=True)
@@ -304,6 +306,23 @@ KNOWN_FIELDS = frozenset((
     "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
     "verbosity", "web_search_options"))
 
+# Sampling extensions that benchmark harnesses (vLLM's benchmark_serving, genai-perf,
+# LLMPerf) send to OpenAI-compatible servers. The real OpenAI API rejects them; a simulator
+# that stands in for a vLLM/TGI deployment must take them. `ignore_eos` and `min_tokens` are
+# honoured (they shape the output length); the rest are accepted and ignored (README).
+SERVER_EXTENSIONS = frozenset((
+    "ignore_eos", "min_tokens", "top_k", "min_p", "repetition_penalty", "length_penalty",
+    "best_of", "use_beam_search", "skip_special_tokens", "spaces_between_special_tokens",
+    "include_stop_str_in_output", "stop_token_ids", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "echo", "priority", "nvext",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "truncate_prompt_tokens",
+    "return_tokens_as_token_ids", "prompt_logprobs", "documents", "mm_processor_kwargs"))
+
+# Bound on the simulation work of one request: choices × tokens × (1 + top_logprobs). The whole
+# answer is decided before the first byte, so without a bound one request (n=128,
+# max_tokens=16384, top_logprobs=20) could hold the loop for a minute and take gigabytes.
+MAX_REQUEST_WORK = 1 << 20
+
 _IGNORED_CHECKS: dict[str, Any] = {
     "presence_penalty": lambda v: v.num("presence_penalty", None, lo=-2, hi=2),
     "frequency_penalty": lambda v: v.num("frequency_penalty", None, lo=-2, hi=2),
@@ -351,7 +370,7 @@ def parse(req: Request, app: App) -> ChatRequest:
         check = _IGNORED_CHECKS.get(key)
         if check is not None:
             check(v)
-        elif key not in KNOWN_FIELDS:
+        elif key not in KNOWN_FIELDS and key not in SERVER_EXTENSIONS:
             raise APIError(400, f"Unrecognized request argument supplied: {key}",
                            param=None, code=None)
     service_tier = v.str("service_tier", None,
@@ -474,13 +493,23 @@ def parse(req: Request, app: App) -> ChatRequest:
                        f"messages, {limit or 0} in the completion). Please reduce the length of "
                        "the messages or completion.", param="messages",
                        code="context_length_exceeded")
+    per_token = 1 + ((top_logprobs or 0) if logprobs else 0)
+    longest = limit if limit is not None else app.config.output_tokens_max
+    if n * longest * per_token > MAX_REQUEST_WORK:
+        raise APIError(400, f"This request asks llmsim to simulate {n} choices × {longest} "
+                       f"tokens{' × logprobs' if per_token > 1 else ''}, above the simulator's "
+                       f"per-request bound of {MAX_REQUEST_WORK} token-units (n × max tokens × "
+                       "(1 + top_logprobs)). Lower 'n', the token limit or 'top_logprobs'.",
+                       param="n", code="request_too_large")
     return ChatRequest(
         body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
         include_usage=include_usage, limit=limit, stops=stops, tools=tools,
         tool_choice=tool_choice, parallel_tool_calls=bool(parallel), response_format=rf,
         logprobs=logprobs, top_logprobs=top_logprobs or 0,
         effort=(effort or profile.default_effort) if reasoning else None,
-        prompt_tokens=prompt_tokens, service_tier=service_tier)
+        prompt_tokens=prompt_tokens, service_tier=service_tier,
+        ignore_eos=bool(v.bool("ignore_eos", False)),
+        min_tokens=v.int("min_tokens", 0, lo=0) or 0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -585,6 +614,7 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
         crng = derive(rng, f"choice{i}")
         natural = txt.draw_length(crng, cfg.output_tokens_mean, cfg.output_tokens_sigma,
                                   cfg.output_tokens_min, cfg.output_tokens_max)
+        natural = max(natural, cr.min_tokens)
         limit = cr.limit
         reasoning = 0
         if cr.profile.reasoning:
@@ -613,7 +643,7 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
                        if rf_type in ("json_object", "json_schema") else None)
         out = txt.answer(cfg, crng, natural=natural, limit=limit, encoding=enc,
                          user_text=lambda: last_user_text(cr.messages),
-                         json_source=json_source)
+                         json_source=json_source, exact=True if cr.ignore_eos else None)
         out = txt.apply_stop(out, cr.stops)
         lps = _logprobs(out.pieces, cr.top_logprobs, crng) if cr.logprobs else None
         choices.append(ChoiceOut(i, out.pieces, [], out.finish, out.tokens, reasoning, lps))

@@ -77,11 +77,12 @@ def generate(mode: str, rng: random.Random, *, length: int, limit: int | None,
 
 def answer(cfg: Any, rng: random.Random, *, natural: int, limit: int | None,
            user_text: Callable[[], str], encoding: str,
-           json_source: str | None = None) -> TextOut:
+           json_source: str | None = None, exact: bool | None = None) -> TextOut:
     """The visible answer in the configured text mode (``cfg.text``), shared by every API.
 
     ``json_source`` (structured output) replaces the mode; ``user_text`` is only called for
-    ``echo``. With ``max_tokens_mode = "exact"`` generated modes fill the limit exactly.
+    ``echo``. With ``max_tokens_mode = "exact"`` (or ``exact=True``, e.g. vLLM's
+    ``ignore_eos``) generated modes fill the limit exactly.
     """
     if json_source is not None:
         return generate("fixed", rng, length=natural, limit=limit, source=json_source,
@@ -92,8 +93,9 @@ def answer(cfg: Any, rng: random.Random, *, natural: int, limit: int | None,
         source = user_text() or "."
     elif mode == "fixed":
         source = cfg.fixed_text
-    length = limit if (limit is not None and mode in ("lorem", "sequence")
-                       and cfg.max_tokens_mode == "exact") else natural
+    if exact is None:
+        exact = cfg.max_tokens_mode == "exact"
+    length = limit if (limit is not None and mode in ("lorem", "sequence") and exact) else natural
     return generate(mode, rng, length=length, limit=limit, source=source, encoding=encoding)
 
 
