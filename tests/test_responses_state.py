@@ -383,3 +383,15 @@ def test_client_disconnect_mid_stream_cancels_and_releases(make_server):
         time.sleep(0.01)
     assert c.responses.retrieve(rid).status == "cancelled"
     assert s.call(lambda: s.app.clock.pending) == 0
+
+
+def test_logprobs_work_is_bounded(srv):
+    """max_output_tokens × (1 + top_logprobs) has the same per-request bound as chat."""
+    from . import rawhttp
+
+    r = rawhttp.request(srv.url, "POST", "/v1/responses", {
+        "model": "gpt-4.1", "input": "hi", "max_output_tokens": 32768, "top_logprobs": 20,
+        "include": ["message.output_text.logprobs"]})
+    assert r.status == 400
+    err = r.json()["error"]
+    assert err["code"] == "request_too_large" and err["param"] == "max_output_tokens"

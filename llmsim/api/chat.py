@@ -27,7 +27,7 @@ from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_tokens, content_text
 from ..sim.rng import derive, new_id, request_rng
 from ..stream import EventStream
-from .validate import FUNCTION_NAME, V, got, unsupported, unsupported_value
+from .validate import FUNCTION_NAME, V, check_request_work, got, unsupported, unsupported_value
 
 if TYPE_CHECKING:
     from ..app import App
@@ -318,10 +318,6 @@ SERVER_EXTENSIONS = frozenset((
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "truncate_prompt_tokens",
     "return_tokens_as_token_ids", "prompt_logprobs", "documents", "mm_processor_kwargs"))
 
-# Bound on the simulation work of one request: choices × tokens × (1 + top_logprobs). The whole
-# answer is decided before the first byte, so without a bound one request (n=128,
-# max_tokens=16384, top_logprobs=20) could hold the loop for a minute and take gigabytes.
-MAX_REQUEST_WORK = 1 << 20
 
 _IGNORED_CHECKS: dict[str, Any] = {
     "presence_penalty": lambda v: v.num("presence_penalty", None, lo=-2, hi=2),
@@ -493,14 +489,8 @@ def parse(req: Request, app: App) -> ChatRequest:
                        f"messages, {limit or 0} in the completion). Please reduce the length of "
                        "the messages or completion.", param="messages",
                        code="context_length_exceeded")
-    per_token = 1 + ((top_logprobs or 0) if logprobs else 0)
-    longest = limit if limit is not None else app.config.output_tokens_max
-    if n * longest * per_token > MAX_REQUEST_WORK:
-        raise APIError(400, f"This request asks llmsim to simulate {n} choices × {longest} "
-                       f"tokens{' × logprobs' if per_token > 1 else ''}, above the simulator's "
-                       f"per-request bound of {MAX_REQUEST_WORK} token-units (n × max tokens × "
-                       "(1 + top_logprobs)). Lower 'n', the token limit or 'top_logprobs'.",
-                       param="n", code="request_too_large")
+    check_request_work(n, limit if limit is not None else app.config.output_tokens_max,
+                       (top_logprobs or 0) if logprobs else 0, param="n")
     return ChatRequest(
         body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
         include_usage=include_usage, limit=limit, stops=stops, tools=tools,

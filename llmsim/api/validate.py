@@ -163,3 +163,21 @@ def unsupported(param: str, model: str, hint: str = "") -> APIError:
 
 def unsupported_value(param: str, msg: str) -> APIError:
     return APIError(400, f"Unsupported value: {msg}", param=param, code="unsupported_value")
+
+
+# Bound on the simulation work of one request: choices × tokens × (1 + top_logprobs). The whole
+# answer is decided before the first byte, so without a bound one request (n=128,
+# max_tokens=16384, top_logprobs=20) would hold the event loop for a minute and take gigabytes.
+MAX_REQUEST_WORK = 1 << 19
+
+
+def check_request_work(n: int, tokens: int, top_logprobs: int, *, param: str) -> None:
+    """400 ``request_too_large`` when one request asks for more simulation than the bound."""
+    work = n * tokens * (1 + top_logprobs)
+    if work > MAX_REQUEST_WORK:
+        raise APIError(400, f"This request asks llmsim to simulate {n} × {tokens} tokens"
+                       + (f" with {top_logprobs} top_logprobs each" if top_logprobs else "")
+                       + f", above the simulator's per-request bound of {MAX_REQUEST_WORK} "
+                       "token-units (choices × max tokens × (1 + top_logprobs)). Lower the "
+                       "token limit, 'n' or 'top_logprobs'.", param=param,
+                       code="request_too_large")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import APIError
 from ...sim.models import ModelProfile
 from ...sim.rng import new_id
-from ..validate import FUNCTION_NAME, V, got, unsupported
+from ..validate import FUNCTION_NAME, V, check_request_work, got, unsupported
 
 if TYPE_CHECKING:
     from ...app import App
@@ -507,6 +507,9 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
             effort = e
     if top_logprobs and profile.reasoning:
         raise unsupported("top_logprobs", model)
+    if "message.output_text.logprobs" in include:
+        check_request_work(1, limit if limit is not None else profile.max_output_tokens,
+                           top_logprobs or 0, param="max_output_tokens")
     if not store and background:
         raise _err("background", "Background mode requires 'store' to be true.")
     if transport == "ws" and background:
