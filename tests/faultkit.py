@@ -14,6 +14,7 @@ from llmsim.clock import FakeClock
 from llmsim.server import Server
 
 from .memtransport import connect, mem_server
+from .rawhttp import parse_sse
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello there"}]}
 
@@ -34,20 +35,7 @@ class Exchange:
 
     def sse(self) -> list[tuple[str | None, Any]]:
         """(event, data) pairs; data parsed as JSON except ``[DONE]``."""
-        out: list[tuple[str | None, Any]] = []
-        for block in self.body.decode().split("\n\n"):
-            if not block.strip():
-                continue
-            ev, data = None, []
-            for line in block.split("\n"):
-                if line.startswith("event: "):
-                    ev = line[7:]
-                elif line.startswith("data: "):
-                    data.append(line[6:])
-            if data:
-                d = "\n".join(data)
-                out.append((ev, d if d == "[DONE]" else orjson.loads(d)))
-        return out
+        return [(ev, d if d == "[DONE]" else orjson.loads(d)) for ev, d in parse_sse(self.body)]
 
     def chat_tokens(self) -> list[str]:
         return [d["choices"][0]["delta"]["content"] for _e, d in self.sse()

@@ -22,19 +22,24 @@ class Resp:
 
     def sse(self) -> list[tuple[str | None, str]]:
         """(event, data) pairs of an SSE body."""
-        out = []
-        for block in self.body.decode().split("\n\n"):
-            if not block.strip():
-                continue
-            ev, data = None, []
-            for line in block.split("\n"):
-                if line.startswith("event: "):
-                    ev = line[7:]
-                elif line.startswith("data: "):
-                    data.append(line[6:])
-            if data:
-                out.append((ev, "\n".join(data)))
-        return out
+        return parse_sse(self.body)
+
+
+def parse_sse(body: bytes) -> list[tuple[str | None, str]]:
+    """(event, data) pairs of an SSE body (``data:`` lines joined, comments skipped)."""
+    out = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        ev, data = None, []
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                ev = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        if data:
+            out.append((ev, "\n".join(data)))
+    return out
 
 
 def connect(url: str, timeout: float = 10.0) -> socket.socket:
