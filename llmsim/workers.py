@@ -246,6 +246,9 @@ class Supervisor:
         self.sockaddr = self.placeholder.getsockname()
         self.port: int = self.sockaddr[1]
         self.state_dir = tempfile.mkdtemp(prefix="llmsim-workers-")
+        from .state import shared
+
+        shared.prepare(self.state_dir)  # WAL set once here: workers never race to switch it
         self.slots: dict[int, int] = {}  # pid → slot
         self.started_at: dict[int, float] = {}
         self.failures = [0] * n

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from .store import BoundedStore
 
-__all__ = ["SharedStore", "open_store", "configure", "shared_dir"]
+__all__ = ["SharedStore", "open_store", "configure", "shared_dir", "prepare", "connect"]
 
 V = TypeVar("V")
 _DIR: list[str] = []
@@ -50,6 +50,32 @@ def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float]
     return SharedStore(os.path.join(d, "store.sqlite3"), name, max_entries, ttl, on_evict)
 
 
+def connect(path: str) -> sqlite3.Connection:
+    """Open the shared database in WAL mode.
+
+    Switching a database to WAL takes an exclusive lock that sqlite's busy timeout does not
+    cover, so workers starting together could fail with "database is locked" (and a worker
+    that dies at start resets the connections queued on its socket). The supervisor calls this
+    once before forking (WAL is then a property of the file) and workers retry briefly."""
+    db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+    for attempt in range(50):
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 49:
+                raise
+            time.sleep(0.02)
+    db.execute("PRAGMA synchronous=OFF")
+    return db
+
+
+def prepare(state_dir: str) -> None:
+    """Create the shared database in WAL mode before any worker opens it (supervisor)."""
+    connect(os.path.join(state_dir, "store.sqlite3")).close()
+
+
 class SharedStore(Generic[V]):
     """A bounded TTL key/value table shared by processes (sqlite, WAL mode)."""
 
@@ -60,10 +86,7 @@ class SharedStore(Generic[V]):
         self.on_evict = on_evict
         self.evicted = 0
         self.table = "s_" + "".join(c if c.isalnum() else "_" for c in name)
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
+        self._db = connect(path)
         self._db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k TEXT PRIMARY KEY, "
                          "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL)")
         self._db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_seq ON {self.table}(seq)")
