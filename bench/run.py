@@ -191,18 +191,25 @@ def llmsim(*args: str, name: str = "llmsim", warm: bool = True) -> Child:
     if warm:
         body = {**CHAT_BODY, "max_tokens": 1}
         try:
-            with socket.create_connection(("127.0.0.1", c.port), timeout=60) as s:  # type: ignore[arg-type]
-                s.sendall(http_request("/v1/chat/completions", body))
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    buf += chunk
+            request_head(c.port, http_request("/v1/chat/completions", body),  # type: ignore[arg-type]
+                         timeout=60)
         except BaseException:
             c.stop()
             raise
     return c
+
+
+def request_head(port: int, req: bytes, timeout: float) -> bytes:
+    """Send one request and read until the response head has arrived."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(req)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return buf
 
 
 def http_request(path: str, body: dict[str, Any]) -> bytes:
@@ -325,14 +332,7 @@ def startup(runs: int = 3) -> dict[str, Any]:
         t0 = time.perf_counter()
         c = llmsim("--latency", "instant", warm=False)
         try:
-            with socket.create_connection(("127.0.0.1", c.port), timeout=10) as s:  # type: ignore[arg-type]
-                s.sendall(req)
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    buf += chunk
+            request_head(c.port, req, timeout=10)  # type: ignore[arg-type]
             times.append(time.perf_counter() - t0)
         finally:
             c.stop()

@@ -10,7 +10,7 @@ from typing import Any
 from .clock import Clock, RealClock
 from .config import Config
 from .errors import APIError, not_found_model
-from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .messages import RawResponse, Request, Result, StreamResponse
 from .routing import Route, Router
 from .sim.latency import Latency
 from .sim.models import ModelProfile, Registry
@@ -131,11 +131,3 @@ class App:
 def error_result(exc: APIError) -> RawResponse:
     return RawResponse(exc.body(), status=exc.status, content_type="application/json",
                        headers=list(exc.headers))
-
-
-def is_stream(res: Result) -> bool:
-    return isinstance(res, StreamResponse)
-
-
-def json_ok(data: Any, headers: list[tuple[str, str]] | None = None) -> JSONResponse:
-    return JSONResponse(data, 200, headers or [])

@@ -52,7 +52,7 @@ class Pump:
     ``"stopped"`` (truncated by plan), ``"disconnect"`` (fault) or ``"cancelled"``."""
 
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "_timer",
-                 "_pending", "_paused_at", "_done", "first_write", "last_write", "events")
+                 "_pending", "_paused_at", "_done")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -68,9 +68,6 @@ class Pump:
         self._pending: tuple[float, str, Any] | None = None
         self._paused_at: float | None = None
         self._done = False
-        self.first_write: float | None = None
-        self.last_write: float | None = None
-        self.events = 0
 
     def start(self) -> None:
         self.stream.begin(self.clock.now())
@@ -124,19 +121,19 @@ class Pump:
             if ev is None:
                 ev = stream.pull()
                 if ev is None:
-                    self._flush(frames, now)
+                    self._flush(frames)
                     self._finish("completed")
                     return
             deadline, etype, data = ev
             if deadline > limit:
                 self._pending = ev
-                self._flush(frames, now)
+                self._flush(frames)
                 if not self._done:
                     self._timer = clock.call_at(deadline, self._tick)
                 return
             self._pending = None
             if etype[0] == "_":
-                self._flush(frames, now)
+                self._flush(frames)
                 if etype == DISCONNECT:
                     sink.abort()
                     self._finish("disconnect")
@@ -149,18 +146,13 @@ class Pump:
             if observer is not None:
                 observer(etype, data, now)
             if len(frames) >= MAX_BATCH:
-                self._flush(frames, now)
+                self._flush(frames)
                 frames = []
                 if sink.paused or self._done:
                     if not self._done:
                         self._paused_at = now
                     return
 
-    def _flush(self, frames: list[bytes], now: float) -> None:
-        if not frames:
-            return
-        if self.first_write is None:
-            self.first_write = now
-        self.last_write = now
-        self.events += len(frames)
-        self.sink.write_events(frames)
+    def _flush(self, frames: list[bytes]) -> None:
+        if frames:
+            self.sink.write_events(frames)

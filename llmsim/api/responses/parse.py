@@ -141,13 +141,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
     out = []
     for j, part in enumerate(content):
         pp = f"{p}.content[{j}]"
-        if not isinstance(part, dict):
-            raise _err(pp, f"Invalid type for '{pp}': expected an object.", "invalid_type")
-        t = part.get("type")
-        if t is None:
-            raise _missing(f"{pp}.type")
-        if t not in allowed:
-            raise _bad_value(f"{pp}.type", t, allowed)
+        t = _typed(part, pp, allowed)
         if t in ("input_text", "output_text"):
             text = _need_str(part, "text", pp)
             out.append({"type": t, "text": text, "annotations": []} if t == "output_text"
@@ -277,18 +271,24 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
 # Tools, tool_choice, text
 # ------------------------------------------------------------------------------------------
 
+def _typed(obj: Any, p: str, allowed: tuple[str, ...]) -> str:
+    """``obj['type']`` of an object at ``p``, or the 400 naming what is wrong."""
+    if not isinstance(obj, dict):
+        raise _err(p, f"Invalid type for '{p}': expected an object.", "invalid_type")
+    t = obj.get("type")
+    if t is None:
+        raise _missing(f"{p}.type")
+    if t not in allowed:
+        raise _bad_value(f"{p}.type", t, allowed)
+    return t
+
+
 def _tools(raw: list[Any]) -> list[dict[str, Any]]:
     out = []
     names: set[str] = set()
     for i, t in enumerate(raw):
         p = f"tools[{i}]"
-        if not isinstance(t, dict):
-            raise _err(p, f"Invalid type for '{p}': expected an object.", "invalid_type")
-        tt = t.get("type")
-        if tt is None:
-            raise _missing(f"{p}.type")
-        if tt not in TOOL_TYPES:
-            raise _bad_value(f"{p}.type", tt, tuple(TOOL_TYPES))
+        tt = _typed(t, p, tuple(TOOL_TYPES))
         for req in TOOL_TYPES[tt]:
             if t.get(req) is None:
                 raise _missing(f"{p}.{req}")
