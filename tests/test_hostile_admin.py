@@ -8,13 +8,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsim.cli import config_from_args
+from llmsim.config import ConfigError, load_config
 from llmsim.state.prom import prometheus_text
 from llmsim.state.stats import MAX_KEYS, MAX_LABEL, Stats, label, merge
 
 from . import rawhttp
-from .faultkit import CHAT
+from .faultkit import CHAT, exchange, server
 
 STREAM = {**CHAT, "stream": True, "max_tokens": 3}
 
@@ -94,3 +97,120 @@ def test_long_and_tricky_model_ids_over_http(make_server: Any) -> None:
     stats = rawhttp.request(st.url, "GET", "/llmsim/stats").json()
     assert set(stats["models"]) == got and set(stats["requests_by_model"]) == got
     _until(lambda: _idle(st.url))
+
+
+# ============================================================================ admin (item 6)
+ADMIN, API = "sk-admin-0123456789", "sk-api-0123456789"
+CONFIGS = {"open": {}, "api": {"api_key": (API,)}, "admin": {"admin_key": (ADMIN,)},
+           "both": {"api_key": (API,), "admin_key": (ADMIN,)}}
+CREDS: dict[str, list[tuple[str, str]]] = {
+    "none": [], "wrong": [("authorization", "Bearer sk-wrong-0123456789")],
+    "admin": [("authorization", f"Bearer {ADMIN}")],
+    "admin-header": [("x-llmsim-admin-key", ADMIN)],
+    "api": [("authorization", f"Bearer {API}")], "api-header": [("api-key", API)]}
+# (method, path, body, status when allowed)
+MUTATIONS = [("POST", "/llmsim/faults", {"fault": "500", "model": "nope"}, 200),
+             ("DELETE", "/llmsim/faults", None, 200),
+             ("DELETE", "/llmsim/faults/fault_99", None, 404),
+             ("POST", "/llmsim/stats/reset", None, 200)]
+
+
+def _allowed(config: str, cred: str) -> bool:
+    if config == "open":
+        return True
+    if config in ("admin", "both"):
+        return cred in ("admin", "admin-header")
+    return cred in ("api", "api-header")
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+async def test_admin_mutations_need_the_right_key(config: str) -> None:
+    srv = server(**CONFIGS[config])
+    stats = srv.app.stats
+    for method, path, body, ok in MUTATIONS:
+        for cred, headers in CREDS.items():
+            before = stats.requests_n
+            ex = await exchange(srv, body, headers, path=path, method=method)
+            if _allowed(config, cred):
+                assert ex.status == ok, (method, path, cred, ex.body)
+                continue
+            assert ex.status == 401, (method, path, cred)
+            err = ex.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"}
+            assert err["type"] == "invalid_request_error" and err["param"] is None
+            name = "admin key" if config in ("admin", "both") else "API key"
+            if cred == "none":
+                assert err["code"] is None
+                assert err["message"].startswith(f"You didn't provide an {name}.")
+            else:
+                assert err["code"] == ("invalid_admin_key" if name == "admin key"
+                                       else "invalid_api_key")
+                assert err["message"].startswith(f"Incorrect {name} provided: ")
+                sent = headers[0][1].removeprefix("Bearer ")
+                assert sent not in err["message"] and sent[-4:] in err["message"]  # masked
+            if path == "/llmsim/stats/reset":
+                assert stats.requests_n >= before  # not wiped
+    # a refused POST installed nothing: only authorized ones did (then were deleted)
+    assert srv.app.extensions["faults"].engine.rules == []
+    assert stats.active_requests == 0 and stats.active_connections == 0
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+async def test_reads_stay_open_and_do_not_show_keys(config: str) -> None:
+    srv = server(**CONFIGS[config])
+    rule = {"fault": "500", "api_key": "sk-victim-0123456789"}
+    key = {"open": [], "api": CREDS["api"]}.get(config, CREDS["admin"])
+    added = await exchange(srv, rule, key, path="/llmsim/faults")
+    assert added.status == 200
+    for path in ("/llmsim/stats", "/metrics", "/llmsim/capacity", "/llmsim/faults",
+                 "/llmsim/faults/fault_1", "/llmsim/dashboard", "/health"):
+        ex = await exchange(srv, None, path=path, method="GET")
+        assert ex.status == 200, path
+        if config != "open":
+            assert b"sk-victim-0123456789" not in ex.body, path
+    shown = (await exchange(srv, None, path="/llmsim/faults/fault_1", method="GET")).json()
+    assert (shown["api_key"] == "sk-victim-0123456789") == (config == "open")
+    # a browser's CORS preflight before a change is answered without a key
+    ex = await exchange(srv, None, [("origin", "http://x"),
+                                    ("access-control-request-method", "DELETE")],
+                        path="/llmsim/faults", method="OPTIONS")
+    assert ex.status == 200
+
+
+async def test_admin_key_alone_leaves_the_api_open_and_api_keys_stay_api_keys() -> None:
+    srv = server(admin_key=(ADMIN,))
+    assert (await exchange(srv, CHAT)).status == 200  # /v1 needs no key without --api-key
+    srv = server(api_key=(API,), admin_key=(ADMIN,))
+    # the admin key is not an API key
+    assert (await exchange(srv, CHAT, [("authorization", f"Bearer {ADMIN}")])).status == 401
+    assert (await exchange(srv, CHAT, [("authorization", f"Bearer {API}")])).status == 200
+
+
+def test_admin_key_over_a_real_socket(make_server: Any) -> None:
+    st = make_server(api_key=(API,), admin_key=(ADMIN, "sk-second-admin"))
+    r = rawhttp.request(st.url, "POST", "/llmsim/stats/reset")
+    assert r.status == 401 and r.json()["error"]["message"].startswith(
+        "You didn't provide an admin key.")
+    for key in (ADMIN, "sk-second-admin"):
+        r = rawhttp.request(st.url, "POST", "/llmsim/stats/reset",
+                            headers=[("x-llmsim-admin-key", key)])
+        assert r.status == 200 and r.json() == {"reset": True}
+    _until(lambda: _idle(st.url))
+
+
+def test_admin_key_flag_env_and_file(tmp_path: Any) -> None:
+    c, _ = config_from_args(["--admin-key", "k1", "--admin-key", "k2"], env={})
+    assert c.admin_key == ("k1", "k2")
+    assert load_config(env={"LLMSIM_ADMIN_KEY": "k1,k2"}).admin_key == ("k1", "k2")
+    f = tmp_path / "c.toml"
+    f.write_text('admin_key = "k3"\n')
+    assert load_config(f, env={}).admin_key == ("k3",)
+    f.write_text('admin_key = ["k4", "k5"]\n')
+    assert load_config(f, env={}).admin_key == ("k4", "k5")
+    for bad in ('admin_key = ["has space"]\n', 'admin_key = ["é"]\n'):
+        f.write_text(bad)
+        with pytest.raises(ConfigError, match="admin_key"):
+            load_config(f, env={})
+    help_text = " ".join(__import__("llmsim.cli", fromlist=["x"]).build_parser()
+                         .format_help().split())
+    assert "--admin-key KEY" in help_text and "X-LLMSim-Admin-Key" in help_text

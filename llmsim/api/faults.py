@@ -3,12 +3,22 @@
 One set of hooks serves every API family and transport (HTTP/SSE and WebSocket frames both go
 through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults``,
 ``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
-plans and renders headers. Hook order (``app.before``): API-key auth → fault injection → rate
-limit → capacity, so a refused or faulted request never takes a rate-limit token or a sequence.
+plans and renders headers. Hook order (``app.before``): admin-key auth → API-key auth → fault
+injection → rate limit → capacity, so a refused or faulted request never takes a rate-limit
+token or a sequence.
 
-Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated, faulted,
-limited and queued. ``/health`` and ``/llmsim/*`` (fault scenarios, stats, metrics) stay
-reachable without a key and are never faulted, so a harness can always observe and steer.
+Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated with the
+API keys, faulted, limited and queued. ``/health`` and ``/llmsim/*`` are never faulted.
+
+Admin protection (:func:`check_admin_key`, one rule for every route): a change under
+``/llmsim/`` (any method but GET, HEAD and OPTIONS: installing or deleting fault rules,
+resetting the stats) needs one of ``--admin-key``'s keys when any is set, else one of
+``--api-key``'s keys when any is set, else nothing (a laptop keeps today's open behaviour). The
+key travels as ``Authorization: Bearer KEY``, ``X-LLMSim-Admin-Key: KEY`` or ``api-key: KEY``;
+wrong or missing → 401 in the API's envelope. Reads stay open: ``GET /llmsim/stats``,
+``/metrics``, ``/llmsim/capacity``, ``/llmsim/faults`` and the dashboard change nothing, a
+Prometheus scraper or a browser opening the dashboard cannot easily send a key, and the one
+credential a read could show (a fault rule's ``api_key``) is masked when keys are configured.
 
 Scenario API::
 
@@ -45,6 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["register", "FAULT_HEADER", "is_api_path"]
 
 FAULT_HEADER = "x-llmsim-fault"
+ADMIN_HEADER = "x-llmsim-admin-key"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # what /llmsim/* serves without a key
 MAX_ENGINES = 1024  # per-model engines; model ids come from clients, the rest share one
 
 
@@ -116,6 +128,39 @@ def _auth_hook(keys: frozenset[str]) -> Any:
     return auth
 
 
+def is_admin_change(req: Request) -> bool:
+    """A request that changes simulator state under ``/llmsim/`` (see the module doc)."""
+    return req.path.startswith("/llmsim/") and req.method not in READ_METHODS
+
+
+def check_admin_key(keys: frozenset[str], admin: bool, req: Request) -> None:
+    """Raise a 401 unless ``req`` (an admin change) carries one of ``keys``; ``admin`` says
+    whether they are ``--admin-key`` keys (else ``--api-key`` keys stand in for them)."""
+    if not is_admin_change(req):
+        return
+    key = req.headers.get(ADMIN_HEADER, "").strip() or req.api_key
+    name, flag = ("admin key", "--admin-key") if admin else ("API key", "--api-key")
+    if key is None:
+        raise APIError(401, f"You didn't provide an {name}. Changes under /llmsim/ (fault "
+                       f"rules, stats reset) require one of the {flag} keys: send it in an "
+                       "Authorization header using Bearer auth (i.e. Authorization: Bearer "
+                       "YOUR_KEY) or in an X-LLMSim-Admin-Key header.",
+                       type="invalid_request_error", code=None)
+    if key not in keys:
+        raise APIError(401, f"Incorrect {name} provided: {_mask(key)}. Changes under /llmsim/ "
+                       f"(fault rules, stats reset) require one of the {flag} keys.",
+                       type="invalid_request_error",
+                       code="invalid_admin_key" if admin else "invalid_api_key")
+
+
+def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
+    async def admin_auth(req: Request, route: Route, app: App) -> Result | None:
+        check_admin_key(keys, admin, req)
+        return None
+
+    return admin_auth
+
+
 # ------------------------------------------------------------------------------------------
 # Faults
 # ------------------------------------------------------------------------------------------
@@ -130,9 +175,16 @@ def _reset_result() -> RawResponse:
 class Faults:
     """The fault engine bound to an app: the before hook, the stream hook and the routes."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, mask_keys: bool = False) -> None:
         self.app = app
         self.engine = FaultEngine(app.config.faults, app.config.seed)
+        self.mask_keys = mask_keys  # keys are configured: reads must not show a rule's key
+
+    def _view(self, rule: Any) -> dict[str, Any]:
+        d: dict[str, Any] = rule.public()
+        if self.mask_keys and isinstance(d.get("api_key"), str):
+            d["api_key"] = _mask(d["api_key"])
+        return d
 
     def _key(self, req: Request) -> bytes:
         h = hashlib.blake2b(digest_size=16)
@@ -198,7 +250,7 @@ class Faults:
     # -- scenario API ----------------------------------------------------------------------
     def _add(self, body: Any) -> dict[str, Any]:
         try:
-            return self.engine.add_rule(body, self.app.clock.time()).public()
+            return self._view(self.engine.add_rule(body, self.app.clock.time()))
         except OverflowError as exc:
             raise APIError(429, str(exc), type="invalid_request_error",
                            code="too_many_rules") from None
@@ -218,7 +270,7 @@ class Faults:
 
     async def list(self, req: Request, app: App) -> JSONResponse:
         self.engine.expire(app.clock.time())
-        return JSONResponse({"object": "list", "data": [r.public() for r in self.engine.rules],
+        return JSONResponse({"object": "list", "data": [self._view(r) for r in self.engine.rules],
                              "fired": dict(self.engine.fired)})
 
     def _find(self, rid: str) -> Any:
@@ -228,7 +280,7 @@ class Faults:
         raise APIError(404, f"No fault rule with id '{rid}'.", param="id", code="not_found")
 
     async def get_one(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse(self._find(req.params["id"]).public())
+        return JSONResponse(self._view(self._find(req.params["id"])))
 
     async def delete_all(self, req: Request, app: App) -> JSONResponse:
         return JSONResponse({"object": "list", "deleted": self.engine.clear()})
@@ -448,14 +500,21 @@ def _pace(plan: Iterator[PlanItem], slot: Slot, prefill: float,
 
 # ------------------------------------------------------------------------------------------
 
+def _keys(value: str | tuple[str, ...]) -> frozenset[str]:
+    return frozenset((value,) if isinstance(value, str) else value)
+
+
 def register(app: App) -> None:
     cfg = app.config
+    admin_keys = _keys(cfg.admin_key) or _keys(cfg.api_key)
+    if admin_keys:  # first: a refused change runs no other hook
+        app.before.append(_admin_hook(admin_keys, bool(cfg.admin_key)))
     if cfg.api_key:
         keys = frozenset(cfg.api_key)
         app.before.append(_auth_hook(keys))
         # the WebSocket upgrade checks the key at the handshake, as the real API does
         app.extensions["authenticate"] = lambda req: check_api_key(keys, req)
-    faults = Faults(app)
+    faults = Faults(app, mask_keys=bool(admin_keys))
     app.extensions["faults"] = faults
     app.before.append(faults.before)
     if cfg.ratelimit.enabled:
