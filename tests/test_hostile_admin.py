@@ -4,15 +4,18 @@ that left. Loopback only, bounded in count and time."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsim.cli import config_from_args
-from llmsim.config import ConfigError, load_config
+from llmsim.config import CapacityConfig, ConfigError, load_config
 from llmsim.state.prom import prometheus_text
 from llmsim.state.stats import MAX_KEYS, MAX_LABEL, Stats, label, merge
 
@@ -214,3 +217,75 @@ def test_admin_key_flag_env_and_file(tmp_path: Any) -> None:
     help_text = " ".join(__import__("llmsim.cli", fromlist=["x"]).build_parser()
                          .format_help().split())
     assert "--admin-key KEY" in help_text and "X-LLMSim-Admin-Key" in help_text
+
+
+# ====================================================================== queue side (item 7)
+def _post(sock: socket.socket, body: dict[str, Any]) -> None:
+    raw = orjson.dumps(body)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+
+
+def _capacity(url: str) -> dict[str, Any]:
+    data = rawhttp.request(url, "GET", "/llmsim/capacity").json()["data"]
+    return data[0] if data else {}
+
+
+def _queued_gauges(url: str) -> tuple[int, float]:
+    s = rawhttp.request(url, "GET", "/llmsim/stats").json()
+    m = rawhttp.request(url, "GET", "/metrics").body.decode()
+    w = [s.value for f in text_string_to_metric_families(m) for s in f.samples
+         if s.name == "vllm:num_requests_waiting" and s.labels.get("model_name") == "gpt-4o"]
+    return s["queue_depth"], sum(w)
+
+
+@pytest.mark.parametrize("how", ["close", "half-close", "reset"])
+def test_clients_that_leave_the_queue_free_it_at_once(make_server: Any, how: str) -> None:
+    st = make_server(latency="realistic", ttft_ms=10, itl_ms=20,
+                     capacity=CapacityConfig(max_seqs=1, queue=2))
+    holder = rawhttp.connect(st.url)
+    socks: list[socket.socket] = [holder]
+    try:
+        _post(holder, {**CHAT, "stream": True, "max_tokens": 2000})  # ~40 s: holds the slot
+        assert holder.recv(64).startswith(b"HTTP/1.1 200")
+        gone = [rawhttp.connect(st.url) for _ in range(2)]
+        for s in gone:
+            _post(s, {**CHAT, "max_tokens": 3})
+        _until(lambda: _capacity(st.url).get("waiting") == 2)
+        assert _queued_gauges(st.url) == (2, 2.0)
+        for s in gone:
+            if how == "reset":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if how == "half-close":
+                s.shutdown(socket.SHUT_WR)
+            else:
+                s.close()
+        # at once (within a 50 ms watch period; 2 s bound for a busy machine), not when
+        # their turn comes (~40 s away)
+        _until(lambda: _capacity(st.url).get("waiting") == 0, limit_s=2.0)
+        if how == "half-close":
+            for s in gone:  # the server dropped them without an answer
+                assert s.recv(100) == b""
+                s.close()
+        assert _queued_gauges(st.url) == (0, 0.0)
+        by_status = rawhttp.request(st.url, "GET", "/llmsim/stats").json()["requests_by_status"]
+        assert by_status.get("499") == 2  # counted as "client closed request"
+        cap = _capacity(st.url)
+        assert (cap["active"], cap["rejected"]) == (1, 0)
+        # the queue is whole again: two new requests queue (a phantom would make one a 429)
+        fresh = [rawhttp.connect(st.url) for _ in range(2)]
+        socks += fresh
+        for s in fresh:
+            _post(s, {**CHAT, "max_tokens": 3})
+        _until(lambda: _capacity(st.url).get("waiting") == 2)
+        holder.close()  # frees the sequence: they run in turn and are answered
+        for s in fresh:
+            s.settimeout(10)
+            assert s.recv(64).startswith(b"HTTP/1.1 200")
+        _until(lambda: _capacity(st.url).get("active") == 0)
+        _until(lambda: _idle(st.url))
+        assert _queued_gauges(st.url) == (0, 0.0)
+        assert _capacity(st.url)["rejected"] == 0
+    finally:
+        for s in socks:
+            s.close()

@@ -58,6 +58,7 @@ FAULT_HEADER = "x-llmsim-fault"
 ADMIN_HEADER = "x-llmsim-admin-key"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # what /llmsim/* serves without a key
 MAX_ENGINES = 1024  # per-model engines; model ids come from clients, the rest share one
+QUEUE_WATCH_S = 0.05  # while requests queue for a sequence: how often to look for gone clients
 
 
 def is_api_path(path: str) -> bool:
@@ -368,34 +369,38 @@ def _chain_close(res: StreamResponse, fn: Any) -> None:
 class Slot:
     """One admitted sequence; :meth:`release` is idempotent (stream end, close, abort)."""
 
-    __slots__ = ("engine", "done")
+    __slots__ = ("engine", "cap", "done")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cap: Capacity) -> None:
         self.engine = engine
+        self.cap = cap
         self.done = False
 
     def release(self, *_: Any) -> None:
         if self.done:
             return
         self.done = True
-        _release(self.engine)
-
-
-def _release(engine: Engine) -> None:
-    while (waiter := engine.release()) is not None:
-        if not waiter.done():
-            waiter.set_result(None)  # the sequence passes to the oldest live waiter
-            return
-        # that waiter's client left after being handed the sequence: pass it on
+        self.cap.release(self.engine)
 
 
 class Capacity:
-    """Capacity hooks: wait for a sequence in ``before``, pace and release in the stream."""
+    """Capacity hooks: wait for a sequence in ``before``, pace and release in the stream.
+
+    A queued request whose client left is dropped at once, not when its turn comes: a reset
+    connection cancels the wait directly (``connection_lost`` cancels the handler), and one
+    the client closed (EOF, which the transport keeps open for half-closing clients) is
+    found by a watch that runs every ``QUEUE_WATCH_S`` while anybody waits and asks the
+    server (``app.extensions["drop_departed"]``) to close the connections of waiting clients
+    that sent EOF; that close cancels the wait the same way, so the queue slot and the
+    ``queue_depth`` gauge are freed within one watch period.
+    """
 
     def __init__(self, app: App) -> None:
         self.app = app
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
+        self.waiting: dict[asyncio.Future[None], str] = {}  # queued HTTP waiter → client
+        self._watch: asyncio.TimerHandle | None = None
 
     def engine(self, model: str) -> Engine:
         eng = self.engines.get(model)
@@ -416,6 +421,18 @@ class Capacity:
                 self.engines[model] = eng
         return eng
 
+    def _gauge(self, eng: Engine) -> None:
+        self.app.stats.set_gauge("queue_depth", eng.name or None, len(eng.waiting))
+
+    def release(self, eng: Engine) -> None:
+        """A sequence ended: it passes to the oldest live waiter, or goes idle."""
+        while (waiter := eng.release()) is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+            # that waiter's client left after being handed the sequence: pass it on
+        self._gauge(eng)
+
     async def before(self, req: Request, route: Route, app: App) -> Result | None:
         if not is_api_path(req.path):
             return None
@@ -427,16 +444,37 @@ class Capacity:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             if not eng.enqueue(fut):
                 raise self.overloaded(req)
+            self._gauge(eng)
+            if req.transport == "http" and req.client:
+                self.waiting[fut] = req.client
+                self._arm_watch()
             try:
                 await fut
             except BaseException:
                 if fut.done() and not fut.cancelled():
-                    _release(eng)  # handed a sequence but gone before using it
+                    self.release(eng)  # handed a sequence but gone before using it
                 else:
                     eng.forget(fut)
+                    self._gauge(eng)
                 raise
-        req.notes["slot"] = Slot(eng)
+            finally:
+                self.waiting.pop(fut, None)
+        req.notes["slot"] = Slot(eng, self)
         return None
+
+    def _arm_watch(self) -> None:
+        if self._watch is None and "drop_departed" in self.app.extensions:
+            self._watch = asyncio.get_running_loop().call_later(QUEUE_WATCH_S, self._tick)
+
+    def _tick(self) -> None:
+        self._watch = None
+        clients = {c for f, c in self.waiting.items() if not f.done()}
+        if not clients:
+            return
+        try:
+            self.app.extensions["drop_departed"](clients)
+        finally:
+            self._arm_watch()
 
     def overloaded(self, req: Request) -> APIError:
         status = self.config.reject_status
