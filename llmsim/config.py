@@ -347,6 +347,12 @@ class Config:
     api_key: tuple[str, ...] = opt((), "Require one of these API keys (Bearer token or api-key "
                                    "header) on /v1 paths; wrong or missing → 401.",
                                    metavar="KEY")
+    admin_key: tuple[str, ...] = opt(
+        (), "Require one of these keys on changes under /llmsim/ (POST/DELETE: fault rules, "
+        "stats reset), sent as 'Authorization: Bearer KEY', an X-LLMSim-Admin-Key header or an "
+        "api-key header; wrong or missing → 401. Unset: those changes need one of the --api-key "
+        "keys when any is set, else they stay open. Reads (GET stats, metrics, capacity, "
+        "faults, dashboard) stay open either way.", metavar="KEY")
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     ratelimit: RateLimitConfig = field(default_factory=RateLimitConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
@@ -581,3 +587,7 @@ def _check(cfg: Config) -> None:
     for name in ("max_body_bytes", "max_header_bytes", "max_pipelined"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1")
+    for k in cfg.admin_key:
+        if not k or not all("!" <= c <= "~" for c in k):
+            raise ConfigError("admin_key: each key must be non-empty printable ASCII without "
+                              "spaces (it travels in an HTTP header)")

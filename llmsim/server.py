@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from .app import App
@@ -42,6 +43,7 @@ class Server:
         c = self.config
         # check deadlines often enough that a timeout fires at most ~50% late (≥ 20 ms)
         self._sweep_every = max(0.02, min(1.0, c.header_timeout_s / 2, c.idle_timeout_s / 2))
+        self.app.extensions["drop_departed"] = self.drop_departed
 
     @property
     def url(self) -> str:
@@ -91,6 +93,18 @@ class Server:
         if self._server is not None:
             self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every,
                                                                   self._sweep)
+
+    def drop_departed(self, clients: Collection[str]) -> int:
+        """Close the HTTP connections of ``clients`` (peer addresses whose request waits, e.g.
+        queued for a capacity sequence) that have sent EOF: the client left, and closing
+        cancels its waiting request at once instead of when its turn comes. Returns how many.
+        (A client that only half-closed its side is treated as gone too, as nginx does.)"""
+        n = 0
+        for c in [c for c in self.connections if c.peer in clients]:
+            if c.upgraded is None and c.conn.trailing_data[1]:
+                c.force_close()
+                n += 1
+        return n
 
     def _conn_closed(self) -> None:
         if not self.connections and self._idle is not None:

@@ -3,12 +3,22 @@
 One set of hooks serves every API family and transport (HTTP/SSE and WebSocket frames both go
 through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults``,
 ``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
-plans and renders headers. Hook order (``app.before``): API-key auth → fault injection → rate
-limit → capacity, so a refused or faulted request never takes a rate-limit token or a sequence.
+plans and renders headers. Hook order (``app.before``): admin-key auth → API-key auth → fault
+injection → rate limit → capacity, so a refused or faulted request never takes a rate-limit
+token or a sequence.
 
-Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated, faulted,
-limited and queued. ``/health`` and ``/llmsim/*`` (fault scenarios, stats, metrics) stay
-reachable without a key and are never faulted, so a harness can always observe and steer.
+Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated with the
+API keys, faulted, limited and queued. ``/health`` and ``/llmsim/*`` are never faulted.
+
+Admin protection (:func:`check_admin_key`, one rule for every route): a change under
+``/llmsim/`` (any method but GET, HEAD and OPTIONS: installing or deleting fault rules,
+resetting the stats) needs one of ``--admin-key``'s keys when any is set, else one of
+``--api-key``'s keys when any is set, else nothing (a laptop keeps today's open behaviour). The
+key travels as ``Authorization: Bearer KEY``, ``X-LLMSim-Admin-Key: KEY`` or ``api-key: KEY``;
+wrong or missing → 401 in the API's envelope. Reads stay open: ``GET /llmsim/stats``,
+``/metrics``, ``/llmsim/capacity``, ``/llmsim/faults`` and the dashboard change nothing, a
+Prometheus scraper or a browser opening the dashboard cannot easily send a key, and the one
+credential a read could show (a fault rule's ``api_key``) is masked when keys are configured.
 
 Scenario API::
 
@@ -45,7 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["register", "FAULT_HEADER", "is_api_path"]
 
 FAULT_HEADER = "x-llmsim-fault"
+ADMIN_HEADER = "x-llmsim-admin-key"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # what /llmsim/* serves without a key
 MAX_ENGINES = 1024  # per-model engines; model ids come from clients, the rest share one
+QUEUE_WATCH_S = 0.05  # while requests queue for a sequence: how often to look for gone clients
 
 
 def is_api_path(path: str) -> bool:
@@ -116,6 +129,39 @@ def _auth_hook(keys: frozenset[str]) -> Any:
     return auth
 
 
+def is_admin_change(req: Request) -> bool:
+    """A request that changes simulator state under ``/llmsim/`` (see the module doc)."""
+    return req.path.startswith("/llmsim/") and req.method not in READ_METHODS
+
+
+def check_admin_key(keys: frozenset[str], admin: bool, req: Request) -> None:
+    """Raise a 401 unless ``req`` (an admin change) carries one of ``keys``; ``admin`` says
+    whether they are ``--admin-key`` keys (else ``--api-key`` keys stand in for them)."""
+    if not is_admin_change(req):
+        return
+    key = req.headers.get(ADMIN_HEADER, "").strip() or req.api_key
+    name, flag = ("admin key", "--admin-key") if admin else ("API key", "--api-key")
+    if key is None:
+        raise APIError(401, f"You didn't provide an {name}. Changes under /llmsim/ (fault "
+                       f"rules, stats reset) require one of the {flag} keys: send it in an "
+                       "Authorization header using Bearer auth (i.e. Authorization: Bearer "
+                       "YOUR_KEY) or in an X-LLMSim-Admin-Key header.",
+                       type="invalid_request_error", code=None)
+    if key not in keys:
+        raise APIError(401, f"Incorrect {name} provided: {_mask(key)}. Changes under /llmsim/ "
+                       f"(fault rules, stats reset) require one of the {flag} keys.",
+                       type="invalid_request_error",
+                       code="invalid_admin_key" if admin else "invalid_api_key")
+
+
+def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
+    async def admin_auth(req: Request, route: Route, app: App) -> Result | None:
+        check_admin_key(keys, admin, req)
+        return None
+
+    return admin_auth
+
+
 # ------------------------------------------------------------------------------------------
 # Faults
 # ------------------------------------------------------------------------------------------
@@ -130,9 +176,16 @@ def _reset_result() -> RawResponse:
 class Faults:
     """The fault engine bound to an app: the before hook, the stream hook and the routes."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, mask_keys: bool = False) -> None:
         self.app = app
         self.engine = FaultEngine(app.config.faults, app.config.seed)
+        self.mask_keys = mask_keys  # keys are configured: reads must not show a rule's key
+
+    def _view(self, rule: Any) -> dict[str, Any]:
+        d: dict[str, Any] = rule.public()
+        if self.mask_keys and isinstance(d.get("api_key"), str):
+            d["api_key"] = _mask(d["api_key"])
+        return d
 
     def _key(self, req: Request) -> bytes:
         h = hashlib.blake2b(digest_size=16)
@@ -198,7 +251,7 @@ class Faults:
     # -- scenario API ----------------------------------------------------------------------
     def _add(self, body: Any) -> dict[str, Any]:
         try:
-            return self.engine.add_rule(body, self.app.clock.time()).public()
+            return self._view(self.engine.add_rule(body, self.app.clock.time()))
         except OverflowError as exc:
             raise APIError(429, str(exc), type="invalid_request_error",
                            code="too_many_rules") from None
@@ -218,7 +271,7 @@ class Faults:
 
     async def list(self, req: Request, app: App) -> JSONResponse:
         self.engine.expire(app.clock.time())
-        return JSONResponse({"object": "list", "data": [r.public() for r in self.engine.rules],
+        return JSONResponse({"object": "list", "data": [self._view(r) for r in self.engine.rules],
                              "fired": dict(self.engine.fired)})
 
     def _find(self, rid: str) -> Any:
@@ -228,7 +281,7 @@ class Faults:
         raise APIError(404, f"No fault rule with id '{rid}'.", param="id", code="not_found")
 
     async def get_one(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse(self._find(req.params["id"]).public())
+        return JSONResponse(self._view(self._find(req.params["id"])))
 
     async def delete_all(self, req: Request, app: App) -> JSONResponse:
         return JSONResponse({"object": "list", "deleted": self.engine.clear()})
@@ -316,34 +369,38 @@ def _chain_close(res: StreamResponse, fn: Any) -> None:
 class Slot:
     """One admitted sequence; :meth:`release` is idempotent (stream end, close, abort)."""
 
-    __slots__ = ("engine", "done")
+    __slots__ = ("engine", "cap", "done")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cap: Capacity) -> None:
         self.engine = engine
+        self.cap = cap
         self.done = False
 
     def release(self, *_: Any) -> None:
         if self.done:
             return
         self.done = True
-        _release(self.engine)
-
-
-def _release(engine: Engine) -> None:
-    while (waiter := engine.release()) is not None:
-        if not waiter.done():
-            waiter.set_result(None)  # the sequence passes to the oldest live waiter
-            return
-        # that waiter's client left after being handed the sequence: pass it on
+        self.cap.release(self.engine)
 
 
 class Capacity:
-    """Capacity hooks: wait for a sequence in ``before``, pace and release in the stream."""
+    """Capacity hooks: wait for a sequence in ``before``, pace and release in the stream.
+
+    A queued request whose client left is dropped at once, not when its turn comes: a reset
+    connection cancels the wait directly (``connection_lost`` cancels the handler), and one
+    the client closed (EOF, which the transport keeps open for half-closing clients) is
+    found by a watch that runs every ``QUEUE_WATCH_S`` while anybody waits and asks the
+    server (``app.extensions["drop_departed"]``) to close the connections of waiting clients
+    that sent EOF; that close cancels the wait the same way, so the queue slot and the
+    ``queue_depth`` gauge are freed within one watch period.
+    """
 
     def __init__(self, app: App) -> None:
         self.app = app
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
+        self.waiting: dict[asyncio.Future[None], str] = {}  # queued HTTP waiter → client
+        self._watch: asyncio.TimerHandle | None = None
 
     def engine(self, model: str) -> Engine:
         eng = self.engines.get(model)
@@ -364,6 +421,18 @@ class Capacity:
                 self.engines[model] = eng
         return eng
 
+    def _gauge(self, eng: Engine) -> None:
+        self.app.stats.set_gauge("queue_depth", eng.name or None, len(eng.waiting))
+
+    def release(self, eng: Engine) -> None:
+        """A sequence ended: it passes to the oldest live waiter, or goes idle."""
+        while (waiter := eng.release()) is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+            # that waiter's client left after being handed the sequence: pass it on
+        self._gauge(eng)
+
     async def before(self, req: Request, route: Route, app: App) -> Result | None:
         if not is_api_path(req.path):
             return None
@@ -375,16 +444,37 @@ class Capacity:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             if not eng.enqueue(fut):
                 raise self.overloaded(req)
+            self._gauge(eng)
+            if req.transport == "http" and req.client:
+                self.waiting[fut] = req.client
+                self._arm_watch()
             try:
                 await fut
             except BaseException:
                 if fut.done() and not fut.cancelled():
-                    _release(eng)  # handed a sequence but gone before using it
+                    self.release(eng)  # handed a sequence but gone before using it
                 else:
                     eng.forget(fut)
+                    self._gauge(eng)
                 raise
-        req.notes["slot"] = Slot(eng)
+            finally:
+                self.waiting.pop(fut, None)
+        req.notes["slot"] = Slot(eng, self)
         return None
+
+    def _arm_watch(self) -> None:
+        if self._watch is None and "drop_departed" in self.app.extensions:
+            self._watch = asyncio.get_running_loop().call_later(QUEUE_WATCH_S, self._tick)
+
+    def _tick(self) -> None:
+        self._watch = None
+        clients = {c for f, c in self.waiting.items() if not f.done()}
+        if not clients:
+            return
+        try:
+            self.app.extensions["drop_departed"](clients)
+        finally:
+            self._arm_watch()
 
     def overloaded(self, req: Request) -> APIError:
         status = self.config.reject_status
@@ -448,14 +538,21 @@ def _pace(plan: Iterator[PlanItem], slot: Slot, prefill: float,
 
 # ------------------------------------------------------------------------------------------
 
+def _keys(value: str | tuple[str, ...]) -> frozenset[str]:
+    return frozenset((value,) if isinstance(value, str) else value)
+
+
 def register(app: App) -> None:
     cfg = app.config
+    admin_keys = _keys(cfg.admin_key) or _keys(cfg.api_key)
+    if admin_keys:  # first: a refused change runs no other hook
+        app.before.append(_admin_hook(admin_keys, bool(cfg.admin_key)))
     if cfg.api_key:
         keys = frozenset(cfg.api_key)
         app.before.append(_auth_hook(keys))
         # the WebSocket upgrade checks the key at the handshake, as the real API does
         app.extensions["authenticate"] = lambda req: check_api_key(keys, req)
-    faults = Faults(app)
+    faults = Faults(app, mask_keys=bool(admin_keys))
     app.extensions["faults"] = faults
     app.before.append(faults.before)
     if cfg.ratelimit.enabled:

@@ -4,6 +4,10 @@ Two sets of names: ``llmsim_*`` (labels ``endpoint``, ``model``, ``transport``, 
 ``kind``, ``reason``) and vLLM-compatible ``vllm:*`` (label ``model_name``) so dashboards and
 autoscalers built for vLLM work unchanged. Histograms expose the 1-2.5-5 subset of the fine
 buckets, whose cumulative counts are exact.
+
+Label values are escaped as the format requires (backslash, double quote and line feed; every
+other character is legal inside the quotes); their number and length are bounded where they
+enter the stats (``MAX_KEYS``, ``MAX_LABEL``), so the exposition's size is bounded too.
 """
 
 from __future__ import annotations

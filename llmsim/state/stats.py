@@ -14,7 +14,12 @@ are copied into a bounded ring, and a rate over the window is the difference of 
 
 Bounded. Label values that come from clients (model ids) are capped at ``MAX_KEYS`` distinct
 values, the rest are counted under ``"other"``; error kinds are capped the same way; the ring
-holds ``RING_S`` one-second entries.
+holds ``RING_S`` one-second entries. Every label value is also capped in length where it enters
+(:func:`label`, called by :meth:`Stats.model_key` and :meth:`Stats.error`): one longer than
+``MAX_LABEL`` characters keeps its head and ends in ``~`` and a hash of the whole value, so two
+distinct long ids stay two distinct labels of ``MAX_LABEL`` characters. Every view (the
+``/llmsim/stats`` JSON keys, ``/metrics`` labels, the dashboard) reads these bounded keys, so
+64 model ids of 64 KiB cost 64 × 128 characters per series, not 4 MiB.
 
 Gauges never leak: every ``*_open`` has exactly one ``*_close`` (callers use try/finally or
 ``on_close``); a :class:`StreamTrack` closes its gauges once, whatever ends the stream.
@@ -22,6 +27,7 @@ Gauges never leak: every ``*_open`` has exactly one ``*_close`` (callers use try
 
 from __future__ import annotations
 
+import hashlib
 import time
 from bisect import bisect_left
 from collections import Counter, deque
@@ -31,9 +37,10 @@ from typing import Any
 import orjson
 
 __all__ = ["Stats", "StreamTrack", "BOUNDS", "EXPORT_BOUNDS", "HISTS", "merge", "render",
-           "quantile", "MAX_KEYS", "usage_tokens", "error_kind"]
+           "quantile", "MAX_KEYS", "MAX_LABEL", "label", "usage_tokens", "error_kind"]
 
 MAX_KEYS = 64  # distinct model ids / error kinds kept as labels; more → "other"
+MAX_LABEL = 128  # characters of a label value; longer: head + "~" + 8 hex digits of a hash
 RING_S = 64  # one-second snapshots of the totals kept for windowed rates
 WINDOW_S = 10.0  # the "recent" window for rates and windowed percentiles
 HISTS = ("ttft", "itl", "e2e")  # time to first token, inter-token gap, end-to-end
@@ -50,6 +57,16 @@ NB = len(BOUNDS) + 1  # counts per histogram, the last is the +Inf bucket; then 
 # indices into BOUNDS exposed as Prometheus ``le`` buckets
 EXPORT_BOUNDS: tuple[int, ...] = tuple(
     i for i, m in enumerate(m for _e in range(-4, 3) for m in _MANTISSAS) if m in (1.0, 2.5, 5.0))
+
+
+def label(value: str) -> str:
+    """``value`` bounded to ``MAX_LABEL`` characters: unchanged when it fits, else its first
+    ``MAX_LABEL - 9`` characters, ``~`` and 8 hex digits of a hash of the whole value (distinct
+    long values stay distinct)."""
+    if len(value) <= MAX_LABEL:
+        return value
+    h = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{value[:MAX_LABEL - 9]}~{h}"
 
 
 def usage_tokens(u: Any) -> tuple[int, int]:
@@ -275,10 +292,12 @@ class Stats:
 
     # -- counters --------------------------------------------------------------------------
     def model_key(self, model: str | None) -> str:
-        """The label value for ``model``: itself for the first ``MAX_KEYS`` ids, else
-        ``"other"``; ``""`` when unknown."""
+        """The label value for ``model``: itself (bounded in length by :func:`label`) for the
+        first ``MAX_KEYS`` ids, else ``"other"``; ``""`` when unknown."""
         if not model:
             return ""
+        if len(model) > MAX_LABEL:
+            model = label(model)
         if model in self._models:
             return model
         if len(self._models) < MAX_KEYS:
@@ -300,6 +319,8 @@ class Stats:
     def error(self, kind: str, n: int = 1) -> None:
         """Count an error by kind (``rate_limit_exceeded``, ``fault_disconnect``, ...)."""
         errors = self.errors
+        if len(kind) > MAX_LABEL:
+            kind = label(kind)
         if kind not in errors and len(errors) >= MAX_KEYS:
             kind = "other"
         errors[kind] += n
