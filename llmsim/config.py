@@ -90,6 +90,11 @@ class ResponsesConfig:
                                  metavar="N")
     store_ttl_s: float = opt(3600.0, "Seconds a stored response is kept (0 = until evicted by "
                              "the entry cap).", metavar="S")
+    shared_store_max_bytes: int = opt(256 * 1024 * 1024, "--workers > 1: most bytes of "
+                                      "stored responses in the shared on-disk store (the "
+                                      "oldest are evicted first, as for store_max_entries; the "
+                                      "newest is always kept); 0 = bounded by "
+                                      "store_max_entries only.", metavar="BYTES")
     max_chain_depth: int = opt(256, "previous_response_id chains: most earlier turns kept as "
                                "context (older turns are forgotten, bounding memory).",
                                metavar="N")

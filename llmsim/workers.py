@@ -27,7 +27,9 @@ Stored responses. A follow-up (``previous_response_id``, ``GET /v1/responses/{id
 on any worker, and with a kernel-balanced port no worker can route by id, so ``--workers > 1``
 keeps stored responses in one shared on-disk store (:mod:`llmsim.state.shared`, sqlite in the
 state dir) instead of per-process memory. The state dir is a fresh temporary directory removed
-when the parent exits.
+when the parent exits. When a worker dies, the parent marks the unfinished responses that
+worker was running ``failed`` in the shared store at once (each unfinished response records
+its owner's pid), before restarting the slot: every worker then answers the same for them.
 """
 
 from __future__ import annotations
@@ -298,6 +300,7 @@ class Supervisor:
             lived = time.monotonic() - self.started_at.pop(pid, time.monotonic())
             if self.stopping:
                 continue
+            self._fail_orphans(pid)
             if lived >= HEALTHY_S:
                 self.failures[slot] = 0
             delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** self.failures[slot])
@@ -306,6 +309,18 @@ class Supervisor:
                    if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}")
             self.log(f"worker {slot} (pid {pid}) ended ({how}); restarting in {delay:.1f} s")
             self.restart_at[slot] = time.monotonic() + delay
+
+    def _fail_orphans(self, pid: int) -> None:
+        """The worker ``pid`` died: its unfinished responses become ``failed`` everywhere."""
+        from .api.responses.state import fail_orphans
+
+        try:
+            n = fail_orphans(self.cfg.responses, self.state_dir, pid)
+        except Exception as exc:  # the supervisor must survive a store it cannot update
+            self.log(f"could not mark the responses of worker pid {pid} failed: {exc!r}")
+            return
+        if n:
+            self.log(f"marked {n} unfinished response(s) of worker pid {pid} failed")
 
     def run(self, on_ready: Any = None) -> int:
         rfd, wfd = os.pipe()

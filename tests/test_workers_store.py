@@ -160,9 +160,10 @@ async def test_background_seen_cancelled_and_deleted_from_the_other_worker(
     bg = {"background": True, "max_output_tokens": 400}
     rid = (await _call(a, _create("x", **bg))).data["id"]
     rec = await _running(a, rid)
-    # b sees the snapshot published at creation; it cannot follow it live
+    # b sees the snapshot published when it started (the owner's status); it cannot follow
+    # it live
     got = (await _call(b, _req(None, "GET", f"/v1/responses/{rid}"))).data
-    assert got["status"] == "queued" and got["background"] is True
+    assert got["status"] == rec.status == "in_progress" and got["background"] is True
     st, err = await _error(b, _req(None, "GET", f"/v1/responses/{rid}", {"stream": ["true"]}))
     assert st == 400 and err["param"] == "stream"
     # cancel on b: a's watch picks it up and publishes the cancelled response

@@ -8,6 +8,12 @@ bounds: ``max_entries`` newest entries, ``ttl`` seconds each), backed by one sql
 in the supervisor's temporary state directory. Values are pickled (they are the server's own
 objects, never client bytes). TTLs use wall-clock time, the only clock the processes share.
 
+A shared store also has a byte budget (``max_bytes``, 0 = none): the pickled sizes of its
+entries are summed and the oldest entries are evicted until the sum fits (the newest entry is
+always kept, so one entry may exceed it: entries are bounded by the request body limit). An
+entry may name an ``owner`` (the pid of the worker that must still finish it): when a worker
+dies, the supervisor rewrites the entries it owned (:meth:`SharedStore.update_owned`).
+
 ``on_evict`` is called for entries *this* process drops for a bound (the entry's owner may be
 another worker; a running background response is stopped by the worker running it when it
 finds its entry gone).
@@ -42,12 +48,20 @@ def shared_dir() -> str | None:
 
 
 def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float],
-               on_evict: Callable[[str, Any], None] | None = None) -> Any:
-    """A :class:`BoundedStore` (one process) or a :class:`SharedStore` (``--workers > 1``)."""
-    d = shared_dir()
+               on_evict: Callable[[str, Any], None] | None = None, *, max_bytes: int = 0,
+               state_dir: str | None = None) -> Any:
+    """A :class:`BoundedStore` (one process) or a :class:`SharedStore` (``--workers > 1``, or
+    ``state_dir`` given: the supervisor's own view). ``max_bytes`` bounds a shared store only."""
+    d = state_dir or shared_dir()
     if d is None:
         return BoundedStore(max_entries, ttl, now, on_evict)
-    return SharedStore(os.path.join(d, "store.sqlite3"), name, max_entries, ttl, on_evict)
+    return SharedStore(os.path.join(d, "store.sqlite3"), name, max_entries, ttl, on_evict,
+                       max_bytes=max_bytes)
+
+
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
+"""The write-ahead log is truncated back to this size after a checkpoint (sqlite otherwise keeps
+the file at its largest size: big entries written between checkpoints would stay on disk)."""
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -68,6 +82,7 @@ def connect(path: str) -> sqlite3.Connection:
                 raise
             time.sleep(0.02)
     db.execute("PRAGMA synchronous=OFF")
+    db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     return db
 
 
@@ -80,18 +95,25 @@ class SharedStore(Generic[V]):
     """A bounded TTL key/value table shared by processes (sqlite, WAL mode)."""
 
     def __init__(self, path: str, name: str, max_entries: int, ttl: float,
-                 on_evict: Callable[[str, V], None] | None = None) -> None:
+                 on_evict: Callable[[str, V], None] | None = None, *,
+                 max_bytes: int = 0) -> None:
         self.max_entries = max(0, int(max_entries))
+        self.max_bytes = max(0, int(max_bytes))
         self.ttl = float(ttl)
         self.on_evict = on_evict
         self.evicted = 0
         self.table = "s_" + "".join(c if c.isalnum() else "_" for c in name)
         self._db = connect(path)
-        self._db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k TEXT PRIMARY KEY, "
-                         "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL)")
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_seq ON {self.table}(seq)")
+        t = self.table
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS {t} (k TEXT PRIMARY KEY, "
+                         "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL, "
+                         "size INTEGER NOT NULL, owner INTEGER)")
+        # (seq, size): eviction order, and SUM(size) reads this index instead of the rows
+        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_seq ON {t}(seq, size)")
         # purge() runs after every put: without this index it scans the table (~1 ms at 1024)
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_born ON {self.table}(born)")
+        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_born ON {t}(born)")
+        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_owner ON {t}(owner) "
+                         "WHERE owner IS NOT NULL")
 
     @property
     def enabled(self) -> bool:
@@ -102,35 +124,60 @@ class SharedStore(Generic[V]):
         return int(self._db.execute(f"SELECT COUNT(*) FROM {self.table}").fetchone()[0])
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key) is not None
+        return isinstance(key, str) and self.has(key)
 
-    def _drop(self, rows: list[tuple[str, bytes]]) -> None:
-        for k, v in rows:
+    @property
+    def nbytes(self) -> int:
+        """The pickled size of every entry (what ``max_bytes`` bounds)."""
+        return int(self._db.execute(f"SELECT COALESCE(SUM(size), 0) FROM {self.table}")
+                   .fetchone()[0])
+
+    def _drop(self, keys: list[str]) -> None:
+        for k in keys:
+            row = None
+            if self.on_evict is not None:
+                row = self._db.execute(f"SELECT v FROM {self.table} WHERE k = ?",
+                                       (k,)).fetchone()
             self._db.execute(f"DELETE FROM {self.table} WHERE k = ?", (k,))
             self.evicted += 1
-            if self.on_evict is not None:
-                self.on_evict(k, pickle.loads(v))
+            if self.on_evict is not None and row is not None:
+                self.on_evict(k, pickle.loads(row[0]))
 
     def purge(self) -> None:
         """Drop expired entries."""
         if self.ttl <= 0:
             return
-        rows = self._db.execute(f"SELECT k, v FROM {self.table} WHERE born <= ?",
+        rows = self._db.execute(f"SELECT k FROM {self.table} WHERE born <= ?",
                                 (time.time() - self.ttl,)).fetchall()
-        self._drop(rows)
+        self._drop([k for (k,) in rows])
 
-    def put(self, key: str, value: V) -> bool:
+    def put(self, key: str, value: V, owner: int | None = None) -> bool:
+        """Insert or replace ``key`` as the newest entry (``owner``: see the module doc)."""
         if self.max_entries <= 0:
             return False
         db = self._db
+        t = self.table
+        blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
         db.execute("BEGIN IMMEDIATE")
         try:
-            seq = db.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {self.table}").fetchone()[0]
-            db.execute(f"INSERT OR REPLACE INTO {self.table} (k, born, seq, v) VALUES (?,?,?,?)",
-                       (key, time.time(), seq, pickle.dumps(value, pickle.HIGHEST_PROTOCOL)))
-            n = db.execute(f"SELECT COUNT(*) FROM {self.table}").fetchone()[0]
-            over = db.execute(f"SELECT k, v FROM {self.table} ORDER BY seq LIMIT ?",
-                              (max(0, n - self.max_entries),)).fetchall()
+            seq = db.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {t}").fetchone()[0]
+            db.execute(f"INSERT OR REPLACE INTO {t} (k, born, seq, v, size, owner) "
+                       "VALUES (?,?,?,?,?,?)", (key, time.time(), seq, blob, len(blob), owner))
+            n = db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            over = [k for (k,) in db.execute(f"SELECT k FROM {t} ORDER BY seq LIMIT ?",
+                                             (max(0, n - self.max_entries),)).fetchall()]
+            if self.max_bytes:
+                excess = db.execute(f"SELECT SUM(size) FROM {t}").fetchone()[0] - \
+                    self.max_bytes
+                if excess > 0:  # oldest first, never the entry just written
+                    counted = set(over)
+                    for k, size in db.execute(f"SELECT k, size FROM {t} WHERE seq < ? "
+                                              "ORDER BY seq", (seq,)).fetchall():
+                        if excess <= 0:
+                            break
+                        excess -= size
+                        if k not in counted:
+                            over.append(k)
             self._drop(over)
             db.execute("COMMIT")
         except BaseException:
@@ -138,6 +185,37 @@ class SharedStore(Generic[V]):
             raise
         self.purge()
         return True
+
+    def update(self, key: str, value: V, owner: int | None = None) -> bool:
+        """Replace the value of ``key`` in place (same age and eviction rank); False if absent.
+        Not bounded by ``max_bytes`` (use it for values no bigger than the old one)."""
+        blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        cur = self._db.execute(f"UPDATE {self.table} SET v = ?, size = ?, owner = ? "
+                               "WHERE k = ?", (blob, len(blob), owner, key))
+        return cur.rowcount > 0
+
+    def update_owned(self, owner: int, fn: Callable[[V], V]) -> int:
+        """Replace every entry ``owner`` holds by ``fn(value)`` (no owner any more), atomically
+        (another process writing one of them meanwhile waits); returns how many."""
+        db = self._db
+        t = self.table
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = db.execute(f"SELECT k, v FROM {t} WHERE owner = ?", (owner,)).fetchall()
+            for k, v in rows:
+                blob = pickle.dumps(fn(pickle.loads(v)), pickle.HIGHEST_PROTOCOL)
+                db.execute(f"UPDATE {t} SET v = ?, size = ?, owner = NULL WHERE k = ?",
+                           (blob, len(blob), k))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return len(rows)
+
+    def has(self, key: str) -> bool:
+        """``key`` is stored (and not expired), without reading its value."""
+        row = self._db.execute(f"SELECT born FROM {self.table} WHERE k = ?", (key,)).fetchone()
+        return row is not None and not (self.ttl > 0 and row[0] <= time.time() - self.ttl)
 
     def get(self, key: str) -> V | None:
         row = self._db.execute(f"SELECT born, v FROM {self.table} WHERE k = ?",
@@ -161,3 +239,6 @@ class SharedStore(Generic[V]):
 
     def clear(self) -> None:
         self._db.execute(f"DELETE FROM {self.table}")
+
+    def close(self) -> None:
+        self._db.close()

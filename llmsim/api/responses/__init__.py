@@ -65,13 +65,26 @@ def _lookup(st: ResponsesState, rid: str) -> Record | Snapshot | None:
     if sh is None:
         return rec
     if rec is not None:
-        if sh.deleted(rid):
-            st.store.pop(rid)
-            if rec.pump is not None:
-                rec.cancel()
+        if rec.shared is not None and (rec.terminal or rec.stream is not None) and \
+                sh.gone(rid):
+            # published, then deleted or evicted from the shared store (its byte budget):
+            # no other worker answers for it, so neither does its owner
+            _forget(st, rec)
             return None
         return rec
     return sh.get(rid)
+
+
+def _forget(st: ResponsesState, rec: Record) -> None:
+    """``rec`` is gone from the shared store: drop it here too and stop it if it runs, without
+    publishing it back (``rec.shared`` stays: its children still read their chain there)."""
+    st.store.pop(rec.id)
+    if rec.pump is not None:
+        sh, rec.shared = rec.shared, None
+        try:
+            rec.cancel()
+        finally:
+            rec.shared = sh
 
 
 def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record | Snapshot:
@@ -275,9 +288,9 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
             nonlocal watch
             watch = None
             cmd = sh.command(rec.id)
-            if cmd == DELETED:
-                st.store.pop(rec.id)
-            if cmd in (CANCEL, DELETED):
+            if cmd == DELETED:  # deleted or evicted through another worker
+                _forget(st, rec)
+            elif cmd == CANCEL:
                 rec.cancel()
             elif rec.pump is not None:
                 watch = app.clock.call_later(WATCH_S, check)

@@ -10,14 +10,23 @@ same sequence numbers at the same moments as the original.
 
 With ``--workers > 1`` (:func:`llmsim.state.shared.shared_dir` set) a stored record is also
 published as a :class:`Snapshot` (plain, picklable data) in a :class:`SharedResponses` store
-every worker reads: when it is created, when it reaches a terminal state, and when it is
-deleted (a tombstone). The worker that created a response stays its owner (it runs it and
-keeps the live record); other workers answer from the snapshot when their own store misses.
-With one process none of this exists (``ResponsesState.shared is None``).
+every worker reads: when it is created, when it starts (background), when it reaches a
+terminal state, and when it is deleted (a tombstone). The worker that created a response stays
+its owner (it runs it and keeps the live record); other workers answer from the snapshot when
+their own store misses. A snapshot holds only its own turn (input and output items) and the id
+of its previous response: a ``previous_response_id`` chain is read by following those ids
+through the shared store (at most ``max_chain_depth`` of them), never copied into each
+snapshot, so a chain costs its items once. Every worker, the owner included, reads the
+published part of a chain from the shared store, so a turn evicted there is forgotten by all
+alike; a deleted response stays there as a hidden link of its descendants' chains (as a
+deleted record does in memory). When a worker dies, the supervisor marks the unfinished
+responses it owned ``failed`` (:meth:`SharedResponses.fail_owner`), so every worker answers
+the same for them. With one process none of this exists (``ResponsesState.shared is None``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -32,10 +41,11 @@ from .sim import RespOut
 
 if TYPE_CHECKING:
     from ...app import App
+    from ...config import ResponsesConfig
     from ...flow import Pump
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
-           "FAILED_CODES"]
+           "FAILED_CODES", "fail_orphans"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -104,9 +114,14 @@ class Record:
         r: Record | Snapshot | None = self
         while r is not None:
             if type(r) is Snapshot:  # a parent created on another worker
-                base = list(r.turns[-(max_depth - len(chain)):])
+                base = r.turns(max_depth - len(chain))
                 break
             assert type(r) is Record
+            if chain and r.shared is not None:
+                # --workers > 1: a published parent; read the rest of the chain from the
+                # shared store as every other worker does (same context on every worker)
+                base = r.shared.turns(r.id, max_depth - len(chain))
+                break
             chain.append(r)
             if len(chain) >= max_depth and r.parent is not None:
                 r.parent = None  # bound the memory a long chain keeps alive
@@ -134,8 +149,10 @@ class Record:
         if etype == "response.output_item.done":
             self.done_output.append(data["item"])
         elif etype == "response.in_progress":
-            if self.status in ACTIVE:
+            if self.status == "queued":
                 self.status = "in_progress"
+                if self.shared is not None:  # other workers answer in_progress too
+                    self.shared.publish(self)
         elif etype in ("response.completed", "response.incomplete"):
             self.finish(data["response"])
         elif etype == "response.failed" and self.failed_event is None:
@@ -226,20 +243,34 @@ class Record:
 class Snapshot:
     """A stored response as every worker sees it (``--workers > 1``): plain data, pickled.
 
-    ``response`` is the Response object at the last publication (created, terminal),
-    ``turns`` the chain's items per turn (terminal only; what ``previous_response_id``
-    needs), ``echo``/``out``/``cancel_seq``/``failed_event`` what a terminal replay
-    (``GET ?stream=true``) re-renders from, ``t0`` the wall-clock creation time.
+    ``response`` is the Response object at the last publication (created, started, terminal),
+    ``input_items`` this turn's input, ``parent_id`` the previous response in the shared store
+    (its chain is followed from there, see :meth:`turns`), ``local_turns`` the turns of
+    previous responses that are not in the shared store (WebSocket ``store=false`` turns
+    cached by the connection; oldest first), ``echo``/``out``/``cancel_seq``/``failed_event``
+    what a terminal replay (``GET ?stream=true``) re-renders from, ``owner`` the pid of the
+    worker running it while it is unfinished, ``deleted`` a hidden chain link.
+    ``source`` (not pickled) is the :class:`SharedResponses` it was read from.
     """
 
-    __slots__ = ("id", "response", "input_items", "turns", "depth", "background", "warmup",
-                 "echo", "out", "cancel_seq", "failed_event")
+    __slots__ = ("id", "response", "input_items", "parent_id", "local_turns", "depth",
+                 "background", "warmup", "echo", "out", "cancel_seq", "failed_event", "owner",
+                 "deleted", "source")
 
-    def __init__(self, rec: Record, turns: list[list[Item]] | None) -> None:
+    def __init__(self, rec: Record, owner: int, max_depth: int) -> None:
         self.id = rec.id
         self.response = rec.response()
         self.input_items = rec.input_items
-        self.turns = turns
+        self.local_turns: list[list[Item]] = []
+        p = rec.parent
+        while type(p) is Record and p.shared is None:
+            if len(self.local_turns) >= max_depth - 1:
+                p = None  # the chain is longer than the context keeps
+                break
+            self.local_turns.append(p.input_items + p.output_items())
+            p = p.parent
+        self.local_turns.reverse()
+        self.parent_id = p.id if p is not None else None
         self.depth = rec.depth
         self.background = rec.background
         self.warmup = rec.warmup
@@ -247,6 +278,17 @@ class Snapshot:
         self.out = rec.out
         self.cancel_seq = rec.cancel_seq
         self.failed_event = rec.failed_event
+        self.owner: int | None = None if rec.terminal else owner
+        self.deleted = False
+        self.source: SharedResponses | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if k != "source"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.source = None
 
     @property
     def status(self) -> str:
@@ -259,10 +301,27 @@ class Snapshot:
     def output_items(self) -> list[Item]:
         return list(self.response["output"])
 
+    def turns(self, max_depth: int) -> list[list[Item]]:
+        """The chain's turns up to and including this one, oldest first, at most
+        ``max_depth``: earlier turns are read by following ``parent_id`` through the shared
+        store (a turn evicted from it ends the chain there)."""
+        out: list[list[Item]] = []
+        s: Snapshot | None = self
+        while s is not None and len(out) < max_depth:
+            out.append(s.input_items + s.output_items())
+            for turn in reversed(s.local_turns):
+                if len(out) >= max_depth:
+                    break
+                out.append(turn)
+            src = s.source
+            s = src.link(s.parent_id) if src is not None and s.parent_id is not None else None
+        out.reverse()
+        return out
+
     def context(self, max_depth: int) -> list[Item]:
-        """The chained items (as :meth:`Record.context`), from the published turns."""
+        """The chained items (as :meth:`Record.context`)."""
         items: list[Item] = []
-        for turn in (self.turns or [])[-max_depth:]:
+        for turn in self.turns(max_depth):
             items.extend(turn)
         return items
 
@@ -278,7 +337,27 @@ class Snapshot:
         rec.failed_event = self.failed_event
         return rec
 
+    def orphaned(self) -> Snapshot:
+        """This unfinished response as ``failed``, because the worker running it died: the
+        real API's failed background response (``error.code`` server_error, the output known
+        so far). A replay shows the events up to its last published status, then
+        ``response.failed``."""
+        if self.terminal:
+            return self
+        resp = render.snapshot(self.echo, self.out, "failed", self.output_items(),
+                               error={"code": "server_error", "message": ORPHANED_MESSAGE})
+        # created (+ queued if background) (+ in_progress if it had started), then failed
+        seq = 1 + int(self.background) + int(self.status == "in_progress")
+        self.failed_event = {"type": "response.failed", "sequence_number": seq,
+                             "response": resp}
+        self.response = resp
+        self.owner = None
+        return self
 
+
+ORPHANED_MESSAGE = ("An error occurred while processing your request. You can retry your "
+                    "request, or contact us through our help center at help.openai.com if the "
+                    "error persists. (The llmsim worker running this response ended.)")
 DELETED = "deleted"
 CANCEL = "cancel"
 
@@ -286,52 +365,110 @@ CANCEL = "cancel"
 class SharedResponses:
     """Stored responses published to every worker (see the module doc).
 
-    Two shared tables with the local store's bounds: ``snapshots`` (id → :class:`Snapshot`)
-    and ``control`` (id → ``"deleted"`` tombstone or ``"cancel"`` request for the owner).
-    Ordering makes deletes race-free without locks: a delete writes its tombstone *before*
-    dropping the snapshot, and a publication checks for a tombstone *after* writing.
+    Two shared tables with the local store's bounds: ``snapshots`` (id → :class:`Snapshot`,
+    also bounded to ``max_bytes``) and ``control`` (id → ``"deleted"`` tombstone or
+    ``"cancel"`` request for the owner). Ordering makes deletes race-free without locks: a
+    delete writes its tombstone *before* hiding the snapshot, and a publication checks for a
+    tombstone *after* writing. ``owner`` is this worker's pid (what the supervisor knows).
     """
 
-    def __init__(self, max_entries: int, ttl: float, max_depth: int) -> None:
+    def __init__(self, max_entries: int, ttl: float, max_depth: int, max_bytes: int = 0, *,
+                 state_dir: str | None = None) -> None:
         now = time.time
         self.max_depth = max_depth
-        self.snapshots: Any = shared.open_store("responses", max_entries, ttl, now)
-        self.control: Any = shared.open_store("responses_ctl", max_entries, ttl, now)
+        self.owner = os.getpid()
+        self.snapshots: Any = shared.open_store("responses", max_entries, ttl, now,
+                                                max_bytes=max_bytes, state_dir=state_dir)
+        self.control: Any = shared.open_store("responses_ctl", max_entries, ttl, now,
+                                              state_dir=state_dir)
 
     def publish(self, rec: Record) -> bool:
-        """Write ``rec``'s snapshot; False (and nothing kept) when it was deleted meanwhile."""
-        turns = rec.turns(self.max_depth) if rec.terminal else None
-        self.snapshots.put(rec.id, Snapshot(rec, turns))
+        """Write ``rec``'s snapshot; False (and hidden) when it was deleted meanwhile."""
+        snap = Snapshot(rec, self.owner, self.max_depth)
+        self.snapshots.put(rec.id, snap, snap.owner)
         if self.control.get(rec.id) == DELETED:
-            self.snapshots.pop(rec.id)
+            self._hide(snap)
             return False
         return True
 
+    def _hide(self, snap: Snapshot) -> None:
+        snap.deleted = True
+        snap.owner = None
+        self.snapshots.update(snap.id, snap)
+
+    def link(self, rid: str) -> Snapshot | None:
+        """The snapshot of ``rid`` as a link of a chain (a deleted one too)."""
+        snap = self.snapshots.get(rid)
+        if snap is not None:
+            snap.source = self
+        return snap  # type: ignore[no-any-return]
+
+    def turns(self, rid: str, max_depth: int) -> list[list[Item]]:
+        """The turns of ``rid``'s chain (:meth:`Snapshot.turns`); none if it is not stored."""
+        snap = self.link(rid)
+        return snap.turns(max_depth) if snap is not None else []
+
     def get(self, rid: str) -> Snapshot | None:
         """The published snapshot of ``rid`` (None if unknown or deleted)."""
-        snap = self.snapshots.get(rid)
-        if snap is None or self.control.get(rid) == DELETED:
+        snap = self.link(rid)
+        if snap is None or snap.deleted or self.control.get(rid) == DELETED:
             return None
-        return snap  # type: ignore[no-any-return]
+        return snap
+
+    def gone(self, rid: str) -> bool:
+        """``rid`` (published by this worker) was deleted or evicted from the shared store:
+        no worker can answer for it any more, so its owner must not either."""
+        return self.control.get(rid) == DELETED or not self.snapshots.has(rid)
 
     def deleted(self, rid: str) -> bool:
         return bool(self.control.get(rid) == DELETED)
 
     def command(self, rid: str) -> str | None:
-        """The pending control entry of ``rid`` (``"deleted"``, ``"cancel"`` or None)."""
-        return self.control.get(rid)  # type: ignore[no-any-return]
+        """The pending control entry of ``rid`` (``"deleted"``, ``"cancel"`` or None); an
+        entry evicted from the shared store reads as ``"deleted"``."""
+        cmd = self.control.get(rid)
+        if cmd is None and not self.snapshots.has(rid):
+            return DELETED
+        return cmd  # type: ignore[no-any-return]
 
     def delete(self, rid: str, known: bool) -> bool:
         """Tombstone ``rid`` everywhere (``known``: this worker has it); True if it was
-        published. Unknown ids leave no tombstone (they must not push real ones out)."""
-        if not known and self.snapshots.get(rid) is None:
+        published. Unknown ids leave no tombstone (they must not push real ones out). The
+        snapshot stays as a hidden link of the chains that continue it."""
+        snap = self.snapshots.get(rid)
+        if not known and (snap is None or snap.deleted):
             return False
         self.control.put(rid, DELETED)
-        return self.snapshots.pop(rid) is not None
+        if snap is None or snap.deleted:
+            return False
+        self._hide(snap)
+        return True
 
     def request_cancel(self, rid: str) -> None:
         if self.control.get(rid) != DELETED:
             self.control.put(rid, CANCEL)
+
+    def fail_owner(self, owner: int) -> int:
+        """The worker ``owner`` died (supervisor): mark its unfinished responses ``failed``
+        (:meth:`Snapshot.orphaned`); returns how many."""
+        return int(self.snapshots.update_owned(owner, Snapshot.orphaned))
+
+    def close(self) -> None:
+        self.snapshots.close()
+        self.control.close()
+
+
+def fail_orphans(cfg: ResponsesConfig, state_dir: str, owner: int) -> int:
+    """``--workers`` supervisor: the worker ``owner`` (a pid) died; mark the unfinished
+    responses it owned failed in the shared store (0 when storage is disabled)."""
+    if cfg.store_max_entries <= 0:
+        return 0
+    sh = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s, cfg.max_chain_depth,
+                         cfg.shared_store_max_bytes, state_dir=state_dir)
+    try:
+        return sh.fail_owner(owner)
+    finally:
+        sh.close()
 
 
 class Conversation:
@@ -368,7 +505,7 @@ class ResponsesState:
         self.shared: SharedResponses | None = None
         if shared.shared_dir() is not None and cfg.store_max_entries > 0:
             self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
-                                          cfg.max_chain_depth)
+                                          cfg.max_chain_depth, cfg.shared_store_max_bytes)
 
     @staticmethod
     def _evicted(key: str, rec: Record) -> None:
