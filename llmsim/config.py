@@ -338,6 +338,11 @@ class Config:
                                   "within this many seconds (slowloris guard).", metavar="S")
     idle_timeout_s: float = opt(75.0, "Close an idle keep-alive connection after this many "
                                 "seconds.", metavar="S")
+    write_stall_timeout_s: float = opt(30.0, "Cut a connection (HTTP or WebSocket) whose "
+                                       "client has not drained the server's write buffer "
+                                       "for this many seconds (writing stayed paused): its "
+                                       "streams and capacity slots are released (0 = never).",
+                                       metavar="S")
     shutdown_grace_s: float = opt(10.0, "On SIGINT/SIGTERM, let in-flight requests finish for "
                                   "this many seconds before closing them.", metavar="S")
     # --- misc ----------------------------------------------------------------------------
@@ -589,6 +594,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError("output_tokens_min/max: need 1 <= min <= max")
     if cfg.output_tokens_mean <= 0 or cfg.output_tokens_sigma < 0:
         raise ConfigError("output_tokens_mean must be > 0 and output_tokens_sigma >= 0")
+    if cfg.write_stall_timeout_s < 0:
+        raise ConfigError("write_stall_timeout_s: must be >= 0")
     for name in ("max_body_bytes", "max_header_bytes", "max_pipelined"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1")

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["sse_chat", "sse_responses", "ws_text", "ws_text_frame", "DONE_FRAME",
+__all__ = ["sse_chat", "sse_responses", "sse_error", "ws_text", "ws_text_frame", "DONE_FRAME",
            "KEEPALIVE_FRAME", "chunk"]
 
 _dumps = orjson.dumps
@@ -31,6 +31,18 @@ def sse_responses(etype: str, data: Any) -> bytes:
     if prefix is None:
         prefix = _EVENT_PREFIX[etype] = b"event: " + etype.encode() + b"\ndata: "
     return prefix + _dumps(data) + b"\n\n"
+
+
+def sse_error(kind: str, err: dict[str, Any], seq: int) -> bytes:
+    """The terminal frames of an SSE stream that failed after its first byte, from the error
+    envelope's fields ``err`` (message, type, param, code): for chat the error chunk then
+    ``[DONE]`` (as the real API ends a failed stream), for Responses the ``error`` event
+    (the SDK's ResponseErrorEvent) numbered ``seq``."""
+    if kind == "chat":
+        return sse_chat("chunk", {"error": err}) + DONE_FRAME
+    return sse_responses("error", {"type": "error", "code": err.get("code"),
+                                   "message": err.get("message"), "param": err.get("param"),
+                                   "sequence_number": seq})
 
 
 def ws_text(etype: str, data: Any) -> bytes:

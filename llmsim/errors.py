@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["APIError", "invalid", "missing", "not_found_model", "envelope"]
+__all__ = ["APIError", "invalid", "missing", "not_found_model", "envelope", "server_error"]
 
 _STATUS_TYPE = {
     400: "invalid_request_error",
@@ -81,3 +81,10 @@ def missing(param: str) -> APIError:
 def not_found_model(model: str) -> APIError:
     return APIError(404, f"The model `{model}` does not exist or you do not have access to it.",
                     type="invalid_request_error", param="model", code="model_not_found")
+
+
+def server_error() -> APIError:
+    """The real API's 500 for a failure on the server's side (a bug, never the client's
+    input): the answer to any exception between dispatch and the last byte."""
+    return APIError(500, "The server had an error while processing your request. Sorry about "
+                    "that!", type="server_error", code="server_error")

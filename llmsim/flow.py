@@ -10,23 +10,35 @@ reports ``paused`` and the pump stops pulling, so the simulated model stops gene
 of growing a buffer. ``resume()`` (called from ``resume_writing``) shifts the remaining schedule
 by the time spent paused and carries on. A vanished client calls ``cancel()``: the timer is
 dropped, the plan is closed (its ``finally`` blocks run) and ``on_done`` fires exactly once.
+
+Failures. The stream has started (its head is on the wire), so nothing that goes wrong inside
+the pump (the plan raising, an event the encoder cannot represent, a broken observer) may
+escape: it would be lost in a clock callback and leave the stream open forever. Any exception
+writes the frames already encoded, then the terminal error frame ``error_frame`` renders in the
+transport's dialect (SSE ``error`` event, chat error chunk, WebSocket error event), and ends
+the stream with reason ``"error"``, so ``on_done`` releases everything as on any other end.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .clock import Clock, Timer
+from .errors import APIError, server_error
 from .stream import DISCONNECT, STOP, EventStream
 
 __all__ = ["Pump", "Sink", "NullSink"]
+
+log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 
 
 class Sink(Protocol):
-    """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session."""
+    """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session.
+    ``write_events`` consumes the list before it returns (the pump reuses it)."""
 
     paused: bool
 
@@ -49,21 +61,26 @@ class NullSink:
 
 class Pump:
     """Paces one stream into one sink. ``on_done(reason)`` fires once: ``"completed"``,
-    ``"stopped"`` (truncated by plan), ``"disconnect"`` (fault) or ``"cancelled"``."""
+    ``"stopped"`` (truncated by plan), ``"disconnect"`` (fault), ``"error"`` (the pump
+    failed: see the module doc), or the reason given to :meth:`cancel` (``"cancelled"``).
+    ``error_frame(err, sequence_number)`` renders the terminal error frame written when the
+    pump fails (None: write nothing, e.g. no client)."""
 
-    __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "_timer",
-                 "_pending", "_paused_at", "_done")
+    __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
+                 "_timer", "_pending", "_paused_at", "_done")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
                  on_done: Callable[[str], None] | None = None,
-                 observer: Callable[[str, Any, float], None] | None = None) -> None:
+                 observer: Callable[[str, Any, float], None] | None = None,
+                 error_frame: Callable[[APIError, int], bytes] | None = None) -> None:
         self.stream = stream
         self.clock = clock
         self.encode = encode
         self.sink = sink
         self.on_done = on_done
         self.observer = observer
+        self.error_frame = error_frame
         self._timer: Timer | None = None
         self._pending: tuple[float, str, Any] | None = None
         self._paused_at: float | None = None
@@ -85,9 +102,9 @@ class Pump:
             self._pending = (d + paused_for, t, x)
         self._tick()
 
-    def cancel(self) -> None:
-        """The client went away: stop everything, release the plan."""
-        self._finish("cancelled")
+    def cancel(self, reason: str = "cancelled") -> None:
+        """The client went away (or was cut): stop everything, release the plan."""
+        self._finish(reason)
 
     def _finish(self, reason: str) -> None:
         if self._done:
@@ -96,14 +113,50 @@ class Pump:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.stream.close()
+        try:
+            self.stream.close()
+        except Exception:  # a plan's cleanup failed: on_done must still release everything
+            log.exception("stream plan failed while closing")
         if self.on_done is not None:
             self.on_done(reason)
+
+    def _fail(self, frames: list[bytes]) -> None:
+        """Called from an ``except`` block: end the stream with a terminal error frame."""
+        if self._done:  # raised by on_done (the stream had ended): nothing left to end
+            log.exception("stream end callback failed")
+            return
+        log.exception("stream failed after its first byte")
+        # the number of the first event not written (the one that failed, if it had one)
+        seq = self.stream.seq
+        ev = self._pending
+        if ev is not None and type(ev[2]) is dict and type(ev[2].get("sequence_number")) is int:
+            seq = ev[2]["sequence_number"]
+        self._pending = None
+        out = frames  # encoded before the failure: valid events
+        if self.error_frame is not None:
+            try:
+                out = [*frames, self.error_frame(server_error(), seq)]
+            except Exception:
+                log.exception("cannot render the terminal error frame")
+        try:
+            if out:
+                self.sink.write_events(out)
+        except Exception:  # the sink itself is broken: drop the connection instead
+            log.exception("cannot write the terminal error frame")
+            self.sink.abort()
+        self._finish("error")
 
     def _tick(self) -> None:
         self._timer = None
         if self._done:
             return
+        frames: list[bytes] = []
+        try:
+            self._step(frames)
+        except Exception:
+            self._fail(frames)
+
+    def _step(self, frames: list[bytes]) -> None:
         sink = self.sink
         if sink.paused:
             if self._paused_at is None:
@@ -112,7 +165,6 @@ class Pump:
         clock = self.clock
         now = clock.now()
         limit = now + clock.coalesce
-        frames: list[bytes] = []
         stream = self.stream
         encode = self.encode
         observer = self.observer
@@ -124,15 +176,15 @@ class Pump:
                     self._flush(frames)
                     self._finish("completed")
                     return
+                self._pending = ev  # until written (a failure reports its number)
             deadline, etype, data = ev
             if deadline > limit:
-                self._pending = ev
                 self._flush(frames)
                 if not self._done:
                     self._timer = clock.call_at(deadline, self._tick)
                 return
-            self._pending = None
             if etype[0] == "_":
+                self._pending = None
                 self._flush(frames)
                 if etype == DISCONNECT:
                     sink.abort()
@@ -143,11 +195,12 @@ class Pump:
                     return
                 continue  # unknown control items are ignored
             frames.append(encode(etype, data))
+            self._pending = None
             if observer is not None:
                 observer(etype, data, now)
             if len(frames) >= MAX_BATCH:
                 self._flush(frames)
-                frames = []
+                frames.clear()
                 if sink.paused or self._done:
                     if not self._done:
                         self._paused_at = now

@@ -4,6 +4,11 @@ The access log is the ``llmsim.access`` logger at level INFO. Transports check
 ``ACCESS.isEnabledFor(INFO)`` (a cached level check) before building a line, so with the
 default ``--log-level warning`` the hot path pays one attribute lookup and one call per
 request, and never formats anything.
+
+Fields the client chose (method, path, model) are escaped in plain lines (:func:`escape`): a
+control character, quote, backslash or space is written as a backslash escape, so a model
+named ``"x\n127.0.0.1 \"GET /admin\" 200"`` cannot forge a second line or a field. JSON
+lines are escaped by the encoder.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["ACCESS", "INFO", "access", "setup_logging", "JSONFormatter"]
+__all__ = ["ACCESS", "INFO", "access", "escape", "setup_logging", "JSONFormatter"]
 
 ACCESS = logging.getLogger("llmsim.access")
 INFO = logging.INFO
@@ -58,11 +63,35 @@ def setup_logging(level: str = "warning", fmt: str = "plain",
     return handler
 
 
+_ESCAPES = {"\\": "\\\\", '"': '\\"', " ": "\\x20", "\n": "\\n", "\r": "\\r",
+            "\t": "\\t"}
+
+
+def escape(value: str) -> str:
+    """``value`` for one space-separated field of a plain log line: printable characters
+    as they are (non-ASCII letters too), everything else backslash-escaped (repr style)."""
+    if value.isprintable() and " " not in value and '"' not in value and "\\" not in value:
+        return value  # the common case: nothing to do
+    out = []
+    for ch in value:
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            n = ord(ch)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000
+                       else f"\\U{n:08x}")
+    return "".join(out)
+
+
 def access(method: str, path: str, model: str | None, status: int, tokens_in: int,
            tokens_out: int, ttft: float | None, duration: float, transport: str,
            request_id: str, client: str, end: str | None = None) -> None:
     """Emit one access line (call only after ``ACCESS.isEnabledFor(INFO)``). Times in s;
-    ``end`` is how a stream ended (completed, stopped, disconnect, cancelled)."""
+    ``end`` is how a stream ended (completed, stopped, disconnect, cancelled, error,
+    write_stall)."""
     fields = {"method": method, "path": path, "model": model, "status": status,
               "tokens_in": tokens_in, "tokens_out": tokens_out,
               "ttft_ms": None if ttft is None else round(ttft * 1000, 3),
@@ -72,7 +101,8 @@ def access(method: str, path: str, model: str | None, status: int, tokens_in: in
         fields["end"] = end
     ttft_txt = "-" if ttft is None else f"{ttft * 1000:.1f}ms"
     ACCESS.info('%s "%s %s" %d model=%s tokens=%d/%d ttft=%s duration=%.1fms %s%s %s',
-                client or "-", method, path, status, model or "-", tokens_in, tokens_out,
+                client or "-", escape(method), escape(path), status,
+                escape(model) if model else "-", tokens_in, tokens_out,
                 ttft_txt, duration * 1000, transport, "" if end is None else f" end={end}",
                 request_id, extra={"fields": fields})
 

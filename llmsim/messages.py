@@ -13,7 +13,59 @@ from .errors import APIError
 if TYPE_CHECKING:
     from .stream import EventStream
 
-__all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result"]
+__all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result",
+           "MAX_JSON_DEPTH", "check_json_depth"]
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting (objects and arrays) accepted in a request body or WebSocket message. The
+encoder writes at most 254 levels and responses echo body fields a few levels deeper (a tool's
+schema inside ``response.tools``), so an unbounded body could be accepted and then fail to
+render; 64 levels are far beyond any real request."""
+
+
+def check_json_depth(data: Any, raw: bytes | bytearray | str) -> None:
+    """400 naming the top-level key (or null) when ``data`` (parsed from ``raw``) nests deeper
+    than :data:`MAX_JSON_DEPTH`. Cheap: a body with at most that many brackets (nearly every
+    request) is not walked at all."""
+    if isinstance(raw, str):
+        brackets = raw.count("{") + raw.count("[")
+    else:  # bytes, or h11's bytearray
+        brackets = raw.count(b"{") + raw.count(b"[")
+    if brackets <= MAX_JSON_DEPTH:
+        return
+    if type(data) is dict:
+        for key, value in data.items():
+            if _deeper(value, MAX_JSON_DEPTH - 1):
+                _too_deep(key)
+    elif _deeper(data, MAX_JSON_DEPTH):
+        _too_deep(None)
+
+
+def _deeper(root: Any, limit: int) -> bool:
+    """Whether ``root`` nests more than ``limit`` levels of objects/arrays (a scalar: 0)."""
+    t = type(root)
+    if t is not dict and t is not list:
+        return False
+    if limit < 1:
+        return True
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        for child in (node.values() if type(node) is dict else node):
+            ct = type(child)
+            if ct is dict or ct is list:
+                if depth >= limit:
+                    return True
+                if child:
+                    stack.append((child, depth + 1))
+    return False
+
+
+def _too_deep(key: str | None) -> None:
+    where = f"'{key[:64]}'" if key is not None else "request body"
+    raise APIError(400, f"Invalid {where}: nested too deeply. Objects and arrays may nest at "
+                   f"most {MAX_JSON_DEPTH} levels.", param=None if key is None else key[:64],
+                   code="nesting_above_max_depth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +96,14 @@ class Request:
                            "JSON. If you have trouble figuring out how to fix this, please "
                            "contact us through our help center at help.openai.com.)")
         try:
-            return orjson.loads(self.body)
+            data = orjson.loads(self.body)
         except orjson.JSONDecodeError:
             raise APIError(400, "We could not parse the JSON body of your request. (HINT: "
                            "This likely means you aren't using your HTTP library correctly. "
                            "The OpenAI API expects a JSON payload, but what was sent was not "
                            "valid JSON.)") from None
+        check_json_depth(data, self.body)
+        return data
 
     def json_object(self) -> dict[str, Any]:
         data = self.json()

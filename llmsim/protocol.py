@@ -13,8 +13,20 @@ Content-Length before reading when possible), pipelined input is bounded (readin
 a request is in flight and more than ``PIPELINE_BUFFER`` bytes wait), a connection that does not
 deliver a request head within ``header_timeout_s`` or stays idle for ``idle_timeout_s`` is
 closed. Backpressure: ``pause_writing`` marks the protocol paused, the stream's pump stops
-pulling events; ``resume_writing`` restarts it. ``connection_lost`` cancels the handler task
-and the pump, releasing every counter exactly once.
+pulling events; ``resume_writing`` restarts it. A client that stays paused (reads nothing) for
+``write_stall_timeout_s`` is cut: the connection is aborted (a graceful close would wait for the
+unread buffer forever) and its stream, request and connection counters are released.
+``connection_lost`` cancels the handler task and the pump, releasing every counter exactly once.
+
+Failures. Any exception between dispatch and the last byte (rendering, JSON encoding, a
+broken hook) is caught in ``_run``/``_upgrade`` (both the eager first step and the Task) and in
+the stream's pump (``flow.Pump``): before the head it becomes the OpenAI 500 envelope, after
+it a terminal error event and a clean end; the connection never stays busy with no answer.
+
+HTTP hygiene: a request carrying both Content-Length and Transfer-Encoding (the request
+smuggling shape, RFC 9112 §6.1) is answered with ``connection: close`` and the connection is
+closed; whether a response may carry a body (not to HEAD, not 1xx/204/304) is decided in
+``_body_allowed`` and applied to complete responses and streams alike.
 
 A WebSocket upgrade (``GET /v1/responses`` with ``Upgrade: websocket``) is handed to
 ``app.ws_handler``, which answers 101 through h11 via :meth:`switch_protocol` and then receives
@@ -37,7 +49,7 @@ from urllib.parse import parse_qs
 import h11
 
 from . import encode
-from .errors import APIError
+from .errors import APIError, server_error
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from .state import accounting
@@ -142,6 +154,8 @@ class HTTPProtocol(asyncio.Protocol):
         self._pump: Pump | None = None
         self._deadline = _INF  # loop time when the current timeout fires (see Server sweep)
         self._timer_kind: str | None = None
+        self._stall_deadline = _INF  # loop time when a client that stopped reading is cut
+        self._close_after = False  # close after this response (Content-Length + TE request)
         self._chunked = True
         self._request_open = False
         self._stream_open = False
@@ -150,6 +164,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._endpoint = ""  # route name of the request in flight (stats label)
         self._req: Request | None = None  # the request whose stream is being written
         self._track: Any = None  # its StreamTrack (latency at the socket write)
+        self._on_stream_close: Any = None  # its StreamResponse.on_close, until released
         self.upgraded: Any = None  # the WebSocket session after a 101
         self._eager = False  # inside the synchronous first step of a handler
         self.peer = ""
@@ -178,6 +193,7 @@ class HTTPProtocol(asyncio.Protocol):
             self.upgraded.connection_lost(exc)
         if self._pump is not None:
             self._pump.cancel()  # → _stream_done("cancelled") releases the stream gauge
+        self._release_stream("cancelled")  # (a no-op unless a stream never got its pump)
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._release_request()
@@ -217,9 +233,13 @@ class HTTPProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        stall = self.cfg.write_stall_timeout_s
+        if stall > 0:
+            self._stall_deadline = self.server.loop_time() + stall
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._stall_deadline = _INF
         if self.upgraded is not None:
             self.upgraded.resume_writing()
         elif self._pump is not None:
@@ -243,6 +263,22 @@ class HTTPProtocol(asyncio.Protocol):
         if self._timer_kind == "header" and self.conn.their_state is h11.SEND_BODY:
             pass  # body still arriving: give up the same way
         self._close()
+
+    def _on_write_stall(self) -> None:
+        """The client has read nothing for ``write_stall_timeout_s`` (the transport stayed
+        paused): cut it, so a client that never reads cannot hold a stream, its capacity slot
+        and its buffered bytes. Abort, not close: close() waits for the unread buffer."""
+        self._stall_deadline = _INF
+        if self._closed or not self.paused or self.transport is None:
+            return
+        log.info("cutting %s: it read nothing for %gs", self.peer or "a client",
+                 self.cfg.write_stall_timeout_s)
+        self.app.stats.error("write_stall")
+        if self.upgraded is not None:
+            self.upgraded.cut("write_stall")
+        elif self._pump is not None:
+            self._pump.cancel("write_stall")  # → _stream_done("write_stall")
+        self.force_close()
 
     # ------------------------------------------------------------------ request parsing
     def _process(self) -> None:
@@ -286,14 +322,21 @@ class HTTPProtocol(asyncio.Protocol):
             self._protocol_error(h11.RemoteProtocolError("headers too large",
                                                          error_status_hint=431))
             return
+        te = cl = False
         for name, value in ev.headers:
             if name == b"content-length":
+                cl = True
                 try:
                     if int(value) > self.cfg.max_body_bytes:
                         self._too_large()
                         return
                 except ValueError:
                     pass
+            elif name == b"transfer-encoding":
+                te = True
+        # RFC 9112 §6.1: h11 reads the body by Transfer-Encoding; the server MUST close the
+        # connection after answering (a front end may have framed it by Content-Length)
+        self._close_after = cl and te
         if self.conn.they_are_waiting_for_100_continue:
             self._write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         self._arm("body", self.cfg.header_timeout_s)
@@ -339,7 +382,7 @@ class HTTPProtocol(asyncio.Protocol):
                       received_at=self.app.clock.now())
         self.app.stats.request_open()
         self._request_open = True
-        if headers.get("upgrade", "").lower() == "websocket":
+        if headers.get("upgrade", "").lower() == "websocket" and not self._close_after:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
         # Run the handler eagerly: most answers (instant latency, no waiting hook) complete
@@ -360,38 +403,66 @@ class HTTPProtocol(asyncio.Protocol):
 
     async def _run(self, req: Request) -> None:
         app = self.app
-        try:  # resolve here (not in dispatch) to know the endpoint for stats
-            route, params = app.resolve(req)
-        except APIError:
-            route = None  # dispatch answers 404/405
-        else:
-            if params:
-                object.__setattr__(req, "params", params)
-        self._endpoint = route.name if route is not None else "unmatched"
         try:
-            res = await app.dispatch(req, route)
-        except asyncio.CancelledError:
-            accounting.request_gone(app, req, self._endpoint)
-            return
-        if self._closed:
-            accounting.request_gone(app, req, self._endpoint)
-            if type(res) is StreamResponse and res.on_close is not None:
-                res.on_close("cancelled")  # never pumped: still release what it holds
-            return
-        self._send(req, res)
+            try:  # resolve here (not in dispatch) to know the endpoint for stats
+                route, params = app.resolve(req)
+            except APIError:
+                route = None  # dispatch answers 404/405
+            else:
+                if params:
+                    object.__setattr__(req, "params", params)
+            self._endpoint = route.name if route is not None else "unmatched"
+            try:
+                res = await app.dispatch(req, route)
+            except asyncio.CancelledError:
+                accounting.request_gone(app, req, self._endpoint)
+                return
+            if self._closed:
+                accounting.request_gone(app, req, self._endpoint)
+                if type(res) is StreamResponse and res.on_close is not None:
+                    res.on_close("cancelled")  # never pumped: still release what it holds
+                return
+            self._send(req, res)
+        except Exception:  # rendering, encoding, accounting: never leave the client hanging
+            self._failed(req)
 
     async def _upgrade(self, req: Request) -> None:
-        handler = self.app.ws_handler
-        if handler is None:
-            self._send_error(APIError(400, "WebSocket is not supported on this server.",
-                                      code="websocket_not_supported"))
-            return
         try:
-            res = await handler(self, req)
-        except asyncio.CancelledError:
-            return
-        if res is not None and not self._closed:
-            self._send(req, res)
+            handler = self.app.ws_handler
+            if handler is None:
+                self._send_error(APIError(400, "WebSocket is not supported on this server.",
+                                          code="websocket_not_supported"))
+                return
+            try:
+                res = await handler(self, req)
+            except asyncio.CancelledError:
+                return
+            if res is not None and not self._closed:
+                self._send(req, res)
+        except Exception:
+            self._failed(req)
+
+    def _failed(self, req: Request) -> None:
+        """An exception escaped between dispatch and the last byte of ``req``'s answer (call
+        from the ``except`` block). Nothing sent yet: the OpenAI 500 envelope. The head
+        already sent (streams end their own failures in the pump; this is anything else):
+        release the stream and drop the connection. The counters are released either way."""
+        log.exception("request failed after dispatch: %s %s", req.method, req.path)
+        if self._closed:
+            return  # connection_lost released everything
+        try:
+            if (self.upgraded is None and self._rid == req.request_id
+                    and self.conn.our_state is h11.SEND_RESPONSE):
+                self._release_stream("error")  # a stream whose head could not be sent
+                self._send(req, RawResponse(server_error().body(), 500,
+                                            content_type="application/json"))
+                return
+        except Exception:
+            log.exception("cannot answer the failed request")
+        if self._pump is not None:
+            self._pump.cancel("error")
+        self._release_stream("error")
+        self.force_close()
 
     def switch_protocol(self, headers: list[tuple[bytes, bytes]], session: Any) -> bytes:
         """Answer 101 through h11, hand the connection to ``session``; returns the bytes that
@@ -410,15 +481,26 @@ class HTTPProtocol(asyncio.Protocol):
         return bytes(trailing)
 
     # ------------------------------------------------------------------ responses
-    def _headers(self, extra: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-        hs = [(b"date", http_date()), *_COMMON, (b"x-request-id", self._rid.encode()),
-              (b"openai-processing-ms",
-               str(int((time.perf_counter() - self._t0) * 1000)).encode())]
+    def _headers(self, extra: list[tuple[str, str]],
+                 close: bool = False) -> list[tuple[bytes, bytes]]:
+        hs = [(b"date", http_date()), *_COMMON, (b"x-request-id", self._rid.encode())]
+        if self._t0:  # a request head was parsed (none for a malformed request)
+            hs.append((b"openai-processing-ms",
+                       str(int((time.perf_counter() - self._t0) * 1000)).encode()))
         for k, v in extra:
             hs.append((k.encode("latin-1"), v.encode("latin-1")))
-        if self._closing:
+        if close or self._closing or self._close_after:
             hs.append((b"connection", b"close"))
         return hs
+
+    def _body_allowed(self, status: int) -> bool:
+        """Whether this response may carry content: never for a HEAD request, nor with
+        1xx/204/304 (RFC 9110 §9.3.2, §15). The one place that decides it, for complete
+        responses (``_complete``) and streams (``_start_stream``) alike."""
+        if status < 200 or status == 204 or status == 304:
+            return False
+        ev = self._request
+        return ev is None or ev.method != b"HEAD"
 
     def _send(self, req: Request, res: Result) -> None:
         if type(res) is StreamResponse:
@@ -437,33 +519,31 @@ class HTTPProtocol(asyncio.Protocol):
             ctype = (b"content-type", res.content_type.encode())
         hs = self._headers(res.headers)
         hs.append(ctype)
-        hs.append((b"content-length", str(len(body)).encode()))
         accounting.response_sent(self.app, req, self._endpoint, res.status, res)
-        self._complete(res.status, hs, body, req.method == "HEAD")
+        self._complete(res.status, hs, body)
 
     def _send_error(self, err: APIError, close: bool = False) -> None:
         if self._rid == "":
             self._rid = new_request_id()
-        hs = self._headers(err.headers)
+        hs = self._headers(err.headers, close)
         hs.append(_JSON)
-        body = err.body()
-        hs.append((b"content-length", str(len(body)).encode()))
-        if close:
-            hs.append((b"connection", b"close"))
         self.app.stats.record("invalid", None, "http", err.status,
                               err.code or err.type)
-        self._complete(err.status, hs, body, False)
+        self._complete(err.status, hs, err.body())
 
-    def _complete(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
-                  head: bool) -> None:
+    def _complete(self, status: int, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> None:
+        """Send a complete response: head (with Content-Length), body unless not allowed."""
         conn = self.conn
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             self._close()
             return
+        if status >= 200 and status != 204:  # (1xx and 204 carry no Content-Length)
+            headers.append((b"content-length", str(len(body)).encode()))
         try:
             out = conn.send(h11.Response(status_code=status, headers=headers,
                                           reason=reason(status)))
-            if body and not head:
+            if body and self._body_allowed(status):
                 out += conn.send(h11.Data(data=body))
             out += conn.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
@@ -474,6 +554,8 @@ class HTTPProtocol(asyncio.Protocol):
         self._end_cycle()
 
     def _start_stream(self, req: Request, res: StreamResponse) -> None:
+        self._req = req
+        self._on_stream_close = res.on_close  # released by _release_stream on every path
         hs = self._headers(res.headers)
         hs.extend(_SSE_HEADERS)
         if self._chunked:
@@ -481,14 +563,26 @@ class HTTPProtocol(asyncio.Protocol):
         self._write(self.conn.send(h11.Response(status_code=res.status, headers=hs,
                                                reason=reason(res.status))))
         stream = res.stream
-        enc = encode.sse_chat if stream.kind == "chat" else encode.sse_responses
-        self._req = req
-        self._track = accounting.stream_started(self.app, req, self._endpoint, res)
-        self._stream_open = True
-        self._on_stream_close = res.on_close
-        self._pump = Pump(stream, self.app.clock, enc, self, self._stream_done,
-                          self._track.observe)
-        self._pump.start()
+        if not self._body_allowed(res.status):  # HEAD: the head GET would send, no events
+            stream.close()
+            accounting.response_sent(self.app, req, self._endpoint, res.status, res)
+            self._stream_done("completed")
+            return
+        kind = stream.kind
+        try:
+            enc = encode.sse_chat if kind == "chat" else encode.sse_responses
+            self._track = accounting.stream_started(self.app, req, self._endpoint, res)
+            self._stream_open = True
+            self._pump = Pump(stream, self.app.clock, enc, self, self._stream_done,
+                              self._track.observe,
+                              lambda err, seq: encode.sse_error(kind, err.to_dict(), seq))
+        except Exception:  # the head is out: a terminal error event and a clean end
+            log.exception("cannot start the stream")
+            stream.close()
+            self.write_events([encode.sse_error(kind, server_error().to_dict(), stream.seq)])
+            self._stream_done("error")
+            return
+        self._pump.start()  # never raises: the pump ends its own failures (flow.Pump)
 
     # Sink interface for the pump
     def write_events(self, frames: list[bytes]) -> None:
@@ -503,21 +597,35 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _stream_done(self, reason: str) -> None:
         self._pump = None
+        self._release_stream(reason)
+        if reason in ("completed", "stopped", "error") and not self._closed:
+            try:
+                self._write(self.conn.send(h11.EndOfMessage()))
+            except h11.LocalProtocolError:
+                log.exception("cannot end the stream")
+                self.force_close()
+                return
+            self._end_cycle()
+
+    def _release_stream(self, reason: str) -> None:
+        """Close the stream's gauges and run its ``on_close`` (capacity, rate-limit charge):
+        exactly once, whatever ended it (idempotent)."""
         if self._stream_open:
             self._stream_open = False
-            accounting.stream_ended(self.app, self._req, self._track,  # type: ignore[arg-type]
-                                    reason)
-            self._req = self._track = None
-        cb = getattr(self, "_on_stream_close", None)
+            try:
+                accounting.stream_ended(self.app, self._req,  # type: ignore[arg-type]
+                                        self._track, reason)
+            except Exception:
+                log.exception("stream accounting failed")
+            self._track = None
+        self._req = None
+        cb = self._on_stream_close
         if cb is not None:
             self._on_stream_close = None
             try:
                 cb(reason)
             except Exception:
                 log.exception("stream close callback failed")
-        if reason in ("completed", "stopped") and not self._closed:
-            self._write(self.conn.send(h11.EndOfMessage()))
-            self._end_cycle()
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None and not self._closed:
@@ -531,6 +639,9 @@ class HTTPProtocol(asyncio.Protocol):
     def _end_cycle(self) -> None:
         self._busy = False
         self._task = None
+        self._t0 = 0.0  # (a protocol error before the next head has no processing time)
+        self._rid = ""
+        self._request = None
         self._release_request()
         conn = self.conn
         if (self._closing or conn.our_state is not h11.DONE

@@ -12,6 +12,7 @@ thread with its own loop for synchronous test code::
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from collections.abc import Collection
@@ -23,6 +24,8 @@ from .config import Config
 from .protocol import HTTPProtocol
 
 __all__ = ["Server", "ServerThread"]
+
+log = logging.getLogger("llmsim")
 
 
 class Server:
@@ -42,7 +45,9 @@ class Server:
         self._sweeper: asyncio.TimerHandle | None = None
         c = self.config
         # check deadlines often enough that a timeout fires at most ~50% late (≥ 20 ms)
-        self._sweep_every = max(0.02, min(1.0, c.header_timeout_s / 2, c.idle_timeout_s / 2))
+        timeouts = [t for t in (c.header_timeout_s, c.idle_timeout_s, c.write_stall_timeout_s)
+                    if t > 0]
+        self._sweep_every = max(0.02, min([1.0, *(t / 2 for t in timeouts)]))
         self.app.extensions["drop_departed"] = self.drop_departed
 
     @property
@@ -86,10 +91,19 @@ class Server:
         return self._loop_time()
 
     def _sweep(self) -> None:
-        """Close connections whose header/idle deadline has passed (one timer per server)."""
+        """Close connections whose header/idle deadline has passed and cut those that have
+        read nothing for the write-stall timeout (one timer per server)."""
         now = self._loop_time()
-        for c in [c for c in self.connections if c._deadline <= now]:
-            c._on_timeout()
+        for c in [c for c in self.connections
+                  if c._deadline <= now or c._stall_deadline <= now]:
+            try:
+                if c._stall_deadline <= now:
+                    c._on_write_stall()
+                else:
+                    c._on_timeout()
+            except Exception:  # one broken connection must not stop the sweep for all
+                log.exception("connection timeout failed")
+                c.force_close()
         if self._server is not None:
             self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every,
                                                                   self._sweep)

@@ -36,7 +36,15 @@ and stop pulling events; ``resume_writing`` resumes them. While paused the sessi
 reading client messages, so error replies to a client that does not read cannot pile up. A
 connection lives ``connection_time_limit_s``: then a ``websocket_connection_limit_reached``
 error event and a close (1001). A vanished client cancels every pump and task and releases
-every gauge exactly once.
+every gauge exactly once; so does a client that reads nothing for ``write_stall_timeout_s``
+(the protocol cuts it, :meth:`WebSocketSession.cut`).
+
+Failures. An exception while a response runs (rendering, encoding: anything after dispatch)
+never wedges its lane: before the first event it is answered as a 500 error event, after it
+the pump writes a terminal error event (with the lane's ``stream_id``); the job ends and the
+lane moves on. An exception while handling a client frame closes the connection with 1011.
+Client messages nested deeper than :data:`~llmsim.messages.MAX_JSON_DEPTH` are refused with
+an error event (they could not be echoed).
 """
 
 from __future__ import annotations
@@ -64,9 +72,16 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from . import encode
-from .errors import APIError
+from .errors import APIError, server_error
 from .flow import Pump
-from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .messages import (
+    JSONResponse,
+    RawResponse,
+    Request,
+    Result,
+    StreamResponse,
+    check_json_depth,
+)
 from .sim.rng import new_id
 from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
 
@@ -412,6 +427,14 @@ class WebSocketSession:
         if not self._jobs and not self._queued:
             self.close(1001, "server shutting down")
 
+    def cut(self, reason: str) -> None:
+        """Drop the connection now (the client stopped reading): end every response with
+        ``reason`` and release it; the protocol aborts the transport."""
+        if self.closed:
+            return
+        self.closing = True
+        self._cancel_all(reason)
+
     def close(self, code: int, reason: str = "") -> None:
         """Start the close handshake; the transport closes when the client answers (or after
         ``close_timeout_s``)."""
@@ -499,7 +522,12 @@ class WebSocketSession:
         if self.closed or self._read_paused:
             return
         for ev in self.ws.events():
-            self._handle(ev)
+            try:
+                self._handle(ev)
+            except Exception:  # a bug must not kill the loop's callback: close 1011
+                log.exception("websocket event handling failed")
+                self.close(1011, "internal error")
+                return
             if self.closed:
                 return
             if self.protocol.paused or self._queued >= self.cfg.max_queued:
@@ -575,6 +603,11 @@ class WebSocketSession:
         if not isinstance(msg, dict):
             self._reject("Invalid client event: expected a JSON object with a 'type' field.",
                          "invalid_type")
+            return
+        try:
+            check_json_depth(msg, text)  # (the same bound as HTTP bodies, before any echo)
+        except APIError as exc:
+            self._reject(exc.message, exc.code, exc.param)
             return
         etype = msg.get("type")
         if etype is None:
@@ -693,9 +726,36 @@ class WebSocketSession:
             return
         except Exception:  # dispatch decides errors itself; this is a bug guard
             log.exception("websocket dispatch failed")
-            res = RawResponse(APIError(500, "The server had an error while processing your "
-                                       "request. Sorry about that!").body(), status=500)
+            res = RawResponse(server_error().body(), status=500)
         job.task = None
+        try:
+            self._answer(job, res)
+        except Exception:  # rendering, encoding, accounting: the lane must move on
+            log.exception("websocket response failed")
+            self._job_failed(job)
+
+    def _job_failed(self, job: Job) -> None:
+        """An exception after dispatch: a 500 error event (terminal: its stream, if it had
+        started, is over) and the job ends, releasing its stream and request gauges."""
+        if job.done:
+            return
+        err = server_error()
+        ev = error_event(500, err.type, err.message, err.code, stream_id=job.lane.key)
+        if job.streaming and job.res is not None:
+            ev["sequence_number"] = job.res.stream.seq
+        try:
+            self.send_event(ev)
+            if job.pump is not None:
+                job.pump.cancel("error")  # → _pump_done: releases the stream and the job
+            self._close_stream(job, "error")
+            if not job.answered:
+                self._account(job, RawResponse(err.body(), status=500))
+        except Exception:
+            log.exception("cannot end the failed response")
+        finally:
+            self._job_done(job, "error")
+
+    def _answer(self, job: Job, res: Result) -> None:
         sid = job.lane.key
         if type(res) is StreamResponse:
             job.res = res  # type: ignore[assignment]
@@ -716,8 +776,7 @@ class WebSocketSession:
             return
         if res.status < 400:
             log.error("the Responses handler answered a WebSocket create without a stream")
-            res = RawResponse(APIError(500, "The server had an error while processing your "
-                                       "request. Sorry about that!").body(), status=500)
+            res = RawResponse(server_error().body(), status=500)
         if job.prev_id is not None and self._cache_by_lane.get(sid) == job.prev_id:
             self._evict(job.prev_id)  # a failed same-lane continuation evicts its parent
         self._account(job, res)
@@ -744,13 +803,19 @@ class WebSocketSession:
                 return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
             return b
 
+        def error_frame(err: APIError, seq: int) -> bytes:
+            ev = error_event(500, err.type, err.message, err.code, stream_id=sid)
+            ev["sequence_number"] = seq
+            return orjson.dumps(ev)
+
         job.streaming = True
         job.answered = True
         job.track = accounting.stream_started(self.app, job.req, job.endpoint, res,
                                               transport="ws")
         job.pump = Pump(res.stream, self.app.clock, enc, self,
-                        lambda reason: self._pump_done(job, reason), job.track.observe)
-        job.pump.start()
+                        lambda reason: self._pump_done(job, reason), job.track.observe,
+                        error_frame)
+        job.pump.start()  # never raises: the pump ends its own failures (flow.Pump)
 
     def _pump_done(self, job: Job, reason: str) -> None:
         self._close_stream(job, reason)
@@ -798,16 +863,16 @@ class WebSocketSession:
         self._runq.clear()
         self._queued = 0
 
-    def _cancel_all(self) -> None:
+    def _cancel_all(self, reason: str = "cancelled") -> None:
         """Stop every running response and forget queued ones (client gone or closing)."""
         self._drop_queued()
         for job in list(self._jobs):
             if job.pump is not None:
-                job.pump.cancel()  # → _pump_done("cancelled")
+                job.pump.cancel(reason)  # → _pump_done(reason)
             elif job.task is not None and not job.task.done():
                 job.task.cancel()  # → _run sees CancelledError → _job_done
             if not job.task and job.pump is None and not job.done:
-                self._job_done(job, "cancelled")
+                self._job_done(job, reason)
         self._lanes = {k: v for k, v in self._lanes.items() if v.job is not None}
 
     # -- the connection-local cache ------------------------------------------------------------

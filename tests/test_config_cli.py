@@ -54,6 +54,7 @@ def test_unknown_keys_are_errors(tmp_path):
     ("port = 'x'", "port"), ("latency = 'slow'", "latency"), ("port = 99999", "port"),
     ("tool_call_probability = 2", "tool_call_probability"), ("seed = 1.5", "seed"),
     ("this is not toml", "not valid TOML"),
+    ("write_stall_timeout_s = -1", "write_stall_timeout_s"),
 ])
 def test_bad_values_name_the_key(tmp_path, content, needle):
     f = tmp_path / "c.toml"

@@ -12,6 +12,11 @@ __all__ = ["V", "got"]
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# The API's integers are 64-bit (seed: -2^63 .. 2^63-1). A float such as 1e30 is an integer by
+# value but not in range: without this bound it reached the response encoder (which writes at
+# most 64-bit integers), failed after dispatch and left the connection hanging.
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 63) - 1
 
 
 def got(v: Any) -> str:
@@ -51,15 +56,18 @@ class V:
 
     def int(self, key: str, default: int | None = None, *, lo: int | None = None,
             hi: int | None = None) -> int | None:
+        """An integer in ``lo``..``hi`` (default: the 64-bit range, for every integer)."""
         v = self.body.get(key)
         if v is None:
             return default
+        shown = v
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(v, float) and v.is_integer():
                 v = int(v)
             else:
                 raise _bad_type(self.name(key), "an integer")
-        self._range(key, v, lo, hi, "integer")
+        self._range(key, v, INT_MIN if lo is None else lo, INT_MAX if hi is None else hi,
+                    "integer", shown)
         return v
 
     def num(self, key: str, default: float | None = None, *, lo: float | None = None,
@@ -73,16 +81,19 @@ class V:
         return float(v)
 
     def _range(self, key: str, v: float, lo: float | None, hi: float | None,
-               kind: str) -> None:
+               kind: str, shown: float | None = None) -> None:
         # The wording and code follow the parameter's declared type ("integer" for n,
-        # "decimal" for temperature), not how the number happened to be spelled in the JSON.
+        # "decimal" for temperature), not how the number happened to be spelled in the JSON;
+        # the value is shown as sent (``shown``: 1e+30, not its 31-digit integer).
+        if shown is None:
+            shown = v
         if lo is not None and v < lo:
             raise APIError(400, f"Invalid '{self.name(key)}': {kind} below minimum value. "
-                           f"Expected a value >= {lo}, but got {v} instead.",
+                           f"Expected a value >= {lo}, but got {shown} instead.",
                            param=self.name(key), code=f"{kind}_below_min_value")
         if hi is not None and v > hi:
             raise APIError(400, f"Invalid '{self.name(key)}': {kind} above maximum value. "
-                           f"Expected a value <= {hi}, but got {v} instead.",
+                           f"Expected a value <= {hi}, but got {shown} instead.",
                            param=self.name(key), code=f"{kind}_above_max_value")
 
     def str(self, key: str, default: str | None = None, *,

@@ -28,7 +28,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "llmsim_errors_total": ("counter", "Errors by kind: error responses by code/type, "
                             "injected faults, client disconnects."),
     "llmsim_stream_ends_total": ("counter", "Streams ended, by reason (completed, stopped, "
-                                 "disconnect, cancelled)."),
+                                 "disconnect, cancelled, error, write_stall)."),
     "llmsim_connections_total": ("counter", "TCP connections accepted."),
     "llmsim_active_connections": ("gauge", "Open TCP connections."),
     "llmsim_active_requests": ("gauge", "HTTP requests in flight."),

@@ -171,7 +171,8 @@ class StreamTrack:
         return None if self.first is None else self.first - self.t0
 
     def finish(self, reason: str, now: float) -> None:
-        """The stream ended (``completed``/``stopped``/``disconnect``/``cancelled``)."""
+        """The stream ended (``completed``/``stopped``/``disconnect``/``cancelled``/``error``/
+        ``write_stall``)."""
         if self.done:
             return
         self.done = True
