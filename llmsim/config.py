@@ -81,6 +81,9 @@ class WebSocketConfig:
                 raise ConfigError(f"websocket.{name}: must be >= 0")
 
 
+MIN_BYTE_BOUND = 64 * 1024  # below this a byte budget could not hold one small response
+
+
 @dataclass(frozen=True)
 class ResponsesConfig:
     """The Responses API's state: stored responses, conversations, background work."""
@@ -90,15 +93,33 @@ class ResponsesConfig:
                                  metavar="N")
     store_ttl_s: float = opt(3600.0, "Seconds a stored response is kept (0 = until evicted by "
                              "the entry cap).", metavar="S")
+    store_max_bytes: int = opt(256 * 1024 * 1024, "Most bytes held by stored responses, "
+                               "estimated (request body, item overhead, output), counting the "
+                               "earlier turns a stored chain keeps alive; the oldest are evicted "
+                               "first. A response bigger than this alone is answered but not "
+                               "stored (background: 400). 0 = no byte bound.", metavar="BYTES")
     max_chain_depth: int = opt(256, "previous_response_id chains: most earlier turns kept as "
                                "context (older turns are forgotten, bounding memory).",
                                metavar="N")
+    chain_max_bytes: int = opt(64 * 1024 * 1024, "previous_response_id chains: most bytes of "
+                               "earlier turns kept as context (older turns are forgotten, as "
+                               "with max_chain_depth; at most store_max_bytes); 0 = no byte "
+                               "bound.", metavar="BYTES")
     conversations_max_entries: int = opt(256, "Most conversations kept (oldest evicted first); "
                                          "0 disables /v1/conversations.", metavar="N")
+    conversations_max_bytes: int = opt(256 * 1024 * 1024, "Most bytes of items held by all "
+                                       "conversations together, estimated (the oldest "
+                                       "conversation is evicted first); 0 = no byte bound.",
+                                       metavar="BYTES")
     conversation_ttl_s: float = opt(3600.0, "Seconds a conversation is kept (0 = until "
                                     "evicted by the entry cap).", metavar="S")
     conversation_max_items: int = opt(1000, "Most items in one conversation transcript (the "
                                       "oldest items are dropped first).", metavar="N")
+    conversation_max_bytes: int = opt(64 * 1024 * 1024, "Most bytes of items in one "
+                                      "conversation, estimated (the oldest items are dropped "
+                                      "first; at most conversations_max_bytes); a client "
+                                      "item bigger than this alone gets 400 request_too_large. "
+                                      "0 = no byte bound.", metavar="BYTES")
     background_max_active: int = opt(256, "Most background responses generating at once "
                                      "(429 above).", metavar="N")
 
@@ -109,6 +130,11 @@ class ResponsesConfig:
                 raise ConfigError(f"responses.{f.name}: must be >= 0")
         if self.max_chain_depth < 1:
             raise ConfigError("responses.max_chain_depth: must be >= 1")
+        for name in ("store_max_bytes", "chain_max_bytes", "conversations_max_bytes",
+                     "conversation_max_bytes"):
+            if 0 < getattr(self, name) < MIN_BYTE_BOUND:
+                raise ConfigError(f"responses.{name}: must be 0 (no byte bound) or at least "
+                                  f"{MIN_BYTE_BOUND}")
 
 
 FAULT_KINDS = ("429", "500", "503", "529", "504", "reset", "hang", "disconnect", "stall",
