@@ -71,12 +71,20 @@ class WebSocketConfig:
     close_timeout_s: float = opt(5.0, "After the server sends a close frame, wait this long for "
                                  "the client's close frame before dropping the connection.",
                                  metavar="S")
+    max_pending_bytes: int = opt(64 * 1024 * 1024, "Bytes of unfinished client messages (still "
+                                 "arriving in fragments) held across all connections; the "
+                                 "connection whose fragment would pass it is closed with code "
+                                 "1013 (try again later) (0 = no limit).", metavar="BYTES")
+    fragment_timeout_s: float = opt(30.0, "A client message must be complete this many seconds "
+                                    "after its first fragment arrived, else the connection is "
+                                    "closed with code 1008 (0 = no limit).", metavar="S")
 
     def validate(self) -> None:
         for name in ("max_lanes", "max_active", "max_queued", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"websocket.{name}: must be >= 1")
-        for name in ("max_connections", "connection_time_limit_s", "close_timeout_s"):
+        for name in ("max_connections", "connection_time_limit_s", "close_timeout_s",
+                     "max_pending_bytes", "fragment_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"websocket.{name}: must be >= 0")
 
