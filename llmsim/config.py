@@ -71,14 +71,25 @@ class WebSocketConfig:
     close_timeout_s: float = opt(5.0, "After the server sends a close frame, wait this long for "
                                  "the client's close frame before dropping the connection.",
                                  metavar="S")
+    max_pending_bytes: int = opt(64 * 1024 * 1024, "Bytes of unfinished client messages (still "
+                                 "arriving in fragments) held across all connections; the "
+                                 "connection whose fragment would pass it is closed with code "
+                                 "1013 (try again later) (0 = no limit).", metavar="BYTES")
+    fragment_timeout_s: float = opt(30.0, "A client message must be complete this many seconds "
+                                    "after its first fragment arrived, else the connection is "
+                                    "closed with code 1008 (0 = no limit).", metavar="S")
 
     def validate(self) -> None:
         for name in ("max_lanes", "max_active", "max_queued", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"websocket.{name}: must be >= 1")
-        for name in ("max_connections", "connection_time_limit_s", "close_timeout_s"):
+        for name in ("max_connections", "connection_time_limit_s", "close_timeout_s",
+                     "max_pending_bytes", "fragment_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"websocket.{name}: must be >= 0")
+
+
+MIN_BYTE_BOUND = 64 * 1024  # below this a byte budget could not hold one small response
 
 
 @dataclass(frozen=True)
@@ -95,15 +106,33 @@ class ResponsesConfig:
                                       "oldest are evicted first, as for store_max_entries; the "
                                       "newest is always kept); 0 = bounded by "
                                       "store_max_entries only.", metavar="BYTES")
+    store_max_bytes: int = opt(256 * 1024 * 1024, "Most bytes held by stored responses, "
+                               "estimated (request body, item overhead, output), counting the "
+                               "earlier turns a stored chain keeps alive; the oldest are evicted "
+                               "first. A response bigger than this alone is answered but not "
+                               "stored (background: 400). 0 = no byte bound.", metavar="BYTES")
     max_chain_depth: int = opt(256, "previous_response_id chains: most earlier turns kept as "
                                "context (older turns are forgotten, bounding memory).",
                                metavar="N")
+    chain_max_bytes: int = opt(64 * 1024 * 1024, "previous_response_id chains: most bytes of "
+                               "earlier turns kept as context (older turns are forgotten, as "
+                               "with max_chain_depth; at most store_max_bytes); 0 = no byte "
+                               "bound.", metavar="BYTES")
     conversations_max_entries: int = opt(256, "Most conversations kept (oldest evicted first); "
                                          "0 disables /v1/conversations.", metavar="N")
+    conversations_max_bytes: int = opt(256 * 1024 * 1024, "Most bytes of items held by all "
+                                       "conversations together, estimated (the oldest "
+                                       "conversation is evicted first); 0 = no byte bound.",
+                                       metavar="BYTES")
     conversation_ttl_s: float = opt(3600.0, "Seconds a conversation is kept (0 = until "
                                     "evicted by the entry cap).", metavar="S")
     conversation_max_items: int = opt(1000, "Most items in one conversation transcript (the "
                                       "oldest items are dropped first).", metavar="N")
+    conversation_max_bytes: int = opt(64 * 1024 * 1024, "Most bytes of items in one "
+                                      "conversation, estimated (the oldest items are dropped "
+                                      "first; at most conversations_max_bytes); a client "
+                                      "item bigger than this alone gets 400 request_too_large. "
+                                      "0 = no byte bound.", metavar="BYTES")
     background_max_active: int = opt(256, "Most background responses generating at once "
                                      "(429 above).", metavar="N")
 
@@ -114,6 +143,11 @@ class ResponsesConfig:
                 raise ConfigError(f"responses.{f.name}: must be >= 0")
         if self.max_chain_depth < 1:
             raise ConfigError("responses.max_chain_depth: must be >= 1")
+        for name in ("store_max_bytes", "chain_max_bytes", "conversations_max_bytes",
+                     "conversation_max_bytes"):
+            if 0 < getattr(self, name) < MIN_BYTE_BOUND:
+                raise ConfigError(f"responses.{name}: must be 0 (no byte bound) or at least "
+                                  f"{MIN_BYTE_BOUND}")
 
 
 FAULT_KINDS = ("429", "500", "503", "529", "504", "reset", "hang", "disconnect", "stall",

@@ -9,7 +9,9 @@ bytes that arrived behind the upgrade request; they are the first bytes fed to a
 
 From then on the protocol forwards ``data_received``/``eof_received``/``connection_lost``/
 ``resume_writing`` to the :class:`WebSocketSession`. Text messages are reassembled from
-wsproto's partial frames under a size cap (close 1009 above it). Each ``response.create``
+wsproto's partial frames under a size cap (close 1009 above it), a server-wide budget for the
+bytes of all unfinished messages (close 1013, try again later) and a deadline for finishing
+one (close 1008); see :meth:`WebSocketSession._on_data`. Each ``response.create``
 becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` and goes through
 ``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply); there is
 no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
@@ -87,6 +89,7 @@ from .state import accounting  # per-request accounting shared with HTTP (stats,
 
 if TYPE_CHECKING:
     from .app import App
+    from .clock import Timer
     from .protocol import HTTPProtocol
 
 __all__ = ["upgrade", "WebSocketSession", "WebSocketState", "WS_PATHS", "error_event",
@@ -99,6 +102,9 @@ STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 CLIENT_EVENTS = ("response.create", "response.steer")
 _MAX_CLOSE_REASON = 120  # a close frame's reason must fit in 123 bytes
+# what one held fragment costs beyond its text (a str object and a list slot): counted in
+# pending_bytes, so a flood of 1-byte fragments is bounded by memory, not by payload bytes
+FRAGMENT_OVERHEAD = 64
 
 
 # ------------------------------------------------------------------------------------------
@@ -111,6 +117,7 @@ class WebSocketState:
     def __init__(self) -> None:
         self.sessions: set[WebSocketSession] = set()
         self.total = 0  # connections accepted since start
+        self.pending_bytes = 0  # memory of unfinished client messages held, all sessions
 
 
 def state(app: App) -> WebSocketState:
@@ -343,8 +350,10 @@ class WebSocketSession:
         self.closing = False  # a close frame was sent or received: no new work
         self.draining = False  # graceful shutdown: finish in-flight, then close
         self._counted = False
-        self._msg: list[str] = []
-        self._msg_bytes = 0
+        self._msg: list[str] = []  # fragments of the unfinished text message
+        self._msg_bytes = 0  # bytes of the message so far (text or binary)
+        self._held = 0  # memory of self._msg, counted in WebSocketState.pending_bytes
+        self._frag_timer: Timer | None = None  # fragment_timeout_s of the unfinished message
         self._lanes: dict[str | None, Lane] = {}  # lanes with work (≤ max_lanes + 1)
         self._named: set[str] = set()  # distinct named lanes ever used (≤ max_lanes)
         self._runq: deque[Lane] = deque()  # lanes with work waiting for an active slot
@@ -393,6 +402,7 @@ class WebSocketSession:
             if t is not None:
                 t.cancel()
         self._timer = self._close_timer = None
+        self._drop_message()
         self._cancel_all()
         self._cache.clear()
         self._cache_by_lane.clear()
@@ -441,6 +451,7 @@ class WebSocketSession:
         if self.closed:
             return
         self.closing = True
+        self._drop_message()
         self._cancel_all()
         if self.ws.state is ConnectionState.OPEN:
             self._write(self.ws.send(CloseConnection(code=code,
@@ -549,6 +560,7 @@ class WebSocketSession:
 
     def _on_close(self, ev: CloseConnection) -> None:
         self.closing = True
+        self._drop_message()
         self._cancel_all()
         ws = self.ws
         if ws.state is ConnectionState.REMOTE_CLOSING:  # the client started the handshake
@@ -559,33 +571,77 @@ class WebSocketSession:
         self._close_transport()
 
     def _on_data(self, ev: TextMessage | BytesMessage) -> None:
+        """A message or a piece of one (wsproto hands over fragments and partial frames as
+        they arrive). Bytes are counted as they come: the message against
+        ``max_message_bytes`` (close 1009), the text held until it is complete against the
+        server-wide ``max_pending_bytes`` (close 1013: a temporary condition, retry), and an
+        unfinished message must complete within ``fragment_timeout_s`` (close 1008)."""
         if self.closing:
             return
         data = ev.data
-        if type(ev) is TextMessage:
+        is_text = type(ev) is TextMessage
+        if is_text:
             n = len(data) if data.isascii() else len(data.encode())  # type: ignore[union-attr]
         else:
             n = len(data)
         self._msg_bytes += n
-        if self._msg_bytes > self.cfg.max_message_bytes:
-            self._msg = []
-            self.close(1009, f"message too big: the limit is {self.cfg.max_message_bytes} "
-                       "bytes")
+        cfg = self.cfg
+        if self._msg_bytes > cfg.max_message_bytes:
+            self.close(1009, f"message too big: the limit is {cfg.max_message_bytes} bytes")
             return
-        if type(ev) is TextMessage:
-            self._msg.append(data)  # type: ignore[arg-type]
         if not ev.message_finished:
+            if self._frag_timer is None and cfg.fragment_timeout_s > 0:
+                self._frag_timer = self.app.clock.call_later(cfg.fragment_timeout_s,
+                                                             self._on_fragment_timeout)
+            if is_text:  # binary payloads are counted, never held
+                st = state(self.app)
+                cap = cfg.max_pending_bytes
+                held = n + FRAGMENT_OVERHEAD
+                if cap and st.pending_bytes + held > cap:
+                    self.close(1013, f"server busy: unfinished messages of all connections "
+                               f"would pass {cap} bytes; retry later")
+                    return
+                st.pending_bytes += held
+                self._held += held
+                self._msg.append(data)  # type: ignore[arg-type]
             return
-        self._msg_bytes = 0
-        if type(ev) is BytesMessage:
-            self._msg = []
+        if not is_text:
+            self._drop_message()
             self.send_event(error_event(
                 400, "invalid_request_error", "Binary messages are not supported: send each "
                 "client event as a JSON text message.", "invalid_message_type"))
             return
-        text = self._msg[0] if len(self._msg) == 1 else "".join(self._msg)
-        self._msg = []
+        if self._msg:
+            self._msg.append(data)  # type: ignore[arg-type]
+            text = "".join(self._msg)
+            self._drop_message()
+        else:  # the whole message in one piece (the common case): nothing was held
+            text = data  # type: ignore[assignment]
+            self._msg_bytes = 0
         self._on_message(text)
+
+    def _drop_message(self) -> None:
+        """Forget the unfinished message: release its bytes and its timer (every path)."""
+        self._msg = []
+        self._msg_bytes = 0
+        if self._held:
+            state(self.app).pending_bytes -= self._held
+            self._held = 0
+        t = self._frag_timer
+        if t is not None:
+            self._frag_timer = None
+            t.cancel()
+
+    def _on_fragment_timeout(self) -> None:
+        self._frag_timer = None
+        if self.closing:
+            return
+        if self._read_paused:  # the server stopped reading (backpressure): not the client's
+            self._frag_timer = self.app.clock.call_later(self.cfg.fragment_timeout_s,
+                                                         self._on_fragment_timeout)
+            return
+        self.close(1008, f"message not completed within {self.cfg.fragment_timeout_s:g} s "
+                   "of its first fragment")
 
     # -- client events -----------------------------------------------------------------------
     def _reject(self, message: str, code: str | None, param: str | None = None,

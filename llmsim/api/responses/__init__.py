@@ -226,6 +226,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     p = prepare(req, app, body)
     rr = p.rr
     cfg = app.config.responses
+    if p.conversation is not None:  # the input joins the conversation: it must fit there
+        st.conversation_item_sizes(p.input_items, "input")
     if rr.background:
         if not st.store.enabled:
             raise APIError(400, "Background mode requires stored responses, which are "
@@ -244,12 +246,21 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
                  conversation=p.conversation, ws_context=ws_ctx,
                  warmup=not rr.generate)
-    if rr.store:
-        st.store.put(rec.id, rec)
+    st.measure(rec, req.body)
+    if rr.store and st.put(rec):
         if st.shared is not None:  # --workers > 1: other workers see it too
             rec.shared = st.shared
             if rr.background or rr.stream:  # (a JSON answer's id is unknown until it ends)
                 st.shared.publish(rec)
+    elif rr.store and rr.background:
+        # a foreground response too big to store is answered and not kept (as if evicted at
+        # once: clients already see stored responses expire); a background one must be kept
+        raise APIError(400, f"This response is too large to store: about {rec.nbytes} bytes "
+                       "in memory (input, output and the earlier turns it keeps), above this "
+                       f"server's budget of {cfg.store_max_bytes} bytes for stored responses "
+                       "(responses.store_max_bytes). Background mode needs a stored response: "
+                       "send a smaller input or create it without background.",
+                       param="background", code="request_too_large")
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
@@ -499,10 +510,10 @@ async def conv_create(req: Request, app: App) -> JSONResponse:
     body = req.json_object() if req.body else {}
     metadata = V(body).metadata() or {}
     items = _items_body(body)
-    conv = Conversation(new_id("conv_", 48), int(app.clock.time()), metadata,
-                        app.config.responses.conversation_max_items)
-    conv.extend(items)
-    st.conversations.put(conv.id, conv)
+    sizes = st.conversation_item_sizes(items, "items")
+    conv = st.new_conversation(new_id("conv_", 48), int(app.clock.time()), metadata)
+    conv.extend(items, sizes)
+    st.conversations.put(conv.id, conv, nbytes=conv.nbytes)
     return JSONResponse(conv.json())
 
 
@@ -535,7 +546,7 @@ async def conv_items(req: Request, app: App) -> JSONResponse:
 async def conv_add_items(req: Request, app: App) -> JSONResponse:
     conv = _conv(app, req)
     items = _items_body(req.json_object())
-    conv.extend(items)
+    conv.extend(items, state(app).conversation_item_sizes(items, "items"))
     return JSONResponse({"object": "list", "data": items,
                          "first_id": items[0]["id"] if items else None,
                          "last_id": items[-1]["id"] if items else None, "has_more": False})

@@ -32,12 +32,14 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ...errors import APIError
+import orjson
+
+from ...errors import APIError, invalid
 from ...state import shared
-from ...state.store import BoundedStore
+from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream
 from . import render
-from .sim import RespOut
+from .sim import CallOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
     from ...app import App
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from ...flow import Pump
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
-           "FAILED_CODES", "fail_orphans"]
+           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -58,13 +60,62 @@ FAILED_CODES = frozenset((
     "empty_image_file", "failed_to_download_image", "image_file_not_found"))
 ACTIVE = ("queued", "in_progress")
 
+# -- size estimates (the byte budgets of the store, chains and conversations) -----------------
+# Measured with tracemalloc (tests/test_hostile_bytes.py keeps them honest): a normalized input
+# item costs ~500 bytes beyond its JSON (new dicts, ids, status); an output token ~20-60 bytes
+# (its piece, its gap, the final text); a logprob alternative ~340 bytes (dicts and byte lists).
+ITEM_OVERHEAD = 512
+TOKEN_BYTES = 64
+LOGPROB_BYTES = 400
+RECORD_BYTES = 4096  # the record, the Response object around the output, usage, the plan
+CONVERSATION_BYTES = 16384  # a conversation and its metadata (at most 16 short pairs)
+
+
+def _output_bytes(out: RespOut) -> int:
+    """The decided output's memory (plan and rendered items), from its numbers."""
+    n = 0
+    for it in out.items:
+        if type(it) is MessageOut:
+            n += TOKEN_BYTES * len(it.pieces)
+            lps = it.logprobs
+            if lps:
+                n += LOGPROB_BYTES * len(lps) * (1 + len(lps[0].get("top_logprobs") or ()))
+        elif type(it) is CallOut:
+            n += TOKEN_BYTES * len(it.pieces) + 2 * len(it.arguments)
+        elif type(it) is ReasoningOut:
+            n += TOKEN_BYTES * sum(map(len, it.parts)) + len(it.encrypted or "")
+    return n
+
+
+def record_bytes(rec: Record, body: bytes) -> int:
+    """An honest estimate of what ``rec`` holds, without serializing anything: its output from
+    token counts, and its input and request echo either measured (:func:`approx_bytes`) when
+    the body is a few objects holding long strings (walking them costs microseconds, where
+    counting a 4 MB body costs milliseconds), or else bounded from the request ``body``
+    (:func:`json_bytes`, ~0.3 ms a MB, plus each item's normalization overhead)."""
+    items = len(rec.input_items)
+    held = None
+    if len(body) > 4096 * (items + 4):
+        held = approx_bytes((rec.input_items, rec.echo))  # None: too many objects after all
+    if held is None:
+        held = json_bytes(body) + ITEM_OVERHEAD * items
+    return RECORD_BYTES + held + _output_bytes(rec.out)
+
+
+def item_bytes(item: Item) -> int:
+    """One conversation item's memory: measured (a normal item is a dozen objects, ~2 us), or
+    bounded from its JSON when it holds too many objects to walk."""
+    held = approx_bytes(item)
+    return held if held is not None else json_bytes(orjson.dumps(item))
+
 
 class Record:
     """One response's state (stored, WebSocket-cached, or only live while streaming)."""
 
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
                  "stream", "pump", "emitted", "cancel_seq", "failed_event", "done_output",
-                 "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared")
+                 "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
+                 "nbytes", "refs")
 
     def __init__(self, app: App, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
@@ -91,6 +142,8 @@ class Record:
         self.ws_context = ws_context
         self._finished = False
         self.shared: SharedResponses | None = None  # set when published to other workers
+        self.nbytes = 0  # estimated size (record_bytes), set by the creator
+        self.refs = 0  # holds on it: the store's, and each reachable child's (ResponsesState)
 
     # -- views --------------------------------------------------------------------------------
     @property
@@ -108,9 +161,12 @@ class Record:
 
     def turns(self, max_depth: int) -> list[list[Item]]:
         """Input and output items of each turn of the chain up to and including this response
-        (oldest first). Chains longer than ``max_depth`` forget their oldest turns for good."""
+        (oldest first). Chains longer than ``max_depth`` turns or holding more than
+        ``responses.chain_max_bytes`` forget their oldest turns for good."""
         chain: list[Record] = []
         base: list[list[Item]] = []
+        max_bytes = state(self.app).chain_max_bytes
+        held = 0
         r: Record | Snapshot | None = self
         while r is not None:
             if type(r) is Snapshot:  # a parent created on another worker
@@ -123,10 +179,13 @@ class Record:
                 base = r.shared.turns(r.id, max_depth - len(chain))
                 break
             chain.append(r)
-            if len(chain) >= max_depth and r.parent is not None:
-                r.parent = None  # bound the memory a long chain keeps alive
+            held += r.nbytes
+            p = r.parent
+            if p is not None and (len(chain) >= max_depth or (
+                    max_bytes and type(p) is Record and held + p.nbytes > max_bytes)):
+                state(self.app).unlink(r)  # bound the memory a long chain keeps alive
                 break
-            r = r.parent
+            r = p
         for r in reversed(chain):
             base.append(r.input_items + r.output_items())
         return base
@@ -170,8 +229,11 @@ class Record:
         if usage:
             self.app.stats.usage(usage["input_tokens"], usage["output_tokens"],
                                  usage["output_tokens_details"]["reasoning_tokens"])
-        if self.conversation is not None and self.status != "cancelled":
-            self.conversation.extend(self.input_items + self.output_items())
+        # let go of the conversation: a stored record must not keep a deleted or evicted
+        # conversation (up to conversation_max_bytes) alive outside its store's budget
+        conv, self.conversation = self.conversation, None
+        if conv is not None and self.status != "cancelled":
+            conv.extend(self.input_items + self.output_items())
         ctx = self.ws_context
         if ctx is not None and self.status in ("completed", "incomplete"):
             cache = getattr(ctx, "cache_response", None)
@@ -472,35 +534,81 @@ def fail_orphans(cfg: ResponsesConfig, state_dir: str, owner: int) -> int:
 
 
 class Conversation:
-    """An in-memory conversation transcript, bounded to ``max_items`` (oldest dropped)."""
+    """An in-memory conversation transcript, bounded to ``max_items`` and ``max_bytes`` of
+    items (oldest dropped first; an item bigger than ``max_bytes`` alone is not kept: client
+    items are refused before, see :meth:`ResponsesState.conversation_item_sizes`). Its size
+    is re-accounted in ``store`` (the conversations store) whenever it changes."""
 
-    __slots__ = ("id", "created_at", "metadata", "items")
+    __slots__ = ("id", "created_at", "metadata", "items", "sizes", "nbytes", "max_items",
+                 "max_bytes", "store")
 
     def __init__(self, cid: str, created_at: int, metadata: dict[str, str],
-                 max_items: int) -> None:
+                 max_items: int, max_bytes: int = 0,
+                 store: BoundedStore[Conversation] | None = None) -> None:
         self.id = cid
         self.created_at = created_at
         self.metadata = metadata
-        self.items: deque[Item] = deque(maxlen=max(1, max_items))
+        self.items: deque[Item] = deque()
+        self.sizes: deque[int] = deque()  # item_bytes of each item, in the same order
+        self.nbytes = CONVERSATION_BYTES  # what the conversations store accounts for it
+        self.max_items = max(1, max_items)
+        self.max_bytes = max_bytes
+        self.store = store
 
-    def extend(self, items: list[Item]) -> None:
+    def extend(self, items: list[Item], sizes: list[int] | None = None) -> None:
+        items = items[-self.max_items:]  # the rest would be dropped at once: never sized
+        if sizes is None:
+            sizes = [item_bytes(it) for it in items]
+        else:
+            sizes = sizes[-self.max_items:]
         self.items.extend(items)
+        self.sizes.extend(sizes)
+        self.nbytes += sum(sizes)
+        cap = self.max_bytes + CONVERSATION_BYTES if self.max_bytes else 0
+        while self.items and (len(self.items) > self.max_items or (cap and self.nbytes > cap)):
+            self.items.popleft()
+            self.nbytes -= self.sizes.popleft()
+        if self.store is not None:
+            self.store.resize(self.id, self.nbytes)
 
     def json(self) -> dict[str, Any]:
         return {"id": self.id, "object": "conversation", "created_at": self.created_at,
                 "metadata": self.metadata}
 
 
+def _min_bound(*caps: int) -> int:
+    """The tightest of several byte bounds (0 = none)."""
+    return min((c for c in caps if c), default=0)
+
+
 class ResponsesState:
-    """Per-app Responses state: the stored responses and conversations, background count."""
+    """Per-app Responses state: the stored responses and conversations, background count.
+
+    Byte accounting of stored responses: a stored record keeps its ``previous_response_id``
+    chain alive (up to ``max_chain_depth`` turns and ``chain_max_bytes``) even after the older
+    records were evicted, so the store's budget counts every record it keeps *reachable*,
+    once: ``Record.refs`` is 1 for the store's own hold plus one per reachable child, a record
+    evicted while a stored descendant still holds it moves from ``store.bytes`` to
+    ``store.extra_bytes``, and it leaves the count when its last holder does.
+    """
 
     def __init__(self, app: App) -> None:
         cfg = app.config.responses
         now = app.clock.now
-        self.store: BoundedStore[Record] = BoundedStore(cfg.store_max_entries, cfg.store_ttl_s,
-                                                        now, on_evict=self._evicted)
+        self.store: BoundedStore[Record] = BoundedStore(
+            cfg.store_max_entries, cfg.store_ttl_s, now, on_evict=self._evicted,
+            max_bytes=cfg.store_max_bytes, on_remove=self._removed)
         self.conversations: BoundedStore[Conversation] = BoundedStore(
-            cfg.conversations_max_entries, cfg.conversation_ttl_s, now)
+            cfg.conversations_max_entries, cfg.conversation_ttl_s, now,
+            max_bytes=cfg.conversations_max_bytes)
+        # a chain or a conversation bigger than its store could never be kept whole
+        self.chain_max_bytes = _min_bound(cfg.chain_max_bytes, cfg.store_max_bytes)
+        self.conversation_max_bytes = _min_bound(
+            cfg.conversation_max_bytes,
+            cfg.conversations_max_bytes - CONVERSATION_BYTES if cfg.conversations_max_bytes
+            else 0)
+        self._max_items = cfg.conversation_max_items
+        self.unstored = 0  # responses too big to store on their own (answered, not kept)
         self.active_background = 0
         self.shared: SharedResponses | None = None
         if shared.shared_dir() is not None and cfg.store_max_entries > 0:
@@ -512,6 +620,82 @@ class ResponsesState:
         # an evicted background response can no longer be read or cancelled: stop it
         if rec.pump is not None:
             rec.cancel()
+
+    # -- stored responses: byte accounting (see the class doc) ---------------------------------
+    @staticmethod
+    def measure(rec: Record, body: bytes) -> None:
+        """Set ``rec.nbytes`` (every record: an unstored one can still be held by a chain)."""
+        rec.nbytes = record_bytes(rec, body)
+
+    def put(self, rec: Record) -> bool:
+        """Store ``rec`` (``rec.nbytes`` set); False when it is not kept: storage disabled or
+        the response alone bigger than ``store_max_bytes`` (it is still answered; a later GET
+        is a 404, as for any evicted response)."""
+        store = self.store
+        if not store.fits(rec.nbytes):
+            if store.enabled:
+                self.unstored += 1
+            return False
+        if rec.refs:  # already kept alive by a stored descendant: now an entry itself
+            store.extra_bytes -= rec.nbytes
+        else:
+            self._acquire(rec.parent)
+        rec.refs += 1
+        return store.put(rec.id, rec, nbytes=rec.nbytes)
+
+    def _removed(self, key: str, rec: Record) -> None:
+        """``rec`` left the store (evicted, expired, deleted): drop the store's hold."""
+        rec.refs -= 1
+        if rec.refs:
+            self.store.extra_bytes += rec.nbytes  # a stored descendant still holds it
+        else:
+            self._release(rec.parent)
+
+    def _acquire(self, p: Record | Snapshot | None) -> None:
+        """A record just became reachable: hold its parent (and up the chain while new)."""
+        while type(p) is Record:
+            p.refs += 1
+            if p.refs > 1:
+                return
+            self.store.extra_bytes += p.nbytes
+            p = p.parent
+
+    def _release(self, p: Record | Snapshot | None) -> None:
+        """A record is no longer reachable: drop its hold on its parent (and up the chain)."""
+        while type(p) is Record:
+            p.refs -= 1
+            if p.refs:
+                return
+            self.store.extra_bytes -= p.nbytes
+            p = p.parent
+
+    def unlink(self, rec: Record) -> None:
+        """Cut ``rec`` from its parent (a chain bound): the older turns can be freed."""
+        p, rec.parent = rec.parent, None
+        if rec.refs:
+            self._release(p)
+
+    # -- conversations -----------------------------------------------------------------------
+    def new_conversation(self, cid: str, created_at: int,
+                         metadata: dict[str, str]) -> Conversation:
+        """A conversation bounded by this server's item and byte limits (not stored yet)."""
+        return Conversation(cid, created_at, metadata, self._max_items,
+                            self.conversation_max_bytes, self.conversations)
+
+    def conversation_item_sizes(self, items: list[Item], param: str) -> list[int]:
+        """The sizes of client items going into a conversation; 400 ``request_too_large``
+        naming ``param[i]`` for an item bigger than a conversation may hold."""
+        sizes = [item_bytes(it) for it in items]
+        cap = self.conversation_max_bytes
+        if cap:
+            for i, n in enumerate(sizes):
+                if n > cap:
+                    raise invalid(
+                        f"{param}[{i}]", f"This item is too large to keep in a conversation: "
+                        f"about {n} bytes in memory, above this server's bound of {cap} bytes "
+                        "per conversation (responses.conversation_max_bytes). Send a smaller "
+                        "item.", code="request_too_large")
+        return sizes
 
 
 def state(app: App) -> ResponsesState:
