@@ -167,14 +167,14 @@ def test_truncation_auto_is_the_old_result_with_each_item_counted_once(
         monkeypatch: Any) -> None:
     rng = random.Random(3)
     calls = 0
-    real = rsim.item_steps
+    real = rsim._item_parts
 
     def counting(*a: Any, **kw: Any) -> Any:
         nonlocal calls
         calls += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(rsim, "item_steps", counting)
+    monkeypatch.setattr(rsim, "_item_parts", counting)
     for _ in range(40):
         history = [{"type": "message", "role": rng.choice(("user", "assistant")),
                     "content": [{"type": "input_text", "text": "word " * rng.randint(0, 60)}]}
@@ -492,7 +492,7 @@ def test_health_answers_within_100ms_during_hostile_request(
         body = body(url)
     raw = orjson.dumps(body)
     rss0 = _rss_kb(pid)
-    for _attempt in range(2):  # one retry absorbs a scheduling hiccup on a shared box
+    for _attempt in range(3):  # retries absorb scheduling hiccups on a shared, busy box
         r, took, during = _hostile(url, path, raw)
         assert r.status == status, r.body[:300]
         if code is not None:

@@ -16,7 +16,7 @@ import orjson
 from . import tokens as tok
 
 __all__ = ["add_counts", "chat_prompt_tokens", "chat_prompt_steps", "content_text",
-           "count_json", "count_steps"]
+           "count_json"]
 
 IMAGE_TOKENS = 85
 BLOB_TOKENS = 256
@@ -50,26 +50,23 @@ def count_json(obj: Any, encoding: str) -> int:
     return tok.count_tokens(orjson.dumps(obj).decode(), encoding)
 
 
-def count_steps(text: str, encoding: str, cap: int) -> Generator[int, None, int]:
-    """:func:`tokens.count_tokens_steps`; a short text (the usual case) in one direct step."""
-    if len(text) <= tok.CHUNK_CHARS:
-        yield len(text) + 1  # (work of this text, for a pacing caller; +1: never 0)
-        return tok.count_tokens(text, encoding)
-    return (yield from tok.count_tokens_steps(text, encoding, cap))
-
-
 def add_counts(total: int, texts: Iterable[str], encoding: str,
                cap: int | None = None) -> Generator[int, None, int]:
-    """``total`` plus the tokens of ``texts``, counted stepwise (see
-    :func:`tokens.count_tokens_steps`); with ``cap``, a :class:`tokens.Bound` as soon as the
-    sum is known to exceed it (the rest is not tokenized)."""
+    """``total`` plus the tokens of ``texts``, counted stepwise (a long text chunk by chunk:
+    :func:`tokens.count_tokens_steps`; a short one, the usual case, directly); with ``cap``,
+    a :class:`tokens.Bound` as soon as the sum is known to exceed it (the rest is never
+    tokenized)."""
     room = cap if cap is not None else 1 << 62
     for s in texts:
         if not s:
             continue
         if total > room:
             return tok.Bound(total)
-        c = yield from count_steps(s, encoding, room - total)
+        if len(s) <= tok.CHUNK_CHARS:
+            total += tok.count_tokens(s, encoding)
+            yield len(s)
+            continue
+        c = yield from tok.count_tokens_steps(s, encoding, room - total)
         total += c
         if type(c) is tok.Bound:
             return tok.Bound(total)
@@ -81,20 +78,25 @@ def chat_prompt_steps(messages: list[dict[str, Any]], tools: list[Any] | None, e
     """Prompt tokens of a Chat Completions request, counted stepwise (:func:`add_counts`):
     with ``cap``, a :class:`tokens.Bound` once the prompt is known not to fit in ``cap``."""
     room = cap if cap is not None else 1 << 62
+    count = tok.count_tokens
+    short = tok.CHUNK_CHARS
     total = 3
     for m in messages:
         if total > room:
             return tok.Bound(total)
-        yield 1  # (a place to pause even for a long list of empty messages)
-        total += 3 + tok.count_tokens(str(m.get("role", "")), encoding)
+        total += 3 + count(str(m.get("role", "")), encoding)
         text, extra = content_text(m.get("content"))
         total += extra
         name = m.get("name")
         if name:
             total += 1
+        calls = m.get("tool_calls")
+        if len(text) <= short and not calls and (not name or len(str(name)) <= short):
+            total += count(text, encoding) + (count(str(name), encoding) if name else 0)
+            yield len(text) + 1  # (the usual message: no generator; a place to pause)
+            continue
         total = yield from add_counts(total, (
-            text, str(name) if name else "",
-            orjson.dumps(m["tool_calls"]).decode() if m.get("tool_calls") else ""),
+            text, str(name) if name else "", orjson.dumps(calls).decode() if calls else ""),
             encoding, cap)
         if type(total) is tok.Bound:
             return total

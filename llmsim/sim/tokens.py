@@ -336,8 +336,9 @@ def _chunks(text: str) -> Iterator[str]:
 def count_tokens_steps(text: str, encoding: str = "o200k_base",
                        cap: int | None = None) -> Generator[int, None, int]:
     """Count the tokens of ``text`` chunk by chunk; a generator that yields the characters of
-    each chunk counted (a place for the caller to pause: see ``api.validate.paced``) and
-    returns the count (:func:`count_tokens`'s, exact with tiktoken).
+    each chunk counted (work done: a place for the caller to pause, see
+    ``api.validate.paced``) and returns the count (:func:`count_tokens`'s, exact with
+    tiktoken). The prompt counters built on it yield the same way.
 
     With ``cap``, counting stops as soon as the count is known to exceed it and the return
     value is then a :class:`Bound` above ``cap`` (with tiktoken first the free bound

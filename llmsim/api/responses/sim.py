@@ -114,33 +114,45 @@ class RespOut:
 # Prompt accounting
 # ------------------------------------------------------------------------------------------
 
-def item_steps(it: Item, enc: str, cap: int | None = None) -> Generator[int, None, int]:
-    """Tokens of one input item: 3 of framing plus its text, like chat; counted stepwise
-    (:func:`llmsim.sim.prompt.add_counts`: a :class:`~llmsim.sim.tokens.Bound` above
-    ``cap``)."""
-    count = tok.count_tokens
+def _item_parts(it: Item, enc: str) -> tuple[int, tuple[str, ...]]:
+    """An input item's fixed tokens (3 of framing, like chat, its role, non-text parts) and
+    the texts whose tokens it adds."""
     t = it.get("type")
-    total = 3
-    texts: tuple[str, ...] = ()
     if t == "message":
-        total += count(str(it.get("role", "")), enc)
         text, extra = content_text(it.get("content"))
-        total += extra
-        texts = (text,)
-    elif t in ("function_call", "custom_tool_call"):
-        texts = (it.get("name", ""), it.get("arguments") or it.get("input") or "")
-    elif t in ("function_call_output", "custom_tool_call_output"):
+        return 3 + tok.count_tokens(str(it.get("role", "")), enc) + extra, (text,)
+    if t in ("function_call", "custom_tool_call"):
+        return 3, (it.get("name", ""), it.get("arguments") or it.get("input") or "")
+    if t in ("function_call_output", "custom_tool_call_output"):
         out = it.get("output")
         if isinstance(out, str):
-            texts = (out,)
-        else:
-            text, extra = content_text(out)
-            total += extra
-            texts = (text,)
-    elif t == "reasoning":
-        texts = tuple(s.get("text", "") for s in it.get("summary") or ())
-    yield 1  # (a place to pause between items)
-    return (yield from add_counts(total, texts, enc, cap))
+            return 3, (out,)
+        text, extra = content_text(out)
+        return 3 + extra, (text,)
+    if t == "reasoning":
+        return 3, tuple(s.get("text", "") for s in it.get("summary") or ())
+    return 3, ()
+
+
+def _item_quick(it: Item, enc: str) -> tuple[int, int] | None:
+    """(tokens, characters) of an input item whose texts are all short (the usual item,
+    counted directly); None for one with a long text (:func:`item_steps`)."""
+    total, texts = _item_parts(it, enc)
+    size = 1
+    for x in texts:
+        if len(x) > tok.CHUNK_CHARS:
+            return None
+        if x:
+            total += tok.count_tokens(x, enc)
+            size += len(x)
+    return total, size
+
+
+def item_steps(it: Item, enc: str, cap: int | None = None) -> Generator[int, None, int]:
+    """Tokens of one input item, counted stepwise (:func:`llmsim.sim.prompt.add_counts`: a
+    :class:`~llmsim.sim.tokens.Bound` above ``cap``)."""
+    fixed, texts = _item_parts(it, enc)
+    return (yield from add_counts(fixed, texts, enc, cap))
 
 
 def input_steps(history: list[Item], items: list[Item], instructions: str | None,
@@ -154,16 +166,21 @@ def input_steps(history: list[Item], items: list[Item], instructions: str | None
     kept: with ``truncate`` (truncation "auto") the oldest items that do not fit in ``room``
     are dropped, counting from the newest item back (suffix sums: every item counted once,
     the dropped ones mostly never). ``prefix`` is the kept history with the instructions and
-    tools, the cacheable prefix."""
-    fixed = 3 + (4 if instructions else 0)
-    base = yield from add_counts(fixed, (instructions or "",
-                                         orjson.dumps(tools).decode() if tools else ""),
-                                 enc, cap)
+    tools, the cacheable prefix. Each step yields the characters it tokenized."""
+    base = 3
+    if instructions or tools:
+        base = yield from add_counts(3 + (4 if instructions else 0), (
+            instructions or "", orjson.dumps(tools).decode() if tools else ""), enc, cap)
     total = base
     for it in items:
         if total > cap:
             return tok.Bound(total), len(history), base
-        c = yield from item_steps(it, enc, cap - total)
+        q = _item_quick(it, enc)
+        if q is None:
+            c = yield from item_steps(it, enc, cap - total)
+        else:
+            c = q[0]
+            yield q[1]
         total += c
         if type(c) is tok.Bound:
             return tok.Bound(total), len(history), base
@@ -173,7 +190,13 @@ def input_steps(history: list[Item], items: list[Item], instructions: str | None
     first = len(history)
     if truncate:
         while first > 0 and total + kept <= room:
-            c = yield from item_steps(history[first - 1], enc, room - total - kept)
+            it = history[first - 1]
+            q = _item_quick(it, enc)
+            if q is None:
+                c = yield from item_steps(it, enc, room - total - kept)
+            else:
+                c = q[0]
+                yield q[1]
             if total + kept + c > room:
                 break
             kept += c
@@ -183,7 +206,12 @@ def input_steps(history: list[Item], items: list[Item], instructions: str | None
         for it in history:
             if total + kept > cap:
                 return tok.Bound(total + kept), 0, base + kept
-            c = yield from item_steps(it, enc, cap - total - kept)
+            q = _item_quick(it, enc)
+            if q is None:
+                c = yield from item_steps(it, enc, cap - total - kept)
+            else:
+                c = q[0]
+                yield q[1]
             kept += c
             if type(c) is tok.Bound:
                 return tok.Bound(total + kept), 0, base + kept
