@@ -507,8 +507,9 @@ async def parse(req: Request, app: App) -> ChatRequest:
                           "reduce the length of the messages."),
                        param="messages", code="context_length_exceeded")
     per_choice = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=prompt_tokens)
+    raised = limit is None and min_tokens > app.config.output_tokens_max  # min_tokens drives it
     check_request_work(n, per_choice, (top_logprobs or 0) if logprobs else 0,
-                       param="min_tokens" if limit is None and min_tokens == per_choice else "n")
+                       param="min_tokens" if raised and min_tokens == per_choice else "n")
     return ChatRequest(
         body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
         include_usage=include_usage, limit=limit, stops=stops, tools=tools,
