@@ -368,6 +368,10 @@ class Config:
                                 metavar="BYTES")
     max_pipelined: int = opt(32, "Most pipelined requests buffered per connection before the "
                              "server stops reading from it.", metavar="N")
+    max_input_items: int = opt(2048, "Most items one request may carry in chat 'messages' or "
+                               "Responses 'input' (item references included); more is a 400 "
+                               "array_above_max_length (2048: Azure OpenAI's documented limit "
+                               "on messages).", metavar="N")
     header_timeout_s: float = opt(10.0, "Close a connection whose request head has not arrived "
                                   "within this many seconds (slowloris guard).", metavar="S")
     idle_timeout_s: float = opt(75.0, "Close an idle keep-alive connection after this many "
@@ -630,7 +634,7 @@ def _check(cfg: Config) -> None:
         raise ConfigError("output_tokens_mean must be > 0 and output_tokens_sigma >= 0")
     if cfg.write_stall_timeout_s < 0:
         raise ConfigError("write_stall_timeout_s: must be >= 0")
-    for name in ("max_body_bytes", "max_header_bytes", "max_pipelined"):
+    for name in ("max_body_bytes", "max_header_bytes", "max_pipelined", "max_input_items"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1")
     for k in cfg.admin_key:

@@ -24,10 +24,18 @@ from ..sim import text as txt
 from ..sim import tokens as tok
 from ..sim.latency import Latency
 from ..sim.models import ModelProfile
-from ..sim.prompt import chat_prompt_tokens, content_text
+from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import derive, new_id, request_rng
 from ..stream import EventStream
-from .validate import FUNCTION_NAME, V, check_request_work, got, unsupported, unsupported_value
+from .validate import (
+    FUNCTION_NAME,
+    V,
+    check_request_work,
+    got,
+    paced,
+    unsupported,
+    unsupported_value,
+)
 
 if TYPE_CHECKING:
     from ..app import App
@@ -337,13 +345,15 @@ _IGNORED_CHECKS: dict[str, Any] = {
 }
 
 
-def parse(req: Request, app: App) -> ChatRequest:
-    """Validate a Chat Completions body; raise APIError naming the first bad parameter."""
+async def parse(req: Request, app: App) -> ChatRequest:
+    """Validate a Chat Completions body; raise APIError naming the first bad parameter.
+
+    Async only to count a long prompt in slices (``validate.paced``), never holding the loop."""
     body = req.json_object()
     v = V(body)
     profile = app.model(body.get("model"))
     model = body["model"]
-    messages = v.list("messages")
+    messages = v.list("messages", max_len=app.config.max_input_items)
     if messages is None:
         raise APIError(400, "Missing required parameter: 'messages'.", param="messages",
                        code="missing_required_parameter")
@@ -389,6 +399,7 @@ def parse(req: Request, app: App) -> ChatRequest:
         raise APIError(400, f"{limit_param} is too large: {limit}. This model supports at most "
                        f"{profile.max_output_tokens} completion tokens, whereas you provided "
                        f"{limit}.", param=limit_param, code="invalid_value")
+    min_tokens = _min_tokens(v, limit, limit_param, profile)
     stop = body.get("stop")
     stops: list[str] = []
     if stop is not None:
@@ -481,16 +492,24 @@ def parse(req: Request, app: App) -> ChatRequest:
                            "'response_format' of type 'json_object'.", param="messages",
                            code=None)
     enc = profile.encoding
-    prompt_tokens = chat_prompt_tokens(messages, tools or None, enc)
     cw = profile.context_window
+    # counted up to what can fit: a prompt that cannot is refused without tokenizing it whole
+    prompt_tokens = await paced(chat_prompt_steps(messages, tools or None, enc,
+                                                  cap=cw - (limit or 0)))
     if prompt_tokens + (limit or 0) > cw:
-        raise APIError(400, f"This model's maximum context length is {cw} tokens. However, you "
-                       f"requested {prompt_tokens + (limit or 0)} tokens ({prompt_tokens} in the "
-                       f"messages, {limit or 0} in the completion). Please reduce the length of "
-                       "the messages or completion.", param="messages",
-                       code="context_length_exceeded")
-    check_request_work(n, limit if limit is not None else app.config.output_tokens_max,
-                       (top_logprobs or 0) if logprobs else 0, param="n")
+        # the real API's two wordings; "at least" when counting stopped at what could fit
+        least = "at least " if type(prompt_tokens) is tok.Bound else ""
+        raise APIError(400, f"This model's maximum context length is {cw} tokens. However, "
+                       + (f"you requested {least}{prompt_tokens + limit} tokens ({least}"
+                          f"{prompt_tokens} in the messages, {limit} in the completion). Please "
+                          "reduce the length of the messages or completion." if limit else
+                          f"your messages resulted in {least}{prompt_tokens} tokens. Please "
+                          "reduce the length of the messages."),
+                       param="messages", code="context_length_exceeded")
+    per_choice = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=prompt_tokens)
+    raised = limit is None and min_tokens > app.config.output_tokens_max  # min_tokens drives it
+    check_request_work(n, per_choice, (top_logprobs or 0) if logprobs else 0,
+                       param="min_tokens" if raised and min_tokens == per_choice else "n")
     return ChatRequest(
         body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
         include_usage=include_usage, limit=limit, stops=stops, tools=tools,
@@ -498,8 +517,20 @@ def parse(req: Request, app: App) -> ChatRequest:
         logprobs=logprobs, top_logprobs=top_logprobs or 0,
         effort=(effort or profile.default_effort) if reasoning else None,
         prompt_tokens=prompt_tokens, service_tier=service_tier,
-        ignore_eos=bool(v.bool("ignore_eos", False)),
-        min_tokens=v.int("min_tokens", 0, lo=0) or 0)
+        ignore_eos=bool(v.bool("ignore_eos", False)), min_tokens=min_tokens)
+
+
+def _min_tokens(v: V, limit: int | None, limit_param: str, profile: ModelProfile) -> int:
+    """vLLM's ``min_tokens``: a floor on the length, at most the request's limit (vLLM's rule
+    and wording) or, without one, the model's output limit (a length it could never reach)."""
+    min_tokens = v.int("min_tokens", 0, lo=0) or 0
+    top = limit if limit is not None else profile.max_output_tokens
+    if min_tokens > top:
+        raise APIError(400, "min_tokens must be less than or equal to "
+                       + (f"{limit_param}={limit}" if limit is not None else
+                          f"the model's {profile.max_output_tokens} completion tokens")
+                       + f", got {min_tokens}.", param="min_tokens", code="invalid_value")
+    return min_tokens
 
 
 # ------------------------------------------------------------------------------------------
@@ -760,7 +791,7 @@ def error_events(err: APIError) -> list[tuple[str, Any]]:
 # ------------------------------------------------------------------------------------------
 
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    cr = parse(req, app)
+    cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
     lat = app.latency(cr.profile)
     out = simulate(cr, app, rng, lat)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
-from typing import Any
+import time
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 from ..errors import APIError
 
@@ -192,3 +195,37 @@ def check_request_work(n: int, tokens: int, top_logprobs: int, *, param: str) ->
                        "token-units (choices × max tokens × (1 + top_logprobs)). Lower the "
                        "token limit, 'n' or 'top_logprobs'.", param=param,
                        code="request_too_large")
+
+
+# A stepwise computation (token counting: :func:`llmsim.sim.tokens.count_tokens_steps` and the
+# prompt counters built on it, whose steps yield the characters they tokenized) runs on the
+# event loop in slices of about PACE_SLICE_S. Counting stops at what can fit the context
+# window, but that can still be a lot of text (1M tokens for gpt-4.1; the tokenizer takes
+# 20-800 ns a character depending on the text's shape), and a request must never hold other
+# clients, /health included, for more than a slice (a step tokenizes at most CHUNK_CHARS
+# characters: ~13 ms at the tokenizer's slowest). The clock is read only every PACE_CHARS
+# characters, so a small prompt costs no clock reads at all.
+PACE_SLICE_S = 0.005
+PACE_CHARS = 4096
+
+T = TypeVar("T")
+
+
+async def paced(steps: Generator[int, None, T]) -> T:
+    """Run ``steps`` to its result, giving the event loop a turn every ``PACE_SLICE_S``."""
+    clock = time.perf_counter
+    deadline = 0.0
+    work = 0
+    while True:
+        try:
+            work += next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if work >= PACE_CHARS:
+            work = 0
+            now = clock()
+            if not deadline:
+                deadline = now + PACE_SLICE_S
+            elif now >= deadline:
+                await asyncio.sleep(0)
+                deadline = clock() + PACE_SLICE_S

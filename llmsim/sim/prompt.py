@@ -8,13 +8,15 @@ primed with 3 more. Tool definitions are counted as their JSON. Images cost a fi
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterable
 from typing import Any
 
 import orjson
 
 from . import tokens as tok
 
-__all__ = ["chat_prompt_tokens", "content_text", "count_json"]
+__all__ = ["add_counts", "chat_prompt_tokens", "chat_prompt_steps", "content_text",
+           "count_json"]
 
 IMAGE_TOKENS = 85
 BLOB_TOKENS = 256
@@ -48,21 +50,62 @@ def count_json(obj: Any, encoding: str) -> int:
     return tok.count_tokens(orjson.dumps(obj).decode(), encoding)
 
 
+def add_counts(total: int, texts: Iterable[str], encoding: str,
+               cap: int | None = None) -> Generator[int, None, int]:
+    """``total`` plus the tokens of ``texts``, counted stepwise (a long text chunk by chunk:
+    :func:`tokens.count_tokens_steps`; a short one, the usual case, directly); with ``cap``,
+    a :class:`tokens.Bound` as soon as the sum is known to exceed it (the rest is never
+    tokenized)."""
+    room = cap if cap is not None else 1 << 62
+    for s in texts:
+        if not s:
+            continue
+        if total > room:
+            return tok.Bound(total)
+        if len(s) <= tok.CHUNK_CHARS:
+            total += tok.count_tokens(s, encoding)
+            yield len(s)
+            continue
+        c = yield from tok.count_tokens_steps(s, encoding, room - total)
+        total += c
+        if type(c) is tok.Bound:
+            return tok.Bound(total)
+    return total
+
+
+def chat_prompt_steps(messages: list[dict[str, Any]], tools: list[Any] | None, encoding: str,
+                      cap: int | None = None) -> Generator[int, None, int]:
+    """Prompt tokens of a Chat Completions request, counted stepwise (:func:`add_counts`):
+    with ``cap``, a :class:`tokens.Bound` once the prompt is known not to fit in ``cap``."""
+    room = cap if cap is not None else 1 << 62
+    count = tok.count_tokens
+    short = tok.CHUNK_CHARS
+    total = 3
+    for m in messages:
+        if total > room:
+            return tok.Bound(total)
+        total += 3 + count(str(m.get("role", "")), encoding)
+        text, extra = content_text(m.get("content"))
+        total += extra
+        name = m.get("name")
+        if name:
+            total += 1
+        calls = m.get("tool_calls")
+        if len(text) <= short and not calls and (not name or len(str(name)) <= short):
+            total += count(text, encoding) + (count(str(name), encoding) if name else 0)
+            yield len(text) + 1  # (the usual message: no generator; a place to pause)
+            continue
+        total = yield from add_counts(total, (
+            text, str(name) if name else "", orjson.dumps(calls).decode() if calls else ""),
+            encoding, cap)
+        if type(total) is tok.Bound:
+            return total
+    if tools:
+        total = yield from add_counts(total, (orjson.dumps(tools).decode(),), encoding, cap)
+    return total
+
+
 def chat_prompt_tokens(messages: list[dict[str, Any]], tools: list[Any] | None,
                        encoding: str) -> int:
     """Prompt tokens of a Chat Completions request."""
-    total = 3
-    for m in messages:
-        total += 3
-        total += tok.count_tokens(str(m.get("role", "")), encoding)
-        text, extra = content_text(m.get("content"))
-        if text:
-            total += tok.count_tokens(text, encoding)
-        total += extra
-        if m.get("name"):
-            total += 1 + tok.count_tokens(str(m["name"]), encoding)
-        if m.get("tool_calls"):
-            total += count_json(m["tool_calls"], encoding)
-    if tools:
-        total += count_json(tools, encoding)
-    return total
+    return tok.run_steps(chat_prompt_steps(messages, tools, encoding))

@@ -17,7 +17,7 @@ from typing import Any
 from . import tokens as tok
 
 __all__ = ["TextOut", "draw_length", "generate", "answer", "apply_stop", "reasoning_tokens",
-           "EFFORT_MULTIPLIER", "summary_words"]
+           "EFFORT_MULTIPLIER", "summary_words", "most_tokens"]
 
 # R4.3.1: reasoning tokens as a multiple of the visible output tokens
 EFFORT_MULTIPLIER = {"none": 0.0, "minimal": 0.5, "low": 1.5, "medium": 3.0, "high": 6.0,
@@ -57,7 +57,8 @@ def generate(mode: str, rng: random.Random, *, length: int, limit: int | None,
     hard cap (max_tokens). Echo/fixed text has its own length and is cut at ``limit``.
     """
     if mode in ("echo", "fixed"):
-        pieces, count = tok.split_pieces_counted(source, encoding)
+        # (a long source is split only as far as the limit needs)
+        pieces, count = tok.split_pieces_counted(source, encoding, stop_after=limit)
         if not pieces:
             pieces, count = ["."], 1
         if limit is not None and count > limit:
@@ -97,6 +98,17 @@ def answer(cfg: Any, rng: random.Random, *, natural: int, limit: int | None,
         exact = cfg.max_tokens_mode == "exact"
     length = limit if (limit is not None and mode in ("lorem", "sequence") and exact) else natural
     return generate(mode, rng, length=length, limit=limit, source=source, encoding=encoding)
+
+
+def most_tokens(cfg: Any, limit: int | None, *, min_tokens: int = 0, echoed: int = 0) -> int:
+    """The most tokens :func:`answer` can give one choice (what the per-request work bound,
+    ``api.validate.check_request_work``, multiplies): the request's ``limit`` when it sets
+    one, else the longest drawn length (``output_tokens_max``) raised by ``min_tokens`` and,
+    in echo mode, by ``echoed`` (the echoed text's tokens: at most the prompt's)."""
+    if limit is not None:
+        return limit
+    top = max(cfg.output_tokens_max, min_tokens)
+    return max(top, echoed) if cfg.text == "echo" else top
 
 
 def _cut(pieces: list[str], limit: int, encoding: str) -> list[str]:

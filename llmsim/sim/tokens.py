@@ -45,7 +45,8 @@ import random
 import re
 import tempfile
 import threading
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import Any, TypeVar
 
 __all__ = [
     "CAP_WORDS",
@@ -53,7 +54,12 @@ __all__ = [
     "PUNCT",
     "SEQUENCE_SEPARATOR",
     "WORDS",
+    "Bound",
+    "CHUNK_CHARS",
+    "MAX_TOKEN_BYTES",
     "count_tokens",
+    "count_tokens_steps",
+    "run_steps",
     "encoding_for_model",
     "get_encoding",
     "is_exact",
@@ -66,6 +72,8 @@ __all__ = [
 # ---------------------------------------------------------------------------
 # Offline tiktoken loading
 # ---------------------------------------------------------------------------
+
+_T = TypeVar("_T")
 
 _ENDOFTEXT = "<|endoftext|>"
 _FIM_PREFIX = "<|fim_prefix|>"
@@ -288,10 +296,91 @@ def _estimate_pieces(text: str) -> list[str]:
     return pieces
 
 
-def split_pieces_counted(text: str, encoding: str = "o200k_base") -> tuple[list[str], int]:
+# Long texts are tokenized in chunks. The tokenizers' cost per character varies ~40x with the
+# text's shape (~20 ns for prose, ~800 ns for one long run of random letters, measured with
+# tiktoken 0.14), tiktoken's o200k pre-tokenizer panics (a BaseException) on a run of ~1M
+# spaces, and a prompt that cannot fit a context window should not be tokenized whole. So a text
+# longer than CHUNK_CHARS is cut into chunks of CHUNK_CHARS/2..CHUNK_CHARS characters, each cut
+# where cl100k, o200k and the estimate all start a new pre-token anyway, which makes the chunk
+# counts add up exactly to the whole text's count:
+#   * before a space that follows a non-space (no pre-token runs on over a space: " word"
+#     and whitespace runs start at it), or
+#   * before a punctuation mark that follows a letter or digit ("foo.bar" -> "foo" ".bar";
+#     not an apostrophe: o200k keeps "'s" on its word; ASCII and common CJK punctuation).
+# A stretch of CHUNK_CHARS/2 characters with neither (a hostile run, not prose or code) is cut
+# anyway; only then can a count differ from the whole-text count (by a token or so per cut).
+CHUNK_CHARS = 16384
+_SPLIT_RE = re.compile(r"(?<=\S) |(?<=[^\W_])[!-&(-/:-@\[-`{-~、。〈〉《》「」『』【】〔〕！（），．：；？]")
+# The longest token of cl100k_base and o200k_base, in bytes (checked in tests): a text of N
+# characters (>= N bytes) has at least N / MAX_TOKEN_BYTES tokens, a bound that costs nothing.
+MAX_TOKEN_BYTES = 128
+
+
+class Bound(int):
+    """A token count that is only a lower bound: counting stopped once it passed its cap."""
+
+    __slots__ = ()
+
+
+def _chunks(text: str) -> Iterator[str]:
+    """Consecutive pieces of ``text`` (see CHUNK_CHARS) whose token counts add up."""
+    start, n, size = 0, len(text), CHUNK_CHARS
+    while n - start > size:
+        m = _SPLIT_RE.search(text, start + size // 2, start + size)
+        cut = m.start() if m is not None else start + size
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def count_tokens_steps(text: str, encoding: str = "o200k_base",
+                       cap: int | None = None) -> Generator[int, None, int]:
+    """Count the tokens of ``text`` chunk by chunk; a generator that yields the characters of
+    each chunk counted (work done: a place for the caller to pause, see
+    ``api.validate.paced``) and returns the count (:func:`count_tokens`'s, exact with
+    tiktoken). The prompt counters built on it yield the same way.
+
+    With ``cap``, counting stops as soon as the count is known to exceed it and the return
+    value is then a :class:`Bound` above ``cap`` (with tiktoken first the free bound
+    ``len(text) / MAX_TOKEN_BYTES``, else the exact count of the chunks read so far): a text
+    that cannot fit is never tokenized whole."""
+    if not text:
+        return 0
+    enc = get_encoding(encoding)
+    if cap is not None and enc is not None:
+        floor = -(-len(text) // MAX_TOKEN_BYTES)
+        if floor > cap:
+            return Bound(floor)
+    count = (lambda s: len(enc.encode_ordinary(s))) if enc is not None else (
+        lambda s: len(_estimate_pieces(s)))
+    total = done = 0
+    for chunk in _chunks(text):
+        total += count(chunk)
+        done += len(chunk)
+        yield len(chunk)
+        if cap is not None and total > cap and done < len(text):
+            return Bound(total)
+    return total
+
+
+def run_steps(steps: Generator[Any, None, _T]) -> _T:
+    """Run a stepwise count (:func:`count_tokens_steps` and the prompt counters built on it)
+    to its end without pausing; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def split_pieces_counted(text: str, encoding: str = "o200k_base",
+                         stop_after: int | None = None) -> tuple[list[str], int]:
     """Split ``text`` into token pieces; return ``(pieces, token_count)``.
 
-    ``"".join(pieces) == text`` always holds.
+    ``"".join(pieces) == text`` always holds, except with ``stop_after``: a long text
+    (see CHUNK_CHARS) is then split only until more than ``stop_after`` tokens are known, and
+    ``pieces`` are its first ones (exactly the whole text's first pieces), ``token_count``
+    theirs (what a caller that keeps ``stop_after`` tokens needs).
 
     With tiktoken each piece is the text of one token, except where a character
     is split across several tokens (its UTF-8 bytes are not valid on their own,
@@ -304,6 +393,15 @@ def split_pieces_counted(text: str, encoding: str = "o200k_base") -> tuple[list[
     """
     if not text:
         return [], 0
+    if len(text) > CHUNK_CHARS:  # (see CHUNK_CHARS)
+        pieces, total = [], 0
+        for chunk in _chunks(text):
+            p, c = split_pieces_counted(chunk, encoding)
+            pieces.extend(p)
+            total += c
+            if stop_after is not None and total > stop_after:
+                break
+        return pieces, total
     enc = get_encoding(encoding)
     if enc is None:
         pieces = _estimate_pieces(text)
@@ -332,10 +430,13 @@ def split_pieces(text: str, encoding: str = "o200k_base") -> list[str]:
 def count_tokens(text: str, encoding: str = "o200k_base") -> int:
     """Number of tokens in ``text``: exact with tiktoken, else an estimate.
 
-    Special-token strings such as ``<|endoftext|>`` are counted as plain text.
+    Special-token strings such as ``<|endoftext|>`` are counted as plain text. A text longer
+    than CHUNK_CHARS is counted in chunks (:func:`count_tokens_steps`).
     """
     if not text:
         return 0
+    if len(text) > CHUNK_CHARS:
+        return run_steps(count_tokens_steps(text, encoding))
     enc = get_encoding(encoding)
     if enc is None:
         return len(_estimate_pieces(text))

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 from ...errors import APIError
 from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
+from ...sim import text as txt
+from ...sim import tokens as tok
 from ...sim.rng import new_id, request_rng
 from ...stream import EventStream
-from ..validate import V
+from ..validate import V, check_request_work, paced
 from . import render
 from .parse import RespRequest, normalize_input, parse_body
-from .sim import cached_prefix_tokens, prompt_tokens, simulate
+from .sim import cached_prefix_tokens, input_steps, simulate
 from .state import CANCEL, DELETED, Conversation, Record, ResponsesState, Snapshot, state
 
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record | Snaps
 
 def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) -> list[Item]:
     """Replace ``item_reference`` placeholders by the referenced items (earlier turns of this
-    context first, then any stored response)."""
+    context first, then any stored response): one dict lookup each (``st.items``)."""
     if not any(it.get("type") == "item_reference" for it in items):
         return items
     known = {it.get("id"): it for it in history if it.get("id")}
@@ -118,22 +120,20 @@ def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) ->
             continue
         hit = known.get(it["id"])
         if hit is None:
-            for rec in st.store.values():
-                for cand in rec.input_items + rec.output_items():
-                    if cand.get("id") == it["id"]:
-                        hit = cand
-                        break
-                if hit is not None:
-                    break
-        if hit is None:
-            raise APIError(404, f"Item with id '{it['id']}' not found.",
-                           param=f"input[{i}]", code=None)
+            hit = st.items.find(it["id"], st.store)
+            if hit is None:
+                raise APIError(404, f"Item with id '{it['id']}' not found.",
+                               param=f"input[{i}]", code=None)
+            known[it["id"]] = hit
         out.append(hit)
     return out
 
 
 def _check_call_ids(items: list[Item], history: list[Item]) -> None:
     """Every tool output must answer a tool call of the context, as the real API insists."""
+    if not any(it.get("type") in ("function_call_output", "custom_tool_call_output")
+               for it in items):
+        return  # (nothing to check: no scan of a long history)
     calls = {it.get("call_id") for it in history
              if it.get("type") in ("function_call", "custom_tool_call")}
     for i, it in enumerate(items):
@@ -164,9 +164,11 @@ class Prepared:
         self.cached_tokens = cached_tokens
 
 
-def prepare(req: Request, app: App, body: dict[str, Any], *,
-            count_only: bool = False) -> Prepared:
-    """Validate and assemble the context of a create (or input_tokens) request."""
+async def prepare(req: Request, app: App, body: dict[str, Any], *,
+                  count_only: bool = False) -> Prepared:
+    """Validate and assemble the context of a create (or input_tokens) request.
+
+    Async only to count a long input in slices (``validate.paced``), never holding the loop."""
     st = state(app)
     rr = parse_body(body, app, transport=req.transport, count_only=count_only)
     parent = None
@@ -183,23 +185,27 @@ def prepare(req: Request, app: App, body: dict[str, Any], *,
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
     _check_call_ids(items, history)
-    enc = rr.profile.encoding
-    tools = rr.tools or None
-    total = prompt_tokens(history + items, rr.instructions, tools, enc)
     cw = rr.profile.context_window
-    if total + (rr.limit or 0) > cw:
-        if rr.truncation == "auto" and history:
-            # truncation "auto": drop the oldest items of the context until the input fits
-            while history and total + (rr.limit or 0) > cw:
-                history = history[1:]
-                total = prompt_tokens(history + items, rr.instructions, tools, enc)
-        if total + (rr.limit or 0) > cw and not count_only:
-            raise APIError(400, f"Your input exceeds the context window of this model "
-                           f"({total} tokens > {cw}). Please adjust your input and try again.",
-                           param="input", code="context_length_exceeded")
-    cached = 0
-    if history:
-        cached = cached_prefix_tokens(prompt_tokens(history, rr.instructions, tools, enc))
+    room = cw - (rr.limit or 0)
+    # Counted once, item by item, and only up to what can fit (input_tokens: the whole
+    # window); truncation "auto" drops the oldest turns that do not fit (sim.input_steps).
+    cap = cw if count_only else room
+    total, first, prefix = await paced(input_steps(
+        history, items, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
+        rr.truncation == "auto"))
+    history = history[first:]
+    if total > cap:
+        least = "at least " if type(total) is tok.Bound else ""
+        asked = f" + {rr.limit} max_output_tokens" if rr.limit and not count_only else ""
+        raise APIError(400, f"Your input exceeds the context window of this model "
+                       f"({least}{total} tokens{asked} > {cw}). Please adjust your input and "
+                       "try again.", param="input", code="context_length_exceeded")
+    if not count_only:
+        per_choice = txt.most_tokens(app.config, rr.limit, echoed=total)
+        logprobs = "message.output_text.logprobs" in rr.include
+        check_request_work(1, per_choice, rr.top_logprobs if logprobs else 0,
+                           param="max_output_tokens")
+    cached = cached_prefix_tokens(prefix) if history else 0
     return Prepared(rr, parent, conv, items, history + items, total, min(cached, total))
 
 
@@ -223,7 +229,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     """``POST /v1/responses`` (and WebSocket ``response.create`` through dispatch)."""
     st = state(app)
     body = req.json_object()
-    p = prepare(req, app, body)
+    p = await prepare(req, app, body)
     rr = p.rr
     cfg = app.config.responses
     if p.conversation is not None:  # the input joins the conversation: it must fit there
@@ -248,6 +254,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
                  warmup=not rr.generate)
     st.measure(rec, req.body)
     if rr.store and st.put(rec):
+        st.items.add(rec, [o.id for o in out.items], st.store)
         if st.shared is not None:  # --workers > 1: other workers see it too
             rec.shared = st.shared
             if rr.background or rr.stream:  # (a JSON answer's id is unknown until it ends)
@@ -477,7 +484,7 @@ async def input_items(req: Request, app: App) -> JSONResponse:
 async def input_tokens(req: Request, app: App) -> JSONResponse:
     """``POST /v1/responses/input_tokens``: the input tokens a create would be billed."""
     body = req.json_object()
-    p = prepare(req, app, body, count_only=True)
+    p = await prepare(req, app, body, count_only=True)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": p.input_tokens})
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import APIError
 from ...sim.models import ModelProfile
 from ...sim.rng import new_id
-from ..validate import FUNCTION_NAME, V, check_request_work, got, unsupported
+from ..validate import FUNCTION_NAME, V, got, unsupported
 
 if TYPE_CHECKING:
     from ...app import App
@@ -417,6 +417,8 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
             raise _missing("input")
         items, refs = [], []
     else:
+        if isinstance(raw_input, list):  # (each item costs work: bounded in number)
+            v.list("input", max_len=app.config.max_input_items)
         items, refs = normalize_input(raw_input)
     instructions = v.str("instructions")
     stream = bool(v.bool("stream", False))
@@ -507,9 +509,6 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
             effort = e
     if top_logprobs and profile.reasoning:
         raise unsupported("top_logprobs", model)
-    if "message.output_text.logprobs" in include:
-        check_request_work(1, limit if limit is not None else profile.max_output_tokens,
-                           top_logprobs or 0, param="max_output_tokens")
     if not store and background:
         raise _err("background", "Background mode requires 'store' to be true.")
     if transport == "ws" and background:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ...flow import Pump
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
-           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes"]
+           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -581,6 +581,53 @@ def _min_bound(*caps: int) -> int:
     return min((c for c in caps if c), default=0)
 
 
+class ItemIndex:
+    """Item id → where a stored response holds it, so ``item_reference`` resolves with one
+    dict lookup instead of a scan of every stored response (20,000 references against 1,000
+    stored responses took 11.8 s). Entries of responses that have left the store are dropped
+    when met, and swept whenever the index has doubled since the last sweep (amortised O(1)
+    per item; the index stays within about twice the stored items)."""
+
+    __slots__ = ("_where", "_sweep_at")
+
+    def __init__(self) -> None:
+        self._where: dict[str, tuple[str, int]] = {}  # item id → (response id, position)
+        self._sweep_at = 4096
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, rec: Record, output_ids: list[str], store: BoundedStore[Record]) -> None:
+        """Index a stored response's input items (position i) and its output items (-1 - j,
+        in ``rec.output_items()`` once it has them)."""
+        where = self._where
+        for i, it in enumerate(rec.input_items):
+            iid = it.get("id")
+            if isinstance(iid, str):
+                where[iid] = (rec.id, i)
+        for j, oid in enumerate(output_ids):
+            where[oid] = (rec.id, -1 - j)
+        if len(where) > self._sweep_at:
+            self._where = where = {k: v for k, v in where.items() if v[0] in store}
+            self._sweep_at = max(4096, 2 * len(where))
+
+    def find(self, item_id: str, store: BoundedStore[Record]) -> Item | None:
+        """The stored item with this id (from the newest stored response that has it)."""
+        hit = self._where.get(item_id)
+        if hit is None:
+            return None
+        rec = store.get(hit[0])
+        if rec is None:
+            del self._where[item_id]
+            return None
+        pos = hit[1]
+        items = rec.input_items if pos >= 0 else rec.output_items()
+        k = pos if pos >= 0 else -1 - pos
+        if k < len(items) and items[k].get("id") == item_id:
+            return items[k]
+        return None  # an output item the response has not produced (yet, or at all)
+
+
 class ResponsesState:
     """Per-app Responses state: the stored responses and conversations, background count.
 
@@ -610,6 +657,7 @@ class ResponsesState:
         self._max_items = cfg.conversation_max_items
         self.unstored = 0  # responses too big to store on their own (answered, not kept)
         self.active_background = 0
+        self.items = ItemIndex()  # item_reference lookups
         self.shared: SharedResponses | None = None
         if shared.shared_dir() is not None and cfg.store_max_entries > 0:
             self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
