@@ -1044,3 +1044,43 @@ def test_mutator_is_deterministic_and_varied() -> None:
     for body in corpus:
         json.loads(dumps(body))
 
+
+# ------------------------------------------------------------------------------------------
+# Regressions: failures the fuzzer found, fixed, pinned here with their exact answer
+# ------------------------------------------------------------------------------------------
+
+def _idle(srv: Any) -> bool:
+    st = srv.app.stats
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if (st.active_connections, st.active_requests, st.active_streams) == (0, 0, 0):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("entry,param,code", [
+    ({"name": []}, "tool_choice.tools[0].type", "missing_required_parameter"),
+    ({"type": "function", "name": []}, "tool_choice.tools[0].name", "invalid_type"),
+    ({"type": "custom"}, "tool_choice.tools[0].name", "missing_required_parameter"),
+    ("noop", "tool_choice.tools[0]", "invalid_type"),
+    ({"type": "nope", "name": "noop"}, "tool_choice.tools[0].type", "invalid_value"),
+])
+def test_responses_allowed_tools_entries_are_validated(srv: Any, entry: Any, param: str,
+                                                       code: str) -> None:
+    """An ``allowed_tools`` entry without a string name was accepted, then the simulation
+    hashed its name: 500 (fuzz case: ``"tools": [{"name": []}]``). Now a 400 naming it."""
+    body = {"model": "gpt-4o", "input": "Weather?", "tools": [{"type": "function",
+                                                               "name": "noop"}],
+            "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [entry]}}
+    r = rawhttp.request(srv.url, "POST", "/v1/responses", body)
+    assert r.status == 400, r.body
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (param, code), err
+    # a named callable entry and a hosted one are still fine
+    body["tool_choice"]["tools"] = [{"type": "function", "name": "noop"}, {"type": "web_search"}]
+    body["tool_choice"]["mode"] = "required"
+    r = rawhttp.request(srv.url, "POST", "/v1/responses", body)
+    assert r.status == 200, r.body
+    assert [o["name"] for o in r.json()["output"] if o["type"] == "function_call"] == ["noop"]
+    assert _idle(srv)
