@@ -929,6 +929,7 @@ def fuzz(kind: str, run: Callable[[Fuzzer], None], path: str, api: str,
         assert not fz.failures, report(fz, extra)
     finally:
         srv.stop()
+        srv.log.close()
 
 
 # ------------------------------------------------------------------------------------------
