@@ -346,6 +346,9 @@ def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
         allowed = tc.get("tools")
         if not isinstance(allowed, list) or not allowed:
             raise _missing("tool_choice.tools")
+        for i, a in enumerate(allowed):  # tool definitions: a callable one is named
+            if _typed(a, f"tool_choice.tools[{i}]", tuple(TOOL_TYPES)) in CALLABLE_TOOLS:
+                _need_str(a, "name", f"tool_choice.tools[{i}]")
         return {"type": t, "mode": mode, "tools": allowed}
     if t == "mcp":
         _need_str(tc, "server_label", "tool_choice")
