@@ -84,21 +84,21 @@ MAX_ENUM_VALUES = 1_000
 # Work units one request may spend generating and validating values. A unit is ~1 µs on the
 # 2-core dev machine (measured 0.2-1 µs): a node generated or validated costs 4, a $ref
 # expansion 2, a regex step 1, two characters produced 1 (making them, then JSON-encoding and
-# tokenizing them downstream). So one request's generation holds the event loop ~40 ms at
-# most (tests/test_hostile_schema.py measures it). Shared by all the choices and tool calls
-# of the request: `n` does not multiply it.
-MAX_SCHEMA_WORK = 40_000
+# tokenizing them downstream). So one request's generation holds the event loop ~20 ms at
+# most (~40 ms when the 2 cores are contended; tests/test_hostile_schema.py measures it).
+# Shared by all the choices and tool calls of the request: `n` does not multiply it.
+MAX_SCHEMA_WORK = 20_000
 
 # JSON bytes of the smallest value a schema admits (minLength, minItems, minProperties,
 # regex repetition counts ``{n}``, enum/const values and required properties, multiplied
-# through nesting), and of any one enum/const value. 32 KiB (~8k tokens) is longer than any
-# realistic tool argument or structured answer, and generating it costs 16k units: 40% of
-# MAX_SCHEMA_WORK, so a schema that passes check() can be generated.
-MAX_VALUE_BYTES = 32_768
+# through nesting), and of any one enum/const value. 16 KiB (~4k tokens) is twice the longest
+# completion llmsim draws by default (output_tokens_max 2048), and generating it costs 8k
+# units: well within MAX_SCHEMA_WORK, so a schema that passes check() can be generated.
+MAX_VALUE_BYTES = 16_384
 
 # JSON values (of any kind) in the smallest value a schema admits. Each costs ~11 units to
-# generate and validate: 1,500 of them are again ~40% of MAX_SCHEMA_WORK.
-MAX_VALUE_NODES = 1_500
+# generate and validate: 1,000 of them are about half of MAX_SCHEMA_WORK.
+MAX_VALUE_NODES = 1_000
 
 # Characters in one ``pattern`` (or ``patternProperties`` key). Real-world patterns (e-mail,
 # URL, ISO dates) are well under 500; parsing is linear, but this keeps it under ~1 ms.
@@ -116,9 +116,9 @@ MAX_REGEX_STATES = 2_000
 MAX_REF_EXPANSIONS = 10_000
 
 # A generation produces rich values (optional properties, a few extra array items) until it
-# has spent 1/_RICH_SHARE of what the request had left when it started; then minimal ones
-# (required properties, minItems items, the shortest regex branch), so later choices of the
-# same request still fit in the budget.
+# has spent 1/_RICH_SHARE of what the request had left when it started, or the request has
+# spent half its budget; then minimal ones (required properties, minItems items, the shortest
+# regex branch), so the other choices and tool calls of the request still fit.
 _RICH_SHARE = 4
 
 _WORDS = (
@@ -183,13 +183,14 @@ class Work:
     calls share one bound instead of multiplying it.
     """
 
-    __slots__ = ("nodes", "units", "refs")
+    __slots__ = ("nodes", "units", "refs", "total")
 
     def __init__(self, units: int = MAX_SCHEMA_WORK, *, nodes: int = MAX_SCHEMA_NODES,
                  refs: int = MAX_REF_EXPANSIONS) -> None:
         self.nodes = nodes
         self.units = units
         self.refs = refs
+        self.total = units
 
     def spend(self, units: int = 1) -> None:
         self.units -= units
@@ -565,7 +566,7 @@ def _normalise(schema: Any) -> Any:
     return out
 
 
-def _merge_sub(a: Any, b: Any) -> Any:
+def _merge_sub(a: Any, b: Any, work: Work | None = None) -> Any:
     """Merge two subschemas (which may be booleans)."""
     if a is True or a is None:
         return b
@@ -574,14 +575,15 @@ def _merge_sub(a: Any, b: Any) -> Any:
     if a is False or b is False:
         return False
     if isinstance(a, dict) and isinstance(b, dict):
-        return _merge(a, b)
+        return _merge(a, b, work)
     return a
 
 
-def _merge(a: Any, b: Any) -> Any:
+def _merge(a: Any, b: Any, work: Work | None = None) -> Any:
     """Conjunction of two schemas, best effort (the result should accept only
     instances valid against both).  Combinators that collide are deferred into
-    ``allOf`` so the generator can process them one at a time."""
+    ``allOf`` so the generator can process them one at a time.  Each (recursive) merge of
+    two objects is paid from ``work``, if given: merges copy, and nest under ``not``."""
     if a is True or a is None:
         return _normalise(b) if isinstance(b, dict) else b
     if b is True or b is None:
@@ -590,6 +592,8 @@ def _merge(a: Any, b: Any) -> Any:
         return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a if isinstance(a, dict) else b
+    if work is not None:
+        work.spend(1 + (len(a) + len(b)) // 4)
     a = _normalise(a)
     b = _normalise(b)
     out = dict(a)
@@ -611,12 +615,12 @@ def _merge(a: Any, b: Any) -> Any:
         elif key == "properties" and isinstance(av, dict) and isinstance(bv, dict):
             props = dict(av)
             for name, sub in bv.items():
-                props[name] = _merge_sub(props[name], sub) if name in props else sub
+                props[name] = _merge_sub(props[name], sub, work) if name in props else sub
             out[key] = props
         elif key == "patternProperties" and isinstance(av, dict) and isinstance(bv, dict):
             pats = dict(av)
             for name, sub in bv.items():
-                pats[name] = _merge_sub(pats[name], sub) if name in pats else sub
+                pats[name] = _merge_sub(pats[name], sub, work) if name in pats else sub
             out[key] = pats
         elif key == "required" and isinstance(av, list) and isinstance(bv, list):
             out[key] = list(av) + [r for r in bv if r not in av]
@@ -639,11 +643,12 @@ def _merge(a: Any, b: Any) -> Any:
             elif _is_multiple_lenient(bv, av):
                 out[key] = bv
         elif key in ("items", "additionalProperties", "contains", "additionalItems"):
-            out[key] = _merge_sub(av, bv)
+            out[key] = _merge_sub(av, bv, work)
         elif key == "prefixItems" and isinstance(av, list) and isinstance(bv, list):
             longest = max(len(av), len(bv))
             out[key] = [
-                _merge_sub(av[i] if i < len(av) else True, bv[i] if i < len(bv) else True)
+                _merge_sub(av[i] if i < len(av) else True, bv[i] if i < len(bv) else True,
+                           work)
                 for i in range(longest)
             ]
         elif key == "uniqueItems":
@@ -1528,23 +1533,26 @@ class _Checker:
     def document(self, root: Any) -> None:
         """Count every JSON value and measure the nesting: level by level, no recursion."""
         level = [root]
-        depth = count = 0
+        depth = count = 0  # depth: levels of objects/arrays
         while level:
-            depth += 1
             count += len(level)
             if count > self.work.nodes:
                 raise _Refused((), f"the schemas of this request hold more than "
                                f"{MAX_SCHEMA_NODES} JSON values in total (llmsim's bound)",
                                over=True)
-            if depth > MAX_SCHEMA_DEPTH:
-                raise _Refused((), f"it nests more than {MAX_SCHEMA_DEPTH} levels deep "
-                               "(llmsim's bound)", over=True)
             below: list[Any] = []
+            containers = False
             for v in level:
                 if type(v) is dict:
                     below.extend(v.values())
+                    containers = True
                 elif type(v) is list:
                     below.extend(v)
+                    containers = True
+            depth += containers
+            if depth > MAX_SCHEMA_DEPTH:
+                raise _Refused((), f"it nests more than {MAX_SCHEMA_DEPTH} levels deep "
+                               "(llmsim's bound)", over=True)
             level = below
         self.work.nodes -= count
 
@@ -1805,7 +1813,7 @@ class _Generator:
         self.costs = _CostEstimator(self.refs)
         self.nodes = 0
         # rich values until the request's work falls below this, then minimal ones
-        self.floor = work.units - work.units // _RICH_SHARE
+        self.floor = max(work.units - work.units // _RICH_SHARE, work.total // 2)
         self._enum_cache: dict[tuple[int, ...], tuple[list[Any], Any]] = {}
 
     def _minimal(self, depth: int) -> bool:
@@ -1838,30 +1846,33 @@ class _Generator:
         minimal = self._minimal(depth)
         s: Any = _normalise(schema)
         one_of_checks: list[list] = []
+        merged: set[int] = set()  # targets already merged in: A and A is A
         for _ in range(_MAX_FLATTEN_STEPS):
             if not isinstance(s, dict):
                 break
-            self.work.spend(2 + len(s) // 4)  # one merge step copies s
+            self.work.spend(1)  # (each merge pays for its copies)
             if "$ref" in s:
                 s = dict(s)
                 found, target = self.refs.resolve(s.pop("$ref"))
-                s = _merge(target if found else {}, s)
+                if id(target) not in merged:
+                    merged.add(id(target))
+                    s = _merge(target if found else {}, s, self.work)
             elif "anyOf" in s:
                 s = dict(s)
                 branches = s.pop("anyOf")
                 if isinstance(branches, list) and branches:
-                    s = _merge(s, self._pick_branch(branches, minimal))
+                    s = _merge(s, self._pick_branch(branches, minimal), self.work)
             elif "oneOf" in s:
                 s = dict(s)
                 branches = s.pop("oneOf")
                 if isinstance(branches, list) and branches:
                     one_of_checks.append(branches)
-                    s = _merge(s, self._pick_branch(branches, minimal))
+                    s = _merge(s, self._pick_branch(branches, minimal), self.work)
             elif "allOf" in s:
                 s = dict(s)
                 parts = s.pop("allOf")
                 for part in parts if isinstance(parts, list) else []:
-                    s = _merge(s, part)
+                    s = _merge(s, part, self.work)
                     if s is False:
                         break
             else:
@@ -1918,9 +1929,9 @@ class _Generator:
         if type_name == "boolean":
             return self.rng.random() < 0.5
         if type_name == "integer":
-            return self._gen_number(s, integer=True)
+            return _encodable(self._gen_number(s, integer=True))
         if type_name == "number":
-            return self._gen_number(s, integer=False)
+            return _encodable(self._gen_number(s, integer=False))
         if type_name == "object":
             return self._gen_object(s, depth)
         if type_name == "array":
@@ -2082,17 +2093,21 @@ class _Generator:
             return self._multiple_in_range(flo, lo_ex, fhi, hi_ex, mult, integer=False)
         flo, fhi = _default_range(lo, hi, 100)
         for _ in range(5):
-            value = round(self.rng.uniform(flo, fhi), 2)
+            # halves first: the span of two huge bounds (±1e308) overflows to inf
+            value = round(2 * (flo / 2 + (fhi / 2 - flo / 2) * self.rng.random()), 2)
             if _in_bounds(value, lo, lo_ex, hi, hi_ex):
                 return value
-        mid = (flo + fhi) / 2
+        mid = flo / 2 + fhi / 2
         return mid if _in_bounds(mid, lo, lo_ex, hi, hi_ex) else flo
 
     def _multiple_in_range(
         self, lo: Any, lo_ex: bool, hi: Any, hi_ex: bool, mult: float, *, integer: bool
     ) -> int | float:
-        k_lo = math.ceil(lo / mult)
-        k_hi = math.floor(hi / mult)
+        try:
+            k_lo = math.ceil(lo / mult)
+            k_hi = math.floor(hi / mult)
+        except (OverflowError, ValueError):  # bounds over multipleOf beyond a float
+            return lo
         if k_lo > k_hi:
             return lo
         fallback: int | float | None = None
@@ -2233,11 +2248,28 @@ class _Generator:
         else:
             return
         base = prefix[index] if index < len(prefix) else rest
-        value = self.gen(_merge_sub(base, contains), depth + 1)
+        value = self.gen(_merge_sub(base, contains, self.work), depth + 1)
         if index == len(out):
             out.append(value)
         else:
             out[index] = value
+
+
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # the integers orjson, so every answer, can encode
+
+
+def _encodable(value: int | float) -> int | float:
+    """``value`` as JSON can carry it: an integer beyond 64 bits becomes the (integral, so
+    still ``integer``-valid) float nearest to it; a non-finite float (only possible from
+    extreme bounds) becomes 0."""
+    if isinstance(value, int) and not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+        try:
+            return float(value)
+        except OverflowError:
+            return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return value
 
 
 def _default_range(lo: Any, hi: Any, span: int) -> tuple[Any, Any]:
