@@ -3,10 +3,11 @@
     python bench/schema_bombs.py [--only NAME,...] [--timeout 60] [--mem-mb 3072]
 
 Each bomb gets a fresh ``python -m llmsim --port 0 --latency instant`` child (address space
-capped with RLIMIT_AS so a runaway stops by itself; killed in ``finally``), one request with a
-client timeout, and a thread that polls ``GET /health`` every 20 ms meanwhile. Printed per
-bomb: request bytes, answer status (or "timeout"/"died"), seconds, the child's peak RSS
-(VmHWM) and the slowest concurrent /health answer. Loopback only; stops by itself.
+capped with RLIMIT_AS so a runaway stops by itself; killed in ``finally``), a warm-up request
+(tokenizer loaded), then one request with a client timeout while a thread polls
+``GET /health`` every 20 ms. Printed per bomb: request bytes, answer status (or
+"timeout"/"died"), seconds, the child's RSS after warm-up and its peak RSS (VmHWM), and the
+slowest concurrent /health answer. Loopback only; stops by itself.
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ def run_one(name: str, path: str, body: dict[str, Any], timeout: float,
         if not port:
             raise RuntimeError("server did not start")
         threading.Thread(target=lambda: proc.stdout.read(), daemon=True).start()  # type: ignore[union-attr]
+        # warm up: the first request loads the tokenizer (~0.3 s, ~110 MB), not the bomb's cost
+        warm = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        warm.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "gpt-4o", "messages": MSG}).encode(), {"content-type": "application/json"})
+        warm.getresponse().read()
+        warm.close()
         idle_rss = _peak_rss_mb(proc.pid)
         worst_health = 0.0
         inflight: list[float] = []  # start of the /health request in flight, if any
