@@ -238,7 +238,7 @@ def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
         pending = [tc["id"] for tc in tcs] if tcs else None
 
 
-def _check_tools(tools: list[Any]) -> list[dict[str, Any]]:
+def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
     out = []
     for i, t in enumerate(tools):
         p = f"tools[{i}]"
@@ -272,6 +272,9 @@ def _check_tools(tools: list[Any]) -> list[dict[str, Any]]:
         if params is not None and not isinstance(params, dict):
             raise APIError(400, f"Invalid type for '{p}.function.parameters': expected an "
                            "object.", param=f"{p}.function.parameters", code="invalid_type")
+        if params is not None:
+            sch.check(params, param=f"{p}.function.parameters", label=f"function '{name}'",
+                      code="invalid_function_parameters", work=work)
         out.append(t)
     return out
 
@@ -431,7 +434,8 @@ async def parse(req: Request, app: App) -> ChatRequest:
             opts = ", ".join(f"'{e}'" for e in profile.efforts)
             raise unsupported_value("reasoning_effort", f"'{effort}' is not supported with "
                                     f"this model. Supported values are: {opts}.")
-    tools = _check_tools(v.list("tools", []) or [])
+    schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
+    tools = _check_tools(v.list("tools", []) or [], schema_work)
     names = {_tool_name(t) for t in tools}
     tool_choice = body.get("tool_choice")
     if tool_choice is not None:
@@ -486,6 +490,10 @@ async def parse(req: Request, app: App) -> ChatRequest:
                 raise APIError(400, "Invalid type for 'response_format.json_schema.schema': "
                                "expected an object.", param="response_format.json_schema.schema",
                                code="invalid_type")
+            if js.get("schema") is not None:
+                sch.check(js["schema"], param="response_format.json_schema.schema",
+                          label=f"response_format '{js['name']}'", code="invalid_json_schema",
+                          work=schema_work)
         if rtype == "json_object" and not any(
                 "json" in content_text(m.get("content"))[0].lower() for m in messages):
             raise APIError(400, "'messages' must contain the word 'json' in some form, to use "
@@ -573,14 +581,21 @@ def _wants_tools(cr: ChatRequest, rng: random.Random, p_auto: float) -> list[dic
     return rng.sample(tools, k)
 
 
-def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str) -> ToolCallOut:
+def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str,
+                   work: sch.Work | None = None, param: str | None = None) -> ToolCallOut:
     if tool.get("type") == "custom":
         args = " ".join(tok.lorem_pieces(rng.randint(3, 12), rng)).strip()
     else:
         params = tool["function"].get("parameters")
-        args = _dumps(sch.generate_tool_arguments(params, rng)).decode()
+        args = _dumps(sch.generate_tool_arguments(params, rng, work=work, param=param)).decode()
     pieces, _ = tok.split_pieces_counted(args, enc)
     return ToolCallOut(new_id("call_"), _tool_name(tool), args, pieces)
+
+
+def _params_param(cr: ChatRequest, tool: dict[str, Any]) -> str:
+    """The request parameter naming ``tool``'s parameters schema (for a 400)."""
+    i = next((i for i, t in enumerate(cr.tools) if t is tool), 0)
+    return f"tools[{i}].function.parameters"
 
 
 def _truncate_calls(tcs: list[ToolCallOut], budget: int) -> list[ToolCallOut]:
@@ -602,11 +617,12 @@ def _truncate_calls(tcs: list[ToolCallOut], budget: int) -> list[ToolCallOut]:
     return out
 
 
-def _json_text(cr: ChatRequest, rng: random.Random, length: int) -> str:
+def _json_text(cr: ChatRequest, rng: random.Random, length: int, work: sch.Work) -> str:
     rf = cr.response_format or {}
     if rf.get("type") == "json_schema":
         schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return _dumps(sch.generate(schema, rng)).decode()
+        return _dumps(sch.generate(schema, rng, work=work,
+                                   param="response_format.json_schema.schema")).decode()
     words = "".join(tok.lorem_pieces(max(1, length - 6), rng))
     return _dumps({"response": words}).decode()
 
@@ -630,6 +646,7 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
     """Decide the whole answer: choices, tokens, tool calls, timing."""
     cfg = app.config
     enc = cr.profile.encoding
+    work = sch.Work()  # every value this request generates is paid from one schema budget
     choices: list[ChoiceOut] = []
     for i in range(cr.n):
         crng = derive(rng, f"choice{i}")
@@ -650,7 +667,7 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
                 reasoning = txt.reasoning_tokens(crng, natural, cr.effort)
         calls = _wants_tools(cr, crng, cfg.tool_call_probability)
         if calls:
-            tcs = [make_tool_call(t, crng, enc) for t in calls]
+            tcs = [make_tool_call(t, crng, enc, work, _params_param(cr, t)) for t in calls]
             ntok = sum(len(t.pieces) + 4 for t in tcs)
             named = (isinstance(cr.tool_choice, dict)
                      and cr.tool_choice.get("type") != "allowed_tools")
@@ -660,7 +677,7 @@ def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> Cha
             choices.append(ChoiceOut(i, None, tcs, finish, ntok, reasoning))
             continue
         rf_type = (cr.response_format or {}).get("type")
-        json_source = (_json_text(cr, crng, natural)
+        json_source = (_json_text(cr, crng, natural, work)
                        if rf_type in ("json_object", "json_schema") else None)
         out = txt.answer(cfg, crng, natural=natural, limit=limit, encoding=enc,
                          user_text=lambda: last_user_text(cr.messages),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import APIError
+from ...sim import schema as sch
 from ...sim.models import ModelProfile
 from ...sim.rng import new_id
 from ..validate import FUNCTION_NAME, V, got, unsupported
@@ -283,7 +284,7 @@ def _typed(obj: Any, p: str, allowed: tuple[str, ...]) -> str:
     return t
 
 
-def _tools(raw: list[Any]) -> list[dict[str, Any]]:
+def _tools(raw: list[Any], work: sch.Work) -> list[dict[str, Any]]:
     out = []
     names: set[str] = set()
     for i, t in enumerate(raw):
@@ -306,6 +307,9 @@ def _tools(raw: list[Any]) -> list[dict[str, Any]]:
             if params is not None and not isinstance(params, dict):
                 raise _err(f"{p}.parameters", f"Invalid type for '{p}.parameters': expected "
                            "an object.", "invalid_type")
+            if params is not None:
+                sch.check(params, param=f"{p}.parameters", label=f"function '{name}'",
+                          code="invalid_function_parameters", work=work)
             # the real API echoes every field; strict defaults to true in the Responses API
             tool = {"type": "function", "name": t["name"],
                     "description": t.get("description"), "parameters": params,
@@ -362,7 +366,7 @@ def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
     return {"type": t}
 
 
-def _text(v: V) -> tuple[dict[str, Any], str]:
+def _text(v: V, work: sch.Work) -> tuple[dict[str, Any], str]:
     text = v.dict("text")
     if text is None:
         return {"type": "text"}, "medium"
@@ -388,6 +392,8 @@ def _text(v: V) -> tuple[dict[str, Any], str]:
     if not isinstance(schema, dict):
         raise _err("text.format.schema", "Invalid type for 'text.format.schema': expected an "
                    "object.", "invalid_type")
+    sch.check(schema, param="text.format.schema", label=f"response_format '{name}'",
+              code="invalid_json_schema", work=work)
     strict = fmt.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise _err("text.format.strict", "Invalid type for 'text.format.strict': expected a "
@@ -453,10 +459,11 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
                        f"model supports at most {profile.max_output_tokens} output tokens, "
                        f"whereas you provided {limit}.")
     max_tool_calls = v.int("max_tool_calls", None, lo=1)
-    tools = _tools(v.list("tools", []) or [])
+    schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
+    tools = _tools(v.list("tools", []) or [], schema_work)
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     parallel = v.bool("parallel_tool_calls", True)
-    text_format, verbosity = _text(v)
+    text_format, verbosity = _text(v, schema_work)
     metadata = v.metadata() or {}
     temperature = v.num("temperature", None, lo=0, hi=2)
     top_p = v.num("top_p", None, lo=0, hi=1)

@@ -266,13 +266,14 @@ def _wants_tools(rr: RespRequest, context: list[Item], rng: random.Random,
     return rng.sample(tools, k)
 
 
-def _call(tool: Item, rng: random.Random, enc: str) -> CallOut:
+def _call(tool: Item, rng: random.Random, enc: str, work: sch.Work, param: str) -> CallOut:
     if tool["type"] == "custom":
         args = "".join(tok.lorem_pieces(rng.randint(3, 12), rng)).strip()
         pieces, n = tok.split_pieces_counted(args, enc)
         return CallOut(new_id("ctc_"), new_id("call_"), tool["name"], args, pieces, n + 4,
                        kind="custom_tool_call")
-    args = orjson.dumps(sch.generate_tool_arguments(tool.get("parameters"), rng)).decode()
+    args = orjson.dumps(sch.generate_tool_arguments(tool.get("parameters"), rng, work=work,
+                                                    param=param)).decode()
     pieces, n = tok.split_pieces_counted(args, enc)
     return CallOut(new_id("fc_"), new_id("call_"), tool["name"], args, pieces, n + 4)
 
@@ -284,10 +285,11 @@ def _last_user_text(context: list[Item]) -> str:
     return ""
 
 
-def _json_source(rr: RespRequest, rng: random.Random, length: int) -> str:
+def _json_source(rr: RespRequest, rng: random.Random, length: int, work: sch.Work) -> str:
     fmt = rr.text_format
     if fmt["type"] == "json_schema":
-        return orjson.dumps(sch.generate(fmt["schema"], rng)).decode()
+        return orjson.dumps(sch.generate(fmt["schema"], rng, work=work,
+                                         param="text.format.schema")).decode()
     words = "".join(tok.lorem_pieces(max(1, length - 6), rng))
     return orjson.dumps({"response": words}).decode()
 
@@ -353,9 +355,11 @@ def simulate(rr: RespRequest, context: list[Item], app: App, rng: random.Random,
     out.reasoning_tokens = reasoning
     calls = _wants_tools(rr, context, crng, cfg.tool_call_probability)
     visible = 0
+    work = sch.Work()  # every value this response generates is paid from one schema budget
     if calls:
         for t in calls:
-            c = _call(t, crng, enc)
+            i = next((i for i, x in enumerate(rr.tools) if x is t), 0)
+            c = _call(t, crng, enc, work, f"tools[{i}].parameters")
             if budget is not None and visible + c.tokens > budget:
                 keep = max(0, budget - visible - 4)
                 c.pieces = c.pieces[:keep]
@@ -369,7 +373,7 @@ def simulate(rr: RespRequest, context: list[Item], app: App, rng: random.Random,
             if c.status == "incomplete":
                 break
     else:
-        json_source = (_json_source(rr, crng, natural)
+        json_source = (_json_source(rr, crng, natural, work)
                        if rr.text_format["type"] in ("json_object", "json_schema") else None)
         t = txt.answer(cfg, crng, natural=natural, limit=budget, encoding=enc,
                        user_text=lambda: _last_user_text(context), json_source=json_source)
