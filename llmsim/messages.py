@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 __all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result",
            "MAX_JSON_DEPTH", "check_json_depth"]
 
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = 128
 """Deepest nesting (objects and arrays) accepted in a request body or WebSocket message. The
 encoder writes at most 254 levels and responses echo body fields a few levels deeper (a tool's
 schema inside ``response.tools``), so an unbounded body could be accepted and then fail to
-render; 64 levels are far beyond any real request."""
+render. 128 leaves a JSON Schema its own 64 levels (``sim.schema.MAX_SCHEMA_DEPTH``, reached
+three or four levels into the body) and keeps every recursive walk far from Python's limit."""
 
 
 def check_json_depth(data: Any, raw: bytes | bytearray | str) -> None:
