@@ -103,7 +103,7 @@ static conn *conns;
 static double t_begin, t_end;
 static long completed = 0, errors = 0, events = 0, tokens = 0, streams_started = 0;
 static long bytes_in = 0, tok_late2 = 0, tok_late5 = 0, live = 0, ready_count = 0;
-static vec lat, ttft_err, gap_err, late;
+static vec lat, ttft_err, gap_err, abs_gap_err, late;
 static int printed_ready = 0;
 
 static void ws_build_frame(const char *payload, size_t n) {
@@ -187,7 +187,8 @@ static void on_event(conn *c, const char *p, int n, double t) {
         if (l <= 0.002) tok_late2++;
         if (l <= 0.005) tok_late5++;
         if (c->ntok == 0) push(&ttft_err, (t - c->t_send - ttft) * 1e3);
-        else push(&gap_err, (t - c->last_tok - itl) * 1e3);
+        else { push(&gap_err, (t - c->last_tok - itl) * 1e3);
+               push(&abs_gap_err, fabs(t - c->last_tok - itl) * 1e3); }
         c->last_tok = t; c->ntok++; tokens++;
     }
     if (endmarker && memmem(p, n, endmarker, strlen(endmarker))) c->ended_by_marker = 1;
@@ -481,6 +482,7 @@ int main(int argc, char **argv) {
     pstats("latency_ms", &lat, 1);
     pstats("ttft_err_ms", &ttft_err, 1);
     pstats("gap_err_ms", &gap_err, 1);
+    pstats("abs_gap_err_ms", &abs_gap_err, 1);
     pstats("lateness_ms", &late, 0);
     printf("}\n");
     return 0;

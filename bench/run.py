@@ -9,7 +9,7 @@ and prints a table; ``bench/RESULTS.md`` gets the figures with the machine detai
 Workloads (see README "Performance"):
   rps      non-streaming chat, 64 keep-alive connections, ``--latency instant``: llmsim (1 and
            2 workers) vs the bare asyncio+h11 server in ``bench/baseline_h11.py`` (and peers).
-  stream   streaming chat and Responses at 100/1000/2000 concurrent streams, fixed TTFT and
+  stream   streaming chat and Responses at 100/500/1000/2000 concurrent streams, fixed TTFT and
            10 ms inter-token gap: delivered events/s, server CPU, TTFT error, gap error and
            lateness (actual receive time minus scheduled) p50/p99/max, share on time.
   ws       the same Responses stream over WebSocket (if llmsim serves it).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -453,7 +454,7 @@ def has_module(name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs, 100/1000 streams only")
+    ap.add_argument("--quick", action="store_true", help="short runs, 100/500/1000 streams")
     ap.add_argument("--peers", action="store_true", help="also install and run llmock, aimock")
     ap.add_argument("--only", default="rps,stream,ws,mem,startup",
                     help="comma-separated subset of workloads")
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(a.only.split(","))
     secs = 3.0 if a.quick else 8.0
     sdur = 3.0 if a.quick else 6.0
-    counts = [int(x) for x in (a.streams or ("100,1000" if a.quick else "100,1000,2000"))
+    counts = [int(x) for x in (a.streams or ("100,500,1000" if a.quick else "100,500,1000,2000"))
               .split(",")]
     workers = [int(x) for x in a.workers.split(",")]
     multi = "--workers" in subprocess.run([PY, "-m", "llmsim", "--help"], capture_output=True,
@@ -520,11 +521,40 @@ def main(argv: list[str] | None = None) -> int:
                           "TTFT err ms p50/p99/max", "gap err ms p50/p99/max",
                           "lateness ms p50/p99/max", "client CPU s", "errors"], rows)
 
+    def ratio_rows(kind: str, runs: list[tuple[str, int, dict[str, Any]]],
+                   anchor: dict[int, dict[str, Any]]) -> None:
+        """The issue-15 targets, side by side with the anchor at the same stream count."""
+        rows = []
+        for name, n, r in runs:
+            a = anchor[n]
+            cpu_tok = r["server_cpu_s"] / max(r["tokens"], 1)
+            a_cpu_tok = a["server_cpu_s"] / max(a["tokens"], 1)
+            rows.append([name, str(n), f"{cpu_tok / max(a_cpu_tok, 1e-12):.2f}",
+                         f"{r['gap_err_ms']['p99'] - a['gap_err_ms']['p99']:+.2f}",
+                         f"{r['ttft_err_ms']['p99'] - a['ttft_err_ms']['p99']:+.2f}",
+                         f"{r.get('abs_gap_err_ms', {}).get('p50', float('nan')):.2f} / "
+                         f"{a.get('abs_gap_err_ms', {}).get('p50', float('nan')):.2f}",
+                         f"{r['events_per_s'] / max(a['events_per_s'], 1e-9):.2f}"])
+        rep.table(f"Streaming {kind} against the bare anchor (targets: CPU/token ≤ 1.10, gap "
+                  "p99 ≤ +1 ms, TTFT p99 ≤ +2 ms, abs gap err p50 ≤ 1 ms, events ≥ 1.00)",
+                  ["server", "streams", "CPU per token ÷ anchor", "gap err p99 − anchor ms",
+                   "TTFT err p99 − anchor ms", "abs gap err p50 ms (this / anchor)",
+                   "events/s ÷ anchor"], rows)
+
     timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
     if "stream" in only:
         kinds = ["chat"] + (["responses"] if has_module("responses") else [])
+        # the streaming anchor: bare asyncio+h11 pacing the same chunks on one heap timer,
+        # on the same event loop llmsim picks by default (uvloop when installed)
+        loop_args = ["--uvloop"] if importlib.util.find_spec("uvloop") else []
+        anchor: dict[int, dict[str, Any]] = {}
+        with Child("anchor-sse", [PY, str(HERE / "baseline_h11.py"), *loop_args,
+                                  *timing]) as b:
+            for n in counts:
+                anchor[n] = stream(b, n, sdur)
         for kind in kinds:
-            runs = []
+            runs = [(f"bare h11 anchor ({'uvloop' if loop_args else 'asyncio'})", n, anchor[n])
+                    for n in counts] if kind == "chat" else []
             for w in workers:
                 wargs = ["--workers", str(w)] if multi else []
                 with llmsim(*timing, *wargs) as s:
@@ -543,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
                             runs.append(("aimock chat", n, stream(s, n, sdur)))
             stream_rows(f"Streaming {kind}: TTFT {TTFT_MS:.0f} ms, gap {ITL_MS:.0f} ms, "
                         f"{STREAM_TOKENS} tokens a stream, back to back for {sdur:.0f} s", runs)
+            ratio_rows(kind, [(name, n, r) for name, n, r in runs
+                              if name.startswith("llmsim") and n in anchor], anchor)
 
     if "ws" in only and has_module("websocket"):
         runs = []
