@@ -39,7 +39,7 @@ from ...state import shared
 from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream
 from . import render
-from .sim import CallOut, MessageOut, ReasoningOut, RespOut
+from .render import CallOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
     from ...app import App
