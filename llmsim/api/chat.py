@@ -690,8 +690,6 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
         yield 0.0, "chunk", chunk(c.index, {}, c.finish)
     if cr.include_usage:
         yield 0.0, "chunk", {**head, "choices": [], "usage": out.usage()}
-    u = out.decision.usage
-    app.stats.usage(u.prompt_tokens, u.output_tokens, u.reasoning_tokens)
     yield 0.0, "done", None
 
 
@@ -727,7 +725,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
                              meta={"model": cr.model, "endpoint": "chat.completions",
                                    "is_token": is_token_event, "error_events": error_events,
                                    "usage": out.usage()})
-        return StreamResponse(stream)
+        return StreamResponse(stream, usage=decision.usage)
     total = out.total_time()
     if total > 0:
         key = app.stats.running_open(cr.model)  # vllm:num_requests_running
@@ -735,9 +733,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
             await app.clock.sleep(total)
         finally:
             app.stats.running_close(key)
-    u = decision.usage
-    app.stats.usage(u.prompt_tokens, u.output_tokens, u.reasoning_tokens)
-    return JSONResponse(completion_json(cr, out), model=cr.model)
+    return JSONResponse(completion_json(cr, out), model=cr.model, usage=decision.usage)
 
 
 def register(app: App) -> None:

@@ -23,6 +23,7 @@ from ...sim import tokens as tok
 from ...sim.decide import decide
 from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_rng
+from ...state import accounting
 from ...stream import EventStream
 from ..validate import V, check_request_work, paced
 from . import render
@@ -281,7 +282,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         stream = EventStream(rec.live_plan(), kind="responses", on_event=rec.observe,
                              meta=_meta(rec, rr.model))
         rec.stream = stream
-        return StreamResponse(stream)
+        return StreamResponse(stream, usage=out.counts)
     try:
         if out.duration > 0:
             await app.clock.sleep(out.duration)
@@ -291,7 +292,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     final = render.final_snapshot(echo, out)
     rec.done_output = list(final["output"])
     rec.finish(final)
-    return JSONResponse(final)
+    return JSONResponse(final, usage=out.counts)
 
 
 def _start_background(rec: Record, app: App, st: ResponsesState,
@@ -329,6 +330,8 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
             watch.cancel()
         if not rec.terminal:
             rec.cancel()
+        elif reason == "completed":  # (the edge of a response no transport writes)
+            accounting.billed(app, rec.out.counts)
 
     pump = Pump(stream, app.clock, lambda t, d: b"", NullSink(), on_done=done,
                 observer=lambda t, d, now: rec.observe(t, d))
