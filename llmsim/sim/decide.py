@@ -214,7 +214,9 @@ class Timing:
     def duration(self, steps: int) -> float:
         """Seconds from the request to the last of ``steps`` delivery steps."""
         lat = self.lat
-        if lat.fixed_itl_ms is not None and not lat.instant:
+        if lat.is_zero:
+            return self.first
+        if lat.fixed_itl_ms is not None:
             return self.first + max(0, steps - 1) * lat.fixed_itl_ms / 1000.0
         return self.first + sum(self.gaps(steps - 1))
 
@@ -266,7 +268,7 @@ def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Wor
             parts = _summary_parts(rng, txt.summary_words(spent, ask.summary))
             reasoning = Reasoning(spent, parts, _encrypted(rng, spent) if ask.encrypted
                                   else None)
-    tools = _wants_tools(ask, rng, cfg.tool_call_probability)
+    tools = _wants_tools(ask, rng, cfg.tool_call_probability) if ask.tools else ()
     if tools:
         calls, tokens, cut = _calls(tools, rng, ask.profile.encoding, limit, work)
         finish = "length" if cut else "stop" if ask.tool_choice.mode == "named" else "tool_calls"

@@ -586,7 +586,7 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
     """The request as :func:`llmsim.sim.decide.decide` needs it (``context`` = earlier turns
     plus this input, resolved)."""
     tools: list[Tool] = []
-    for i, t in enumerate(rr.tools):
+    for i, t in enumerate(rr.tools):  # (usually none)
         kind = t["type"]
         if kind == "function":
             tools.append(Tool(t["name"], kind, t["parameters"], None, t["strict"] is True,
@@ -602,7 +602,8 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
     return Ask(rr.profile, input_tokens, cached_tokens,
                user_text=lambda: _last_user_text(context),
                after_tool_result=bool(context) and context[-1].get("type") in TOOL_OUTPUTS,
-               tools=tuple(tools), tool_choice=_decide_tool_choice(rr.tool_choice),
+               tools=tuple(tools) if tools else (),
+               tool_choice=_decide_tool_choice(rr.tool_choice),
                parallel_tool_calls=rr.parallel_tool_calls, max_tool_calls=rr.max_tool_calls,
                output=output, limit=rr.limit, effort=rr.effort, summary=rr.summary,
                encrypted=rr.encrypted, logprobs="message.output_text.logprobs" in rr.include,

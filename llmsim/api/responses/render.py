@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from ...sim.decide import Decision, Timing, Usage
@@ -253,23 +254,19 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     yield 0.0, "response.in_progress", {"type": "response.in_progress",
                                         "response": snapshot(echo, out, "in_progress")}
     pending = out.first_delay
-    # drawn up front, in one loop (cheaper per token than drawing each in turn) and summed
-    # once for completed_at; held only while the stream runs (a replay draws them again)
+    # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn) and
+    # summed once for completed_at; held only while the stream runs (a replay draws again)
     drawn = list(out.iter_gaps())
     if out.elapsed is None:
         out.elapsed = pending + sum(drawn)
-    gaps = iter(drawn)
-    first_token = True
+    # token events: the first at once (every item's first event takes the first delay,
+    # before any token), then one gap each
+    gaps = chain((0.0,), drawn)
 
-    def wait(token: bool = False) -> float:
-        nonlocal pending, first_token
+    def wait() -> float:
+        nonlocal pending
         d = pending
         pending = 0.0
-        if token:
-            if first_token:
-                first_token = False
-            else:
-                d += next(gaps, 0.0)
         return d
 
     done_items: list[dict[str, Any]] = []
@@ -286,7 +283,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                     "output_index": idx, "summary_index": si,
                     "part": {"type": "summary_text", "text": ""}}
                 for p in pieces:
-                    yield wait(True), "response.reasoning_summary_text.delta", {
+                    yield next(gaps, 0.0), "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
                 text = "".join(pieces)
@@ -312,7 +309,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
             lps = item.logprobs
             for k, p in enumerate(item.pieces):
-                yield wait(True), "response.output_text.delta", {
+                yield next(gaps, 0.0), "response.output_text.delta", {
                     "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
                     "content_index": 0, "delta": p,
                     "logprobs": [lps[k]] if lps is not None else []}
@@ -330,8 +327,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
             for p in item.pieces:
-                yield wait(True), dtype, {"type": dtype, "item_id": rid, "output_index": idx,
-                                          "delta": p}
+                yield next(gaps, 0.0), dtype, {"type": dtype, "item_id": rid,
+                                               "output_index": idx, "delta": p}
             if fn:
                 yield 0.0, "response.function_call_arguments.done", {
                     "type": "response.function_call_arguments.done", "item_id": rid,
