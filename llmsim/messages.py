@@ -11,6 +11,7 @@ import orjson
 from .errors import APIError
 
 if TYPE_CHECKING:
+    from .sim.decide import Usage
     from .stream import EventStream
 
 __all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result",
@@ -135,6 +136,8 @@ class JSONResponse:
     # the model this response is for (stats labels, access log); None: taken from
     # ``data["model"]`` when that is a string
     model: str | None = None
+    # the tokens this answer bills once it is sent whole (None: it generated nothing)
+    usage: Usage | None = None
 
 
 @dataclass(slots=True)
@@ -155,13 +158,15 @@ class StreamResponse:
     """A streamed response: the transport renders ``stream`` as SSE (or WS frames).
 
     ``on_close`` runs exactly once when the stream ends for any reason (finished, failed,
-    client gone), so handlers can release capacity slots and counters.
+    client gone), so handlers can release capacity slots and counters. ``usage`` is what the
+    answer bills when the stream is delivered to its end (None: a replay, or nothing billed).
     """
 
     stream: EventStream
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)
     on_close: Callable[[str], None] | None = None
+    usage: Usage | None = None
 
 
 Result = JSONResponse | RawResponse | StreamResponse

@@ -29,9 +29,9 @@ import orjson
 import pytest
 
 from llmsim import Config, ConfigError
-from llmsim.api.responses import sim as rsim
 from llmsim.api.responses.state import state
 from llmsim.config import ResponsesConfig, load_config
+from llmsim.sim import prompt as rsim
 from llmsim.sim import tokens as tok
 from tests import rawhttp
 
@@ -156,11 +156,11 @@ def _old_truncation(history: list[dict[str, Any]], items: list[dict[str, Any]],
                     room: int) -> tuple[int, int, int]:
     """The loop this replaces: drop the oldest item, re-count everything, until it fits."""
     first = 0
-    total = rsim.prompt_tokens(history + items, None, None, "o200k_base")
+    total = rsim.input_prompt_tokens(history + items, None, None, "o200k_base")
     while first < len(history) and total > room:
         first += 1
-        total = rsim.prompt_tokens(history[first:] + items, None, None, "o200k_base")
-    return total, first, rsim.prompt_tokens(history[first:], None, None, "o200k_base")
+        total = rsim.input_prompt_tokens(history[first:] + items, None, None, "o200k_base")
+    return total, first, rsim.input_prompt_tokens(history[first:], None, None, "o200k_base")
 
 
 def test_truncation_auto_is_the_old_result_with_each_item_counted_once(

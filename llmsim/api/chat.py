@@ -1,19 +1,21 @@
-"""``POST /v1/chat/completions``: validation, simulation, JSON and SSE rendering.
+"""``POST /v1/chat/completions``: validation, then JSON and SSE rendering of the decision.
 
-Everything the model will say and every delay is decided before the first byte (so errors are
-always a proper status line). The stream plan is a generator of ``(offset, type, data)``:
-the role chunk at TTFT (after any hidden reasoning), one content token per chunk at the
-inter-token pace, all ``n`` choices advancing in lock-step, then the finish chunk, the optional
-usage chunk (``choices: []``) and ``[DONE]``.
+Parse → decide → render: the body is validated into a :class:`ChatRequest`, normalised into
+the :class:`~llmsim.sim.decide.Ask` the one decision module reads (:func:`ask`), and the
+:class:`~llmsim.sim.decide.Decision` is rendered here. Everything the model will say and every
+delay is decided before the first byte (so errors are always a proper status line). The
+stream plan is a generator of ``(offset, type, data)``: the role chunk at TTFT (after any
+hidden reasoning), one content token per chunk at the inter-token pace, all ``n`` choices
+advancing in lock-step, then the finish chunk, the optional usage chunk (``choices: []``) and
+``[DONE]``. A custom tool call is ``{"type": "custom", "custom": {"name", "input"}}`` as the
+SDK models it; streamed, its deltas carry ``custom`` pieces (see :func:`_choice_steps`).
 """
 
 from __future__ import annotations
 
-import itertools
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -22,10 +24,22 @@ from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
 from ..sim import text as txt
 from ..sim import tokens as tok
-from ..sim.latency import Latency
+from ..sim.decide import (
+    AUTO,
+    TEXT,
+    TOOL_CHOICES,
+    Ask,
+    Call,
+    Choice,
+    Decision,
+    Output,
+    Tool,
+    ToolChoice,
+    decide,
+)
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..sim.rng import derive, new_id, request_rng
+from ..sim.rng import new_id, request_rng
 from ..stream import EventStream
 from .validate import (
     FUNCTION_NAME,
@@ -40,7 +54,8 @@ from .validate import (
 if TYPE_CHECKING:
     from ..app import App
 
-__all__ = ["register", "ChatRequest", "parse", "simulate"]
+__all__ = ["register", "ChatRequest", "ChatOut", "parse", "ask", "completion_json",
+           "stream_plan"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 USER_PARTS = ("text", "image_url", "input_audio", "file")
@@ -75,71 +90,44 @@ class ChatRequest:
 
 
 @dataclass(slots=True)
-class ToolCallOut:
-    id: str
-    name: str
-    arguments: str
-    pieces: list[str]
-
-
-@dataclass(slots=True)
-class ChoiceOut:
-    index: int
-    content: list[str] | None  # token pieces, None for a tool-call-only answer
-    tool_calls: list[ToolCallOut]
-    finish_reason: str
-    tokens: int  # visible completion tokens of this choice
-    reasoning: int = 0
-    logprobs: list[dict[str, Any]] | None = None
-
-    @property
-    def text(self) -> str | None:
-        return None if self.content is None else "".join(self.content)
-
-
-@dataclass(slots=True)
 class ChatOut:
+    """A decided answer as Chat Completions delivers it: the decision, the completion's id
+    and creation time, and ``steps``, the delivery steps after the role chunk (all choices
+    advance together; a tool call takes one step for its head, then one per piece)."""
+
     id: str
     created: int
-    choices: list[ChoiceOut]
-    prompt_tokens: int
-    ttft: float
-    steps: int  # delivery steps after the role chunk (all choices advance together)
-    lat: Latency
-    gap_seed: int  # inter-token gaps are drawn lazily from Random(gap_seed): O(1) memory
+    decision: Decision
+    steps: int
+
+    @classmethod
+    def of(cls, decision: Decision, created: int) -> ChatOut:
+        steps = max((len(c.pieces) if c.pieces is not None
+                     else 1 + sum(len(t.pieces) + 1 for t in c.calls))
+                    for c in decision.choices)
+        return cls(new_id("chatcmpl-"), created, decision, steps)
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        return self.decision.choices
+
+    @property
+    def ttft(self) -> float:
+        return self.decision.timing.first
 
     def iter_gaps(self) -> Iterator[float]:
         """The ``steps - 1`` gaps between consecutive steps, same values on every call."""
-        n = max(0, self.steps - 1)
-        lat = self.lat
-        if lat.is_zero:
-            return iter(())
-        if lat.instant is False and lat.fixed_itl_ms is not None:
-            return itertools.repeat(lat.fixed_itl_ms / 1000.0, n)
-        rng = random.Random(self.gap_seed)
-        gap = lat.gap
-        return (gap(rng) for _ in range(n))
+        return self.decision.timing.gaps(self.steps - 1)
 
     def total_time(self) -> float:
-        lat = self.lat
-        if lat.fixed_itl_ms is not None and not lat.instant:
-            return self.ttft + max(0, self.steps - 1) * lat.fixed_itl_ms / 1000.0
-        return self.ttft + sum(self.iter_gaps())
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(c.tokens + c.reasoning for c in self.choices)
-
-    @property
-    def reasoning_tokens(self) -> int:
-        return sum(c.reasoning for c in self.choices)
+        return self.decision.timing.duration(self.steps)
 
     def usage(self) -> dict[str, Any]:
-        ct = self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": ct,
-                "total_tokens": self.prompt_tokens + ct,
-                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens,
+        u = self.decision.usage
+        return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.output_tokens,
+                "total_tokens": u.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens,
                                               "audio_tokens": 0,
                                               "accepted_prediction_tokens": 0,
                                               "rejected_prediction_tokens": 0}}
@@ -542,7 +530,7 @@ def _min_tokens(v: V, limit: int | None, limit_param: str, profile: ModelProfile
 
 
 # ------------------------------------------------------------------------------------------
-# Simulation (sans-IO)
+# The request as the decision sees it
 # ------------------------------------------------------------------------------------------
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -552,166 +540,75 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _wants_tools(cr: ChatRequest, rng: random.Random, p_auto: float) -> list[dict[str, Any]]:
-    """Which tools this choice calls (empty list: answer with text)."""
-    tc = cr.tool_choice
-    if not cr.tools or tc == "none":
-        return []
-    tools, forced = cr.tools, tc == "required"
-    if isinstance(tc, dict):
-        if tc.get("type") != "allowed_tools":
-            fn = tc.get("function") or tc.get("custom") or {}
-            return [t for t in cr.tools if _tool_name(t) == fn.get("name")][:1]
-        # allowed_tools: only the listed tools may be called; mode "required" forces a call
-        at = tc["allowed_tools"]
-        names = {_tool_name(a) for a in at["tools"]}
-        tools, forced = [t for t in cr.tools if _tool_name(t) in names], at["mode"] == "required"
-        if not tools:
-            return []
-    if not forced:
-        # auto: after a tool result the model usually answers; otherwise it calls with p_auto
-        last = cr.messages[-1].get("role")
-        p = p_auto * (0.2 if last in ("tool", "function") else 1.0)
-        if rng.random() >= p:
-            return []
-    k = 1
-    if cr.parallel_tool_calls and len(tools) > 1:
-        k = rng.choice((1, 1, 1, 2, 2, 3))
-    k = min(k, len(tools))
-    return rng.sample(tools, k)
-
-
-def make_tool_call(tool: dict[str, Any], rng: random.Random, enc: str,
-                   work: sch.Work | None = None, param: str | None = None) -> ToolCallOut:
-    if tool.get("type") == "custom":
-        args = " ".join(tok.lorem_pieces(rng.randint(3, 12), rng)).strip()
-    else:
-        params = tool["function"].get("parameters")
-        args = _dumps(sch.generate_tool_arguments(params, rng, work=work, param=param)).decode()
-    pieces, _ = tok.split_pieces_counted(args, enc)
-    return ToolCallOut(new_id("call_"), _tool_name(tool), args, pieces)
-
-
-def _params_param(cr: ChatRequest, tool: dict[str, Any]) -> str:
-    """The request parameter naming ``tool``'s parameters schema (for a 400)."""
-    i = next((i for i, t in enumerate(cr.tools) if t is tool), 0)
-    return f"tools[{i}].function.parameters"
-
-
-def _truncate_calls(tcs: list[ToolCallOut], budget: int) -> list[ToolCallOut]:
-    """The calls that fit in `budget` completion tokens (4 per call for its name and framing,
-    one per argument piece); the last one keeps a prefix of its arguments, as the real API
-    cuts a call off mid-JSON when max_tokens runs out (finish_reason "length")."""
-    out: list[ToolCallOut] = []
-    for t in tcs:
-        if budget <= 0 and out:
-            break
-        room = max(0, budget - 4)
-        if room >= len(t.pieces):
-            out.append(t)
-        else:
-            pieces = t.pieces[:room]
-            out.append(ToolCallOut(t.id, t.name, "".join(pieces), pieces))
-            break
-        budget -= len(t.pieces) + 4
-    return out
-
-
-def _json_text(cr: ChatRequest, rng: random.Random, length: int, work: sch.Work) -> str:
-    rf = cr.response_format or {}
-    if rf.get("type") == "json_schema":
-        schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return _dumps(sch.generate(schema, rng, work=work,
-                                   param="response_format.json_schema.schema")).decode()
-    words = "".join(tok.lorem_pieces(max(1, length - 6), rng))
-    return _dumps({"response": words}).decode()
-
-
-def _logprobs(pieces: list[str], top: int, rng: random.Random) -> list[dict[str, Any]]:
+def _decide_tools(tools: list[dict[str, Any]]) -> tuple[Tool, ...]:
     out = []
-    for p in pieces:
-        lp = -abs(rng.gauss(0.0, 0.6))
-        alts = []
-        for w in rng.sample(tok.WORDS, top) if top else ():
-            alts.append({"token": w, "logprob": round(lp - rng.uniform(0.5, 6.0), 6),
-                         "bytes": list(w.encode())})
-        out.append({"token": p, "logprob": round(lp, 6), "bytes": list(p.encode()),
-                    "top_logprobs": [{"token": p, "logprob": round(lp, 6),
-                                      "bytes": list(p.encode())}] + alts[: max(0, top - 1)]
-                    if top else []})
-    return out
+    for i, t in enumerate(tools):
+        if t.get("type") == "custom":
+            c = t["custom"]
+            out.append(Tool(c["name"], "custom", None, c.get("format")))
+        else:
+            fn = t["function"]
+            out.append(Tool(fn["name"], "function", fn.get("parameters"), None,
+                            fn.get("strict") is True, f"tools[{i}].function.parameters"))
+    return tuple(out)
 
 
-def simulate(cr: ChatRequest, app: App, rng: random.Random, lat: Latency) -> ChatOut:
-    """Decide the whole answer: choices, tokens, tool calls, timing."""
-    cfg = app.config
-    enc = cr.profile.encoding
-    work = sch.Work()  # every value this request generates is paid from one schema budget
-    choices: list[ChoiceOut] = []
-    for i in range(cr.n):
-        crng = derive(rng, f"choice{i}")
-        natural = txt.draw_length(crng, cfg.output_tokens_mean, cfg.output_tokens_sigma,
-                                  cfg.output_tokens_min, cfg.output_tokens_max)
-        natural = max(natural, cr.min_tokens)
-        limit = cr.limit
-        reasoning = 0
-        if cr.profile.reasoning:
-            if limit is not None:
-                # max_completion_tokens bounds reasoning + visible output together
-                mult = txt.EFFORT_MULTIPLIER.get(cr.effort or "medium", 3.0)
-                reasoning = min(limit - 1, txt.reasoning_tokens(crng, natural, cr.effort))
-                if mult > 0:
-                    reasoning = min(reasoning, int(limit * mult / (1 + mult)))
-                limit = max(1, limit - reasoning)
-            else:
-                reasoning = txt.reasoning_tokens(crng, natural, cr.effort)
-        calls = _wants_tools(cr, crng, cfg.tool_call_probability)
-        if calls:
-            tcs = [make_tool_call(t, crng, enc, work, _params_param(cr, t)) for t in calls]
-            ntok = sum(len(t.pieces) + 4 for t in tcs)
-            named = (isinstance(cr.tool_choice, dict)
-                     and cr.tool_choice.get("type") != "allowed_tools")
-            finish = "stop" if named else "tool_calls"
-            if limit is not None and ntok > limit:
-                tcs, ntok, finish = _truncate_calls(tcs, limit), limit, "length"
-            choices.append(ChoiceOut(i, None, tcs, finish, ntok, reasoning))
-            continue
-        rf_type = (cr.response_format or {}).get("type")
-        json_source = (_json_text(cr, crng, natural, work)
-                       if rf_type in ("json_object", "json_schema") else None)
-        out = txt.answer(cfg, crng, natural=natural, limit=limit, encoding=enc,
-                         user_text=lambda: last_user_text(cr.messages),
-                         json_source=json_source, exact=True if cr.ignore_eos else None)
-        out = txt.apply_stop(out, cr.stops)
-        lps = _logprobs(out.pieces, cr.top_logprobs, crng) if cr.logprobs else None
-        choices.append(ChoiceOut(i, out.pieces, [], out.finish, out.tokens, reasoning, lps))
-    steps = max((len(c.content) if c.content is not None
-                 else 1 + sum(len(t.pieces) + 1 for t in c.tool_calls)) for c in choices)
-    think = max((c.reasoning for c in choices), default=0)
-    ttft = lat.ttft(rng, cr.prompt_tokens) + lat.reasoning_time(rng, think)
-    created = int(app.clock.time())
-    return ChatOut(new_id("chatcmpl-"), created, choices, cr.prompt_tokens, ttft, steps, lat,
-                   rng.getrandbits(64))
+def _decide_tool_choice(tc: Any) -> ToolChoice:
+    if tc is None:
+        return AUTO
+    if isinstance(tc, str):
+        return TOOL_CHOICES[tc]  # "auto" | "none" | "required"
+    if tc.get("type") == "allowed_tools":
+        at = tc["allowed_tools"]
+        return ToolChoice(at["mode"], frozenset(_tool_name(a) for a in at["tools"]))
+    fn = tc.get("function") or tc.get("custom")
+    return ToolChoice("named", frozenset((fn["name"],)))
+
+
+def ask(cr: ChatRequest) -> Ask:
+    """The request as :func:`llmsim.sim.decide.decide` needs it."""
+    messages = cr.messages
+    rf = cr.response_format
+    output = TEXT
+    if rf is not None:
+        if rf.get("type") == "json_schema":
+            schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
+            output = Output("json_schema", schema, "response_format.json_schema.schema")
+        elif rf.get("type") == "json_object":
+            output = Output("json_object")
+    return Ask(cr.profile, cr.prompt_tokens, user_text=lambda: last_user_text(messages),
+               after_tool_result=messages[-1].get("role") in ("tool", "function"),
+               tools=_decide_tools(cr.tools) if cr.tools else (),
+               tool_choice=_decide_tool_choice(cr.tool_choice),
+               parallel_tool_calls=cr.parallel_tool_calls, output=output, limit=cr.limit,
+               min_tokens=cr.min_tokens, ignore_eos=cr.ignore_eos, stops=tuple(cr.stops),
+               effort=cr.effort, n=cr.n, logprobs=cr.logprobs, top_logprobs=cr.top_logprobs)
 
 
 # ------------------------------------------------------------------------------------------
 # Rendering
 # ------------------------------------------------------------------------------------------
 
+def _call_json(t: Call) -> dict[str, Any]:
+    if t.kind == "custom":  # ChatCompletionMessageCustomToolCall
+        return {"id": t.call_id, "type": "custom", "custom": {"name": t.name,
+                                                              "input": t.arguments}}
+    return {"id": t.call_id, "type": "function", "function": {"name": t.name,
+                                                              "arguments": t.arguments}}
+
+
 def completion_json(cr: ChatRequest, out: ChatOut) -> dict[str, Any]:
+    # the decision's finish reasons are chat's own words (stop, length, tool_calls, ...)
     choices = []
     for c in out.choices:
         msg: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None,
                                "annotations": []}
-        if c.tool_calls:
-            msg["tool_calls"] = [
-                {"id": t.id, "type": "function", "function": {"name": t.name,
-                                                              "arguments": t.arguments}}
-                for t in c.tool_calls]
+        if c.calls:
+            msg["tool_calls"] = [_call_json(t) for t in c.calls]
         choices.append({"index": c.index, "message": msg,
                         "logprobs": {"content": c.logprobs, "refusal": None}
                         if c.logprobs is not None else None,
-                        "finish_reason": c.finish_reason})
+                        "finish_reason": c.finish})
     return {"id": out.id, "object": "chat.completion", "created": out.created,
             "model": cr.model, "choices": choices, "usage": out.usage(),
             "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
@@ -721,11 +618,22 @@ def _tier(cr: ChatRequest) -> str:
     return "default" if cr.service_tier in (None, "auto") else cr.service_tier  # type: ignore
 
 
-def _choice_steps(c: ChoiceOut) -> list[dict[str, Any]]:
-    """The deltas of one choice after its role chunk, one per step."""
+def _choice_steps(c: Choice) -> list[dict[str, Any]]:
+    """The deltas of one choice after its role chunk, one per step.
+
+    A custom tool call streams ``custom: {name, input}`` pieces without a ``type``: the
+    SDK's delta model only knows ``"function"`` (strict validation rejects ``"custom"``
+    there, and its stream accumulator cannot complete one), while the accumulated deltas
+    still read as the ``ChatCompletionMessageCustomToolCall`` of a non-streamed answer."""
     steps: list[dict[str, Any]] = []
-    for j, t in enumerate(c.tool_calls):
-        steps.append({"tool_calls": [{"index": j, "id": t.id, "type": "function",
+    for j, t in enumerate(c.calls):
+        if t.kind == "custom":
+            steps.append({"tool_calls": [{"index": j, "id": t.call_id,
+                                          "custom": {"name": t.name, "input": ""}}]})
+            for p in t.pieces:
+                steps.append({"tool_calls": [{"index": j, "custom": {"input": p}}]})
+            continue
+        steps.append({"tool_calls": [{"index": j, "id": t.call_id, "type": "function",
                                       "function": {"name": t.name, "arguments": ""}}]})
         for p in t.pieces:
             steps.append({"tool_calls": [{"index": j, "function": {"arguments": p}}]})
@@ -753,17 +661,18 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
                                      "finish_reason": finish}]}
 
     gaps = out.iter_gaps()
+    choices = out.choices
     first = True
-    for c in out.choices:
-        role: dict[str, Any] = {"role": "assistant", "content": "" if c.content is not None
+    for c in choices:
+        role: dict[str, Any] = {"role": "assistant", "content": "" if c.pieces is not None
                                 else None, "refusal": None}
         yield (out.ttft if first else 0.0), "chunk", chunk(c.index, role)
         first = False
-    seqs = [c.content if c.content is not None else _choice_steps(c) for c in out.choices]
+    seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
     steps = max(len(s) for s in seqs)
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
-        for c, seq in zip(out.choices, seqs, strict=True):
+        for c, seq in zip(choices, seqs, strict=True):
             if k >= len(seq):
                 continue
             item = seq[k]
@@ -774,14 +683,13 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
                                                           "refusal": None})
                 else:
                     yield delay, "chunk", tok_pre[c.index] + _dumps(item) + tok_post
-            else:
-                yield delay, "chunk", chunk(c.index, item)
+            else:  # a tool-call delta
+                yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
             delay = 0.0
-    for c in out.choices:
-        yield 0.0, "chunk", chunk(c.index, {}, c.finish_reason)
+    for c in choices:
+        yield 0.0, "chunk", chunk(c.index, {}, c.finish)
     if cr.include_usage:
         yield 0.0, "chunk", {**head, "choices": [], "usage": out.usage()}
-    app.stats.usage(out.prompt_tokens, out.completion_tokens, out.reasoning_tokens)
     yield 0.0, "done", None
 
 
@@ -810,14 +718,14 @@ def error_events(err: APIError) -> list[tuple[str, Any]]:
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    lat = app.latency(cr.profile)
-    out = simulate(cr, app, rng, lat)
+    decision = decide(ask(cr), app.config, rng, app.latency(cr.profile))
+    out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:
         stream = EventStream(stream_plan(cr, out, app), kind="chat",
                              meta={"model": cr.model, "endpoint": "chat.completions",
                                    "is_token": is_token_event, "error_events": error_events,
                                    "usage": out.usage()})
-        return StreamResponse(stream)
+        return StreamResponse(stream, usage=decision.usage)
     total = out.total_time()
     if total > 0:
         key = app.stats.running_open(cr.model)  # vllm:num_requests_running
@@ -825,8 +733,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
             await app.clock.sleep(total)
         finally:
             app.stats.running_close(key)
-    app.stats.usage(out.prompt_tokens, out.completion_tokens, out.reasoning_tokens)
-    return JSONResponse(completion_json(cr, out), model=cr.model)
+    return JSONResponse(completion_json(cr, out), model=cr.model, usage=decision.usage)
 
 
 def register(app: App) -> None:

@@ -10,8 +10,10 @@ prefill term; instant mode makes every delay zero. Nothing here awaits: callers 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .models import ModelProfile
@@ -40,12 +42,21 @@ class Latency:
 
     def gap(self, rng: random.Random) -> float:
         """Seconds between two visible tokens."""
+        return next(self.gaps(rng, 1))
+
+    def gaps(self, rng: random.Random, n: int) -> Iterator[float]:
+        """``n`` gaps, the values ``n`` calls of :meth:`gap` give, drawn lazily: one generator
+        with its draws inlined, as a stream's schedule reads one per token (hot path)."""
         if self.instant:
-            return 0.0
+            return itertools.repeat(0.0, n)
         if self.fixed_itl_ms is not None:
-            return self.fixed_itl_ms / 1000.0
+            return itertools.repeat(self.fixed_itl_ms / 1000.0, n)
         p = self.profile
-        return p.itl_ms * _lognorm(rng, p.itl_jitter) / 1000.0
+        itl, sigma = p.itl_ms, p.itl_jitter
+        if sigma <= 0:
+            return itertools.repeat(itl * 1.0 / 1000.0, n)
+        gauss, exp = rng.gauss, math.exp  # (the draw of _lognorm, inlined)
+        return (itl * min(4.0, max(0.25, exp(gauss(0.0, sigma)))) / 1000.0 for _ in range(n))
 
     def mean_gap(self) -> float:
         if self.instant:

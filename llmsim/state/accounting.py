@@ -5,6 +5,12 @@ One call per request outcome: :func:`response_sent` for a complete response,
 :class:`~llmsim.state.stats.StreamTrack` observes every write through the pump), and
 :func:`request_gone` when the client left before any answer. Each counts the request once in
 :class:`~llmsim.state.stats.Stats` and writes the access-log line when that log is enabled.
+
+Billed tokens are counted here too, never by the simulation: an answer carries its decided
+:class:`~llmsim.sim.decide.Usage` (``JSONResponse.usage`` / ``StreamResponse.usage``) and
+bills it when it is delivered whole (a JSON answer sent, a stream ended ``"completed"``);
+a background response, which no transport writes, bills through :func:`billed` when its
+pump completes.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from .stats import StreamTrack, error_kind, usage_tokens
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..sim.decide import Usage
 
-__all__ = ["response_sent", "stream_started", "stream_ended", "request_gone"]
+__all__ = ["response_sent", "stream_started", "stream_ended", "request_gone", "billed"]
 
 QUIET = frozenset({"llmsim.stats", "llmsim.stats.reset", "metrics", "llmsim.dashboard"})
 """Endpoints left out of the request counters: they observe the load, they are not load."""
@@ -48,6 +55,8 @@ def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
                 pt, ot = usage_tokens(u)
             if status >= 400:
                 err = error_kind(status, data)
+        if res.usage is not None and status < 400:
+            billed(app, res.usage)
     elif status >= 400:
         err = error_kind(status, getattr(res, "body", None))
     stats = app.stats
@@ -77,7 +86,9 @@ def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
     pt = usage_tokens(meta.get("usage"))[0]
     stats = app.stats
     stats.record(endpoint, model, transport, res.status)
-    return stats.track(model, req.received_at, transport, meta.get("is_token"), pt)
+    track = stats.track(model, req.received_at, transport, meta.get("is_token"), pt)
+    track.usage = res.usage
+    return track
 
 
 def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
@@ -87,7 +98,14 @@ def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
         return
     now = app.clock.now()
     track.finish(reason, now)
+    if reason == "completed" and track.usage is not None:
+        billed(app, track.usage)
     if ACCESS.isEnabledFor(INFO):
         access(req.method, req.path, track.key or None, status, track.prompt, track.tokens,
                track.ttft, now - track.t0, track.transport, req.request_id, req.client,
                end=reason)
+
+
+def billed(app: App, usage: Usage) -> None:
+    """An answer was delivered whole: count the tokens it bills."""
+    app.stats.usage(usage.prompt_tokens, usage.output_tokens, usage.reasoning_tokens)

@@ -32,9 +32,12 @@ import time
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from ..sim.decide import Usage
 
 __all__ = ["Stats", "StreamTrack", "BOUNDS", "EXPORT_BOUNDS", "HISTS", "merge", "render",
            "quantile", "MAX_KEYS", "MAX_LABEL", "label", "usage_tokens", "error_kind"]
@@ -115,7 +118,7 @@ class StreamTrack:
     """
 
     __slots__ = ("stats", "key", "t0", "first", "tokens", "base", "_e2e", "done", "transport",
-                 "prompt", "observe")
+                 "prompt", "observe", "usage")
 
     def __init__(self, stats: Stats, key: str, t0: float, transport: str,
                  is_token: Callable[[str, Any], bool] | None) -> None:
@@ -127,6 +130,7 @@ class StreamTrack:
         self.tokens = 0
         self.base = 0  # tokens already counted before a stats reset
         self.prompt = 0
+        self.usage: Usage | None = None  # what the stream bills if it ends "completed"
         self.done = False
         ttft_h, itl_h, self._e2e = stats._hist(key)
         self.observe: Callable[[str, Any, float], None] | None = None

@@ -4,9 +4,11 @@ counting, and minimal ``/v1/conversations``.
 
 Flow of a create: :func:`parse.parse_body` validates → the context is assembled (stored chain
 of ``previous_response_id`` or a conversation transcript, plus this input with
-``item_reference`` resolved) → :func:`sim.simulate` decides everything before the first byte →
-a :class:`state.Record` tracks the response while its events are rendered as JSON (after the
-simulated duration), as an SSE/WebSocket stream, or by a background pump on the shared clock.
+``item_reference`` resolved) → :func:`llmsim.sim.decide.decide` decides everything before the
+first byte (:func:`parse.ask` is the request as it reads it) → :func:`render.response_out` lays
+the decision out as output items → a :class:`state.Record` tracks the response while its
+events are rendered as JSON (after the simulated duration), as an SSE/WebSocket stream, or by
+a background pump on the shared clock.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
 from ...sim import tokens as tok
+from ...sim.decide import decide
+from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_rng
+from ...state import accounting
 from ...stream import EventStream
 from ..validate import V, check_request_work, paced
 from . import render
-from .parse import RespRequest, normalize_input, parse_body
-from .sim import cached_prefix_tokens, input_steps, simulate
+from .parse import RespRequest, ask, normalize_input, parse_body
 from .state import CANCEL, DELETED, Conversation, Record, ResponsesState, Snapshot, state
 
 if TYPE_CHECKING:
@@ -188,7 +192,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
     cw = rr.profile.context_window
     room = cw - (rr.limit or 0)
     # Counted once, item by item, and only up to what can fit (input_tokens: the whole
-    # window); truncation "auto" drops the oldest turns that do not fit (sim.input_steps).
+    # window); truncation "auto" drops the oldest turns that do not fit (prompt.input_steps).
     cap = cw if count_only else room
     total, first, prefix = await paced(input_steps(
         history, items, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
@@ -243,10 +247,14 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
             raise APIError(429, "Too many background responses in progress on this server "
                            f"(limit {cfg.background_max_active}). Try again later.",
                            param="background", code="rate_limit_exceeded")
-    rng = request_rng(app.config.seed, "/v1/responses", body)
-    lat = app.latency(rr.profile)
-    out = simulate(rr, p.context, app, rng, lat, new_id("resp_"), int(app.clock.time()),
-                   p.input_tokens, p.cached_tokens)
+    rid, created_at = new_id("resp_"), int(app.clock.time())
+    if rr.generate:
+        rng = request_rng(app.config.seed, "/v1/responses", body)
+        decision = decide(ask(rr, p.context, p.input_tokens, p.cached_tokens), app.config, rng,
+                          app.latency(rr.profile))
+        out = render.response_out(decision, rid, created_at)
+    else:  # WebSocket warm-up: state only, no model output
+        out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
     echo = render.echo_fields(rr)
     ws_ctx = req.context if req.transport == "ws" else None
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
@@ -274,7 +282,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         stream = EventStream(rec.live_plan(), kind="responses", on_event=rec.observe,
                              meta=_meta(rec, rr.model))
         rec.stream = stream
-        return StreamResponse(stream)
+        return StreamResponse(stream, usage=out.counts)
     try:
         if out.duration > 0:
             await app.clock.sleep(out.duration)
@@ -284,7 +292,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     final = render.final_snapshot(echo, out)
     rec.done_output = list(final["output"])
     rec.finish(final)
-    return JSONResponse(final)
+    return JSONResponse(final, usage=out.counts)
 
 
 def _start_background(rec: Record, app: App, st: ResponsesState,
@@ -322,6 +330,8 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
             watch.cancel()
         if not rec.terminal:
             rec.cancel()
+        elif reason == "completed":  # (the edge of a response no transport writes)
+            accounting.billed(app, rec.out.counts)
 
     pump = Pump(stream, app.clock, lambda t, d: b"", NullSink(), on_done=done,
                 observer=lambda t, d, now: rec.observe(t, d))

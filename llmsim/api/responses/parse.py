@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import APIError
 from ...sim import schema as sch
+from ...sim.decide import TEXT, TOOL_CHOICES, Ask, Output, Tool, ToolChoice
 from ...sim.models import ModelProfile
+from ...sim.prompt import content_text
 from ...sim.rng import new_id
 from ..validate import FUNCTION_NAME, V, got, unsupported
 
 if TYPE_CHECKING:
     from ...app import App
 
-__all__ = ["RespRequest", "parse_body", "normalize_input", "KNOWN_FIELDS", "TOOL_TYPES"]
+__all__ = ["RespRequest", "parse_body", "normalize_input", "ask", "KNOWN_FIELDS", "TOOL_TYPES"]
 
 # Every field of the SDK's ResponseCreateParams (openai 3.52) plus ``stream``; anything else
 # is the real API's "Unknown parameter" 400 (catches ``max_tokens`` and other typos).
@@ -551,3 +553,58 @@ def _texts(items: list[dict[str, Any]]) -> list[str]:
                 if "text" in part:
                     out.append(part["text"])
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# The request as the decision sees it
+# ------------------------------------------------------------------------------------------
+
+TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+
+
+def _last_user_text(context: list[dict[str, Any]]) -> str:
+    for it in reversed(context):
+        if it.get("type") == "message" and it.get("role") == "user":
+            return content_text(it.get("content"))[0]
+    return ""
+
+
+def _decide_tool_choice(tc: Any) -> ToolChoice:
+    if isinstance(tc, str):
+        return TOOL_CHOICES[tc]  # "auto" | "none" | "required"
+    t = tc["type"]
+    if t in CALLABLE_TOOLS:
+        return ToolChoice("named", frozenset((tc["name"],)))
+    if t == "allowed_tools":
+        return ToolChoice(tc["mode"], frozenset(a["name"] for a in tc["tools"]
+                                                if isinstance(a, dict) and "name" in a))
+    return ToolChoice("hosted")  # a hosted tool is forced: llmsim never runs hosted tools
+
+
+def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
+        cached_tokens: int) -> Ask:
+    """The request as :func:`llmsim.sim.decide.decide` needs it (``context`` = earlier turns
+    plus this input, resolved)."""
+    tools: list[Tool] = []
+    for i, t in enumerate(rr.tools):  # (usually none)
+        kind = t["type"]
+        if kind == "function":
+            tools.append(Tool(t["name"], kind, t["parameters"], None, t["strict"] is True,
+                              f"tools[{i}].parameters"))
+        elif kind == "custom":
+            tools.append(Tool(t["name"], kind, None, t.get("format")))
+    fmt = rr.text_format
+    output = TEXT
+    if fmt["type"] == "json_schema":
+        output = Output("json_schema", fmt["schema"], "text.format.schema")
+    elif fmt["type"] == "json_object":
+        output = Output("json_object")
+    return Ask(rr.profile, input_tokens, cached_tokens,
+               user_text=lambda: _last_user_text(context),
+               after_tool_result=bool(context) and context[-1].get("type") in TOOL_OUTPUTS,
+               tools=tuple(tools) if tools else (),
+               tool_choice=_decide_tool_choice(rr.tool_choice),
+               parallel_tool_calls=rr.parallel_tool_calls, max_tool_calls=rr.max_tool_calls,
+               output=output, limit=rr.limit, effort=rr.effort, summary=rr.summary,
+               encrypted=rr.encrypted, logprobs="message.output_text.logprobs" in rr.include,
+               top_logprobs=rr.top_logprobs)

@@ -1,6 +1,8 @@
 """Rendering a decided response: Response objects, output items and the SSE event plan.
 
-Everything here is a pure function of the request echo and the :class:`RespOut` decision, so
+:func:`response_out` lays a :class:`~llmsim.sim.decide.Decision` out as Responses output items
+(a reasoning item, then tool calls or one message), each with its id and status. Everything
+else here is a pure function of the request echo and that :class:`RespOut`, so
 the same events can be produced again later: a stored response replays its stream for
 ``GET /v1/responses/{id}?stream=true&starting_after=N`` by rendering the plan again instead of
 keeping every event in memory (the decision holds only token pieces, which are references to
@@ -15,16 +17,137 @@ for background] → ``response.in_progress`` → per item ``output_item.added`` 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+from ...sim.decide import Decision, Timing, Usage
+from ...sim.rng import new_id
 from .parse import RespRequest
-from .sim import CallOut, MessageOut, ReasoningOut, RespOut
 
-__all__ = ["echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
+__all__ = ["ReasoningOut", "MessageOut", "CallOut", "RespOut", "response_out", "no_output",
+           "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
            "completed_at", "TERMINAL"]
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 PlanItem = tuple[float, str, Any]
+# a decision's finish reason → incomplete_details.reason (other reasons: completed)
+INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+@dataclass(slots=True)
+class ReasoningOut:
+    """A reasoning item: hidden tokens, the summary parts (token pieces), encrypted blob."""
+
+    id: str
+    tokens: int
+    parts: list[list[str]]
+    encrypted: str | None
+    status: str = "completed"
+
+
+@dataclass(slots=True)
+class MessageOut:
+    """An assistant message with one ``output_text`` part streamed piece by piece."""
+
+    id: str
+    pieces: list[str]
+    tokens: int
+    status: str = "completed"  # "incomplete" when cut by max_output_tokens
+    logprobs: list[dict[str, Any]] | None = None  # include message.output_text.logprobs
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+@dataclass(slots=True)
+class CallOut:
+    """A ``function_call`` (arguments JSON) or ``custom_tool_call`` (free-form input)."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    pieces: list[str]
+    tokens: int
+    kind: str = "function_call"
+    status: str = "completed"
+
+
+@dataclass(slots=True)
+class RespOut:
+    """A decided response as output items: usage, status and timing (``timing`` None: no
+    model output, a WebSocket warm-up). ``streamed`` counts the token events of its stream
+    (one inter-token gap between consecutive ones)."""
+
+    id: str
+    created_at: int
+    counts: Usage
+    items: list[ReasoningOut | MessageOut | CallOut] = field(default_factory=list)
+    status: str = "completed"  # or "incomplete"
+    incomplete_reason: str | None = None
+    timing: Timing | None = None
+    streamed: int = 0
+    # seconds from response.created to the terminal event, once known (the stream's plan
+    # sums the gaps it draws; else :attr:`duration` draws them)
+    elapsed: float | None = None
+
+    @property
+    def first_delay(self) -> float:
+        """Seconds from ``response.created`` to the first visible output."""
+        return self.timing.first if self.timing is not None else 0.0
+
+    @property
+    def duration(self) -> float:
+        """Seconds from ``response.created`` to the terminal event."""
+        d = self.elapsed
+        if d is None:
+            t = self.timing
+            d = self.elapsed = t.duration(self.streamed) if t is not None else 0.0
+        return d
+
+    def iter_gaps(self) -> Iterator[float]:
+        """The gaps between consecutive token events, same values on every call."""
+        return self.timing.gaps(self.streamed - 1) if self.timing is not None else iter(())
+
+    def usage(self) -> dict[str, Any]:
+        u = self.counts
+        return {"input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": u.cached_tokens,
+                                         "cache_write_tokens": 0},
+                "output_tokens": u.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+                "total_tokens": u.total_tokens}
+
+
+def response_out(d: Decision, rid: str, created_at: int) -> RespOut:
+    """The decision (one choice) as Responses output: reasoning, then calls or a message."""
+    c = d.choices[0]
+    items: list[ReasoningOut | MessageOut | CallOut] = []
+    streamed = 0
+    r = c.reasoning
+    if r is not None:
+        items.append(ReasoningOut(new_id("rs_"), r.tokens, r.summary, r.encrypted))
+        streamed += sum(map(len, r.summary))
+    for t in c.calls:
+        fn = t.kind == "function"
+        items.append(CallOut(new_id("fc_" if fn else "ctc_"), t.call_id, t.name, t.arguments,
+                             t.pieces, t.tokens, "function_call" if fn else "custom_tool_call",
+                             "completed" if t.complete else "incomplete"))
+        streamed += len(t.pieces)
+    reason = INCOMPLETE.get(c.finish)
+    if c.pieces is not None:
+        items.append(MessageOut(new_id("msg_"), c.pieces, c.tokens,
+                                "completed" if reason is None else "incomplete", c.logprobs))
+        streamed += len(c.pieces)
+    return RespOut(rid, created_at, d.usage, items, "completed" if reason is None
+                   else "incomplete", reason, d.timing, streamed)
+
+
+def no_output(rid: str, created_at: int, input_tokens: int, cached_tokens: int) -> RespOut:
+    """A response with no model output (WebSocket ``generate: false``): its input only."""
+    return RespOut(rid, created_at, Usage(input_tokens, cached_tokens=cached_tokens))
 
 
 def echo_fields(rr: RespRequest) -> dict[str, Any]:
@@ -131,18 +254,19 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     yield 0.0, "response.in_progress", {"type": "response.in_progress",
                                         "response": snapshot(echo, out, "in_progress")}
     pending = out.first_delay
-    gaps = iter(out.gaps)
-    first_token = True
+    # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn) and
+    # summed once for completed_at; held only while the stream runs (a replay draws again)
+    drawn = list(out.iter_gaps())
+    if out.elapsed is None:
+        out.elapsed = pending + sum(drawn)
+    # token events: the first at once (every item's first event takes the first delay,
+    # before any token), then one gap each
+    gaps = chain((0.0,), drawn)
 
-    def wait(token: bool = False) -> float:
-        nonlocal pending, first_token
+    def wait() -> float:
+        nonlocal pending
         d = pending
         pending = 0.0
-        if token:
-            if first_token:
-                first_token = False
-            else:
-                d += next(gaps, 0.0)
         return d
 
     done_items: list[dict[str, Any]] = []
@@ -159,7 +283,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                     "output_index": idx, "summary_index": si,
                     "part": {"type": "summary_text", "text": ""}}
                 for p in pieces:
-                    yield wait(True), "response.reasoning_summary_text.delta", {
+                    yield next(gaps, 0.0), "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
                 text = "".join(pieces)
@@ -185,7 +309,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
             lps = item.logprobs
             for k, p in enumerate(item.pieces):
-                yield wait(True), "response.output_text.delta", {
+                yield next(gaps, 0.0), "response.output_text.delta", {
                     "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
                     "content_index": 0, "delta": p,
                     "logprobs": [lps[k]] if lps is not None else []}
@@ -203,8 +327,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
             for p in item.pieces:
-                yield wait(True), dtype, {"type": dtype, "item_id": rid, "output_index": idx,
-                                          "delta": p}
+                yield next(gaps, 0.0), dtype, {"type": dtype, "item_id": rid,
+                                               "output_index": idx, "delta": p}
             if fn:
                 yield 0.0, "response.function_call_arguments.done", {
                     "type": "response.function_call_arguments.done", "item_id": rid,

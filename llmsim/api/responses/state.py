@@ -39,7 +39,7 @@ from ...state import shared
 from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream
 from . import render
-from .sim import CallOut, MessageOut, ReasoningOut, RespOut
+from .render import CallOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
     from ...app import App
@@ -219,16 +219,13 @@ class Record:
             self.finish(data["response"])
 
     def finish(self, response: dict[str, Any]) -> None:
-        """The response reached a terminal state: record it, count usage, update state."""
+        """The response reached a terminal state: record it, update state (its billed tokens
+        are counted where it is delivered, :mod:`llmsim.state.accounting`)."""
         if self._finished:
             return
         self._finished = True
         self.final = response
         self.status = response["status"]
-        usage = response.get("usage")
-        if usage:
-            self.app.stats.usage(usage["input_tokens"], usage["output_tokens"],
-                                 usage["output_tokens_details"]["reasoning_tokens"])
         # let go of the conversation: a stored record must not keep a deleted or evicted
         # conversation (up to conversation_max_bytes) alive outside its store's budget
         conv, self.conversation = self.conversation, None
