@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import socket
-import time
 from typing import Any
 
 import h11
@@ -39,20 +38,11 @@ from llmsim.stream import EventStream
 
 from . import rawhttp
 from .memtransport import connect, mem_server
-from .test_websocket_raw import RawWS, handshake
+from .test_websocket_raw import RawWS, handshake, wait_for
 
 RESP = {"model": "gpt-4o", "input": "hi", "max_output_tokens": 16}
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 DONE = {"response.completed", "response.incomplete"}  # a normal end (16 tokens may cut it)
-
-
-def wait_for(cond: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return bool(cond())
 
 
 def gauges(srv: Any) -> tuple[int, ...]:
@@ -365,13 +355,20 @@ def _fake_loop_time(server: Any) -> list[float]:
     return now
 
 
-async def test_write_stall_cuts_a_stream_that_is_never_read() -> None:
-    server = mem_server(write_stall_timeout_s=5)
+def _unread_stream(stall_s: int, tokens: int) -> tuple[Any, list[float], Any, Any]:
+    """A server on a fake loop time with one chat stream of ``tokens`` to a client whose
+    transport pauses at 4 KiB (it reads nothing until the test drains it)."""
+    server = mem_server(write_stall_timeout_s=stall_s)
     now = _fake_loop_time(server)
     proto, tr = connect(server, high_water=4096)
-    body = orjson.dumps({**CHAT, "max_tokens": 5000, "stream": True})
+    body = orjson.dumps({**CHAT, "max_tokens": tokens, "stream": True})
     proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
                         b"\r\n\r\n%s" % (len(body), body))
+    return server, now, proto, tr
+
+
+async def test_write_stall_cuts_a_stream_that_is_never_read() -> None:
+    server, now, proto, tr = _unread_stream(5, 5000)
     for _ in range(20):
         await asyncio.sleep(0)
     st = server.app.stats
@@ -389,12 +386,7 @@ async def test_write_stall_cuts_a_stream_that_is_never_read() -> None:
 
 
 async def test_a_slow_reader_that_drains_is_not_cut() -> None:
-    server = mem_server(write_stall_timeout_s=5)
-    now = _fake_loop_time(server)
-    proto, tr = connect(server, high_water=4096)
-    body = orjson.dumps({**CHAT, "max_tokens": 3000, "stream": True})
-    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
-                        b"\r\n\r\n%s" % (len(body), body))
+    server, now, proto, tr = _unread_stream(5, 3000)
     received = b""
     for _ in range(5000):
         await asyncio.sleep(0)
@@ -409,12 +401,7 @@ async def test_a_slow_reader_that_drains_is_not_cut() -> None:
 
 
 async def test_write_stall_off_with_zero() -> None:
-    server = mem_server(write_stall_timeout_s=0)
-    now = _fake_loop_time(server)
-    proto, tr = connect(server, high_water=4096)
-    body = orjson.dumps({**CHAT, "max_tokens": 3000, "stream": True})
-    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
-                        b"\r\n\r\n%s" % (len(body), body))
+    server, now, proto, tr = _unread_stream(0, 3000)
     for _ in range(20):
         await asyncio.sleep(0)
     assert tr.paused

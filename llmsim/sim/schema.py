@@ -346,6 +346,20 @@ _short.maxstring = _short.maxother = 80
 _short.maxlist = _short.maxdict = 10
 
 
+def _implied_type(s: dict) -> str | None:
+    """The type an untyped schema implies by its keywords (``properties`` → object, ``items``
+    → array, ``pattern`` → string, ``minimum`` → number/integer), None if nothing implies one."""
+    if any(k in s for k in _OBJECT_KEYS):
+        return "object"
+    if any(k in s for k in _ARRAY_KEYS):
+        return "array"
+    if any(k in s for k in _STRING_KEYS):
+        return "string"
+    if any(k in s for k in _NUMBER_KEYS):
+        return "integer" if isinstance(s.get("multipleOf"), int) else "number"
+    return None
+
+
 def _type_list(schema: dict) -> list[str] | None:
     """The declared ``type`` as a list (None if absent), honouring ``nullable``."""
     raw = schema.get("type")
@@ -1709,14 +1723,10 @@ class _MinSize:
     def _own(self, s: dict, depth: int) -> tuple[int, int]:
         types = _type_list(s)
         if types is None:
-            if any(k in s for k in _OBJECT_KEYS):
-                types = ["object"]
-            elif any(k in s for k in _ARRAY_KEYS):
-                types = ["array"]
-            elif any(k in s for k in _STRING_KEYS):
-                types = ["string"]
-            else:
+            implied = _implied_type(s)
+            if implied is None or implied in ("integer", "number"):
                 return 1, 1
+            types = [implied]
         best_size = best_nodes = _SAT
         for t in types:
             if t == "string":
@@ -1971,16 +1981,7 @@ class _Generator:
     def _choose_type(self, s: dict, minimal: bool) -> str:
         types = _type_list(s)
         if types is None:
-            if any(k in s for k in _OBJECT_KEYS):
-                types = ["object"]
-            elif any(k in s for k in _ARRAY_KEYS):
-                types = ["array"]
-            elif any(k in s for k in _STRING_KEYS):
-                types = ["string"]
-            elif any(k in s for k in _NUMBER_KEYS):
-                types = ["integer"] if isinstance(s.get("multipleOf"), int) else ["number"]
-            else:
-                types = ["string"]
+            types = [_implied_type(s) or "string"]
             if s.get("nullable") is True:
                 types.append("null")
         types = [t for t in types if t in _JSON_TYPES] or ["string"]
