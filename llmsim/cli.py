@@ -87,7 +87,7 @@ def config_from_args(argv: Sequence[str] | None = None,
 
 
 def banner(url: str, cfg: Config) -> str:
-    mode = cfg.latency
+    mode: str = cfg.latency
     if cfg.ttft_ms is not None or cfg.itl_ms is not None:
         mode = f"fixed (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms)"
     return (f"llmsim {__version__} listening on {url}  (latency: {mode}, seed: {cfg.seed}, "

@@ -79,7 +79,7 @@ class Clock:
         if deadline <= self.now():
             return
         fut = asyncio.get_running_loop().create_future()
-        t = self.call_at(deadline, lambda: fut.done() or fut.set_result(None))
+        t = self.call_at(deadline, lambda: None if fut.done() else fut.set_result(None))
         try:
             await fut
         finally:

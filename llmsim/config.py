@@ -470,7 +470,8 @@ def iter_options(cls: type = Config, prefix: tuple[str, ...] = ()) -> list[Optio
             continue
         if not f.metadata.get("flag", False):
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else f.default_factory())  # type: ignore[operator]
         out.append(Option(prefix + (f.name,), tp, default, f.metadata.get("help", ""),
                           f.metadata.get("choices"), f.metadata.get("metavar")))
     return out

@@ -40,7 +40,8 @@ class Sink(Protocol):
     """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session.
     ``write_events`` consumes the list before it returns (the pump reuses it)."""
 
-    paused: bool
+    @property
+    def paused(self) -> bool: ...
 
     def write_events(self, frames: list[bytes]) -> None: ...
 

@@ -171,7 +171,7 @@ class HTTPProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:

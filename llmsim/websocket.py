@@ -552,7 +552,7 @@ class WebSocketSession:
             self._on_data(ev)  # type: ignore[arg-type]
         elif t is Ping:
             if self.ws.state is ConnectionState.OPEN:
-                self._write(self.ws.send(ev.response()))  # type: ignore[union-attr]
+                self._write(self.ws.send(ev.response()))  # type: ignore[attr-defined]
         elif t is Pong:
             pass
         elif t is CloseConnection:

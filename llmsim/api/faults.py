@@ -331,13 +331,13 @@ class Limits:
         if snap is None:
             return
         res.headers.extend(snap.headers())
-        late = req.notes.pop("ratelimit_charge", None)
+        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
             self.limiter.charge(*late, _output_tokens(res.data.get("usage")),
                                 self.app.clock.now())
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        late = req.notes.pop("ratelimit_charge", None)
+        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
         if late is None:
             return
         meta = res.stream.meta
@@ -490,7 +490,9 @@ class Capacity:
             return
         s = res.stream
         meta = s.meta
-        usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
+        usage = meta.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         if not isinstance(prompt, int):
             prompt = estimate_tokens(_body(req))[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import re
 import time
 from collections.abc import Generator
@@ -35,21 +36,21 @@ def _bad_type(param: str, expected: str) -> APIError:
 class V:
     """Typed getters over a request body; each raises a 400 naming the parameter."""
 
-    def __init__(self, body: dict[str, Any], prefix: str = "") -> None:
+    def __init__(self, body: builtins.dict[builtins.str, Any], prefix: builtins.str = "") -> None:
         self.body = body
         self.prefix = prefix
 
-    def name(self, key: str) -> str:
+    def name(self, key: builtins.str) -> builtins.str:
         return f"{self.prefix}{key}"
 
-    def required(self, key: str) -> Any:
+    def required(self, key: builtins.str) -> Any:
         v = self.body.get(key)
         if v is None:
             raise APIError(400, f"Missing required parameter: '{self.name(key)}'.",
                            param=self.name(key), code="missing_required_parameter")
         return v
 
-    def bool(self, key: str, default: bool | None = None) -> bool | None:
+    def bool(self, key: builtins.str, default: bool | None = None) -> bool | None:
         v = self.body.get(key)
         if v is None:
             return default
@@ -57,8 +58,8 @@ class V:
             raise _bad_type(self.name(key), "a boolean")
         return v
 
-    def int(self, key: str, default: int | None = None, *, lo: int | None = None,
-            hi: int | None = None) -> int | None:
+    def int(self, key: builtins.str, default: builtins.int | None = None, *, lo: builtins.int | None = None,
+            hi: builtins.int | None = None) -> builtins.int | None:
         """An integer in ``lo``..``hi`` (default: the 64-bit range, for every integer)."""
         v = self.body.get(key)
         if v is None:
@@ -73,7 +74,7 @@ class V:
                     "integer", shown)
         return v
 
-    def num(self, key: str, default: float | None = None, *, lo: float | None = None,
+    def num(self, key: builtins.str, default: float | None = None, *, lo: float | None = None,
             hi: float | None = None) -> float | None:
         v = self.body.get(key)
         if v is None:
@@ -83,8 +84,8 @@ class V:
         self._range(key, v, lo, hi, "decimal")
         return float(v)
 
-    def _range(self, key: str, v: float, lo: float | None, hi: float | None,
-               kind: str, shown: float | None = None) -> None:
+    def _range(self, key: builtins.str, v: float, lo: float | None, hi: float | None,
+               kind: builtins.str, shown: float | None = None) -> None:
         # The wording and code follow the parameter's declared type ("integer" for n,
         # "decimal" for temperature), not how the number happened to be spelled in the JSON;
         # the value is shown as sent (``shown``: 1e+30, not its 31-digit integer).
@@ -99,8 +100,8 @@ class V:
                            f"Expected a value <= {hi}, but got {shown} instead.",
                            param=self.name(key), code=f"{kind}_above_max_value")
 
-    def str(self, key: str, default: str | None = None, *,
-            choices: tuple[str, ...] | None = None, max_len: int | None = None) -> str | None:
+    def str(self, key: builtins.str, default: builtins.str | None = None, *,
+            choices: tuple[str, ...] | None = None, max_len: builtins.int | None = None) -> builtins.str | None:
         v = self.body.get(key)
         if v is None:
             return default
@@ -117,8 +118,8 @@ class V:
                            code="string_above_max_length")
         return v
 
-    def list(self, key: str, default: list[Any] | None = None, *,
-             max_len: int | None = None, min_len: int | None = None) -> list[Any] | None:
+    def list(self, key: builtins.str, default: list[Any] | None = None, *,
+             max_len: builtins.int | None = None, min_len: builtins.int | None = None) -> list[Any] | None:
         v = self.body.get(key)
         if v is None:
             return default
@@ -137,7 +138,7 @@ class V:
                            code="array_above_max_length")
         return v
 
-    def dict(self, key: str, default: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    def dict(self, key: builtins.str, default: builtins.dict[builtins.str, Any] | None = None) -> builtins.dict[builtins.str, Any] | None:
         v = self.body.get(key)
         if v is None:
             return default
@@ -145,7 +146,7 @@ class V:
             raise _bad_type(self.name(key), "an object")
         return v
 
-    def metadata(self, key: str = "metadata") -> dict[str, str] | None:
+    def metadata(self, key: builtins.str = "metadata") -> builtins.dict[builtins.str, builtins.str] | None:
         """The real limits: at most 16 pairs, keys ≤ 64 chars, values strings ≤ 512 chars."""
         md = self.dict(key)
         if md is None:
@@ -170,12 +171,12 @@ class V:
         return md
 
 
-def unsupported(param: str, model: str, hint: str = "") -> APIError:
+def unsupported(param: builtins.str, model: builtins.str, hint: builtins.str = "") -> APIError:
     return APIError(400, f"Unsupported parameter: '{param}' is not supported with this model."
                     + (f" {hint}" if hint else ""), param=param, code="unsupported_parameter")
 
 
-def unsupported_value(param: str, msg: str) -> APIError:
+def unsupported_value(param: builtins.str, msg: builtins.str) -> APIError:
     return APIError(400, f"Unsupported value: {msg}", param=param, code="unsupported_value")
 
 
@@ -185,7 +186,7 @@ def unsupported_value(param: str, msg: str) -> APIError:
 MAX_REQUEST_WORK = 1 << 19
 
 
-def check_request_work(n: int, tokens: int, top_logprobs: int, *, param: str) -> None:
+def check_request_work(n: builtins.int, tokens: builtins.int, top_logprobs: builtins.int, *, param: builtins.str) -> None:
     """400 ``request_too_large`` when one request asks for more simulation than the bound."""
     work = n * tokens * (1 + top_logprobs)
     if work > MAX_REQUEST_WORK:

@@ -430,9 +430,9 @@ class FaultEngine:
         (ValueError if malformed); ``now`` is wall-clock seconds; ``key`` identifies the
         request content (method, path, body) for reproducible draws."""
         if header is not None and self.config.header:
-            f = parse_spec(header, source="header")
-            self._count(f)
-            return f
+            hf = parse_spec(header, source="header")
+            self._count(hf)
+            return hf
         if self.rules:
             f = self._from_rules(model, endpoint, path, api_key, transport, now, key)
             if f is not None:

@@ -46,7 +46,7 @@ class ModelProfile:
                 "max_output_tokens": self.max_output_tokens, "reasoning": self.reasoning}
 
 
-def _p(id: str, base: dict[str, object] | None = None, **kw: object) -> ModelProfile:
+def _p(id: str, base: Mapping[str, object] | None = None, **kw: object) -> ModelProfile:
     return ModelProfile(id=id, **{**(base or {}), **kw})  # type: ignore[arg-type]
 
 

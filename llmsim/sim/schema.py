@@ -43,13 +43,13 @@ import ipaddress
 import math
 import random
 import re
-import re._constants as _sre_c  # the regex parser's node names (Python >= 3.11)
-import re._parser as _sre_parse
+import re._constants as _sre_c  # type: ignore[import-not-found]  # the regex parser's node names (Python >= 3.11)
+import re._parser as _sre_parse  # type: ignore[import-not-found]
 import reprlib
 import string
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard, overload
 from urllib.parse import unquote
 
 from .. import errors
@@ -232,9 +232,31 @@ def _budget_error(param: str | None, what: str) -> errors.APIError:
 # ---------------------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     """True for JSON numbers (ints and floats, but not bools)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _dict_at(schema: dict, key: str) -> dict:
+    """schema[key] when it is an object, else {}."""
+    v = schema.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _list_at(schema: dict, key: str) -> list:
+    """schema[key] when it is an array, else []."""
+    v = schema.get(key)
+    return v if isinstance(v, list) else []
+
+
+@overload
+def _num_at(schema: dict, key: str, default: int) -> int | float: ...
+@overload
+def _num_at(schema: dict, key: str, default: None) -> int | float | None: ...
+def _num_at(schema: dict, key: str, default: int | None) -> int | float | None:
+    """schema[key] when it is a JSON number, else the default."""
+    v = schema.get(key)
+    return v if _is_number(v) else default
 
 
 def _json_type(value: Any) -> str:
@@ -487,8 +509,8 @@ class _CostEstimator:
             return 0
         best = _INF_COST
         if "object" in types:
-            props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-            required = schema.get("required") if isinstance(schema.get("required"), list) else []
+            props = _dict_at(schema, "properties")
+            required = _list_at(schema, "required")
             child = max((self._cost(props.get(r, True), visiting) for r in required), default=0)
             best = min(best, 1 + child)
         if "array" in types:
@@ -1399,7 +1421,7 @@ class _Validator:
             for name in required:
                 if name not in inst:
                     errs.append(f"{path}: missing required property {name!r}")
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        props = _dict_at(schema, "properties")
         pattern_props = schema.get("patternProperties")
         if not isinstance(pattern_props, dict):
             pattern_props = {}
@@ -2026,8 +2048,8 @@ class _Generator:
         return None
 
     def _gen_string(self, s: dict, minimal: bool = False) -> str:
-        min_len = s.get("minLength") if _is_number(s.get("minLength")) else 0
-        max_len = s.get("maxLength") if _is_number(s.get("maxLength")) else None
+        min_len = _num_at(s, "minLength", 0)
+        max_len = _num_at(s, "maxLength", None)
         min_len = max(0, math.ceil(min_len))
         if max_len is not None:
             max_len = max(0, math.floor(max_len))
@@ -2136,7 +2158,7 @@ class _Generator:
 
     def _gen_object(self, s: dict, depth: int) -> dict:
         minimal = self._minimal(depth)
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        props = _dict_at(s, "properties")
         required = [r for r in s.get("required") or [] if isinstance(r, str)]
         additional = s.get("additionalProperties", True)
         out: dict[str, Any] = {}
@@ -2155,8 +2177,8 @@ class _Generator:
         for name in required:
             if name not in out:
                 out[name] = self.gen(self._schema_for_extra_key(s, name), depth + 1)
-        min_p = s.get("minProperties") if _is_number(s.get("minProperties")) else 0
-        max_p = s.get("maxProperties") if _is_number(s.get("maxProperties")) else None
+        min_p = _num_at(s, "minProperties", 0)
+        max_p = _num_at(s, "maxProperties", None)
         for name in skipped:
             if len(out) >= min_p:
                 break
@@ -2194,9 +2216,9 @@ class _Generator:
         else:
             prefix, rest = [], items
         rest_given = "items" in s if not isinstance(items, list) else "additionalItems" in s
-        min_i = s.get("minItems") if _is_number(s.get("minItems")) else 0
+        min_i = _num_at(s, "minItems", 0)
         min_i = max(0, math.ceil(min_i))
-        max_i = s.get("maxItems") if _is_number(s.get("maxItems")) else None
+        max_i = _num_at(s, "maxItems", None)
         if max_i is not None:
             max_i = max(0, math.floor(max_i))
         if rest is False:

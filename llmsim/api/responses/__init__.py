@@ -398,7 +398,10 @@ async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
             rec = rec.replay(app)
         assert type(rec) is Record
         return _follow(rec, after, app, rec.echo["model"])
-    return JSONResponse(rec.response if type(rec) is Snapshot else rec.response())
+    if type(rec) is Snapshot:
+        return JSONResponse(rec.response)
+    assert type(rec) is Record
+    return JSONResponse(rec.response())
 
 
 async def delete(req: Request, app: App) -> JSONResponse:

@@ -426,7 +426,8 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
         if not count_only and body.get("previous_response_id") is None \
                 and body.get("conversation") is None and body.get("prompt") is None:
             raise _missing("input")
-        items, refs = [], []
+        items: list[Any] = []
+        refs: list[Any] = []
     else:
         if isinstance(raw_input, list):  # (each item costs work: bounded in number)
             v.list("input", max_len=app.config.max_input_items)

@@ -128,7 +128,7 @@ class Record:
         self.out = out
         self.input_items = input_items
         self.parent = parent
-        self.depth = parent.depth + 1 if parent is not None else 0
+        self.depth: int = parent.depth + 1 if parent is not None else 0
         self.status = "queued" if background else "in_progress"
         self.background = background
         self.stream: EventStream | None = None  # the live stream (its schedule anchors replays)
