@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["sse_chat", "sse_responses", "sse_error", "ws_text", "ws_text_frame", "DONE_FRAME",
+__all__ = ["sse_chat", "sse_responses", "sse_error_chat", "sse_error_responses", "ws_text", "ws_text_frame", "DONE_FRAME",
            "KEEPALIVE_FRAME", "chunk"]
 
 _dumps = orjson.dumps
@@ -33,13 +33,16 @@ def sse_responses(etype: str, data: Any) -> bytes:
     return prefix + _dumps(data) + b"\n\n"
 
 
-def sse_error(kind: str, err: dict[str, Any], seq: int) -> bytes:
-    """The terminal frames of an SSE stream that failed after its first byte, from the error
-    envelope's fields ``err`` (message, type, param, code): for chat the error chunk then
-    ``[DONE]`` (as the real API ends a failed stream), for Responses the ``error`` event
-    (the SDK's ResponseErrorEvent) numbered ``seq``."""
-    if kind == "chat":
-        return sse_chat("chunk", {"error": err}) + DONE_FRAME
+def sse_error_chat(err: dict[str, Any], seq: int) -> bytes:
+    """The terminal frames of a chat SSE stream that failed after its first byte, from the
+    error envelope's fields ``err``: the error chunk then ``[DONE]`` (as the real API ends a
+    failed stream). Chat chunks are not numbered: ``seq`` is ignored."""
+    return sse_chat("chunk", {"error": err}) + DONE_FRAME
+
+
+def sse_error_responses(err: dict[str, Any], seq: int) -> bytes:
+    """The terminal frame of a Responses SSE stream that failed after its first byte: the
+    ``error`` event (the SDK's ResponseErrorEvent) numbered ``seq``."""
     return sse_responses("error", {"type": "error", "code": err.get("code"),
                                    "message": err.get("message"), "param": err.get("param"),
                                    "sequence_number": seq})

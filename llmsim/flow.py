@@ -121,6 +121,12 @@ class Pump:
         if self.on_done is not None:
             self.on_done(reason)
 
+    def claim(self) -> int:
+        """A sequence number for an event of this stream written now, ahead of the event
+        the pump holds until its deadline (:meth:`EventStream.claim`)."""
+        ev = self._pending
+        return self.stream.claim(ev[2] if ev is not None else None)
+
     def _fail(self, frames: list[bytes]) -> None:
         """Called from an ``except`` block: end the stream with a terminal error frame."""
         if self._done:  # raised by on_done (the stream had ended): nothing left to end
@@ -128,10 +134,7 @@ class Pump:
             return
         log.exception("stream failed after its first byte")
         # the number of the first event not written (the one that failed, if it had one)
-        seq = self.stream.seq
-        ev = self._pending
-        if ev is not None and type(ev[2]) is dict and type(ev[2].get("sequence_number")) is int:
-            seq = ev[2]["sequence_number"]
+        seq = self.claim()
         self._pending = None
         out = frames  # encoded before the failure: valid events
         if self.error_frame is not None:

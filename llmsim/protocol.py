@@ -568,18 +568,16 @@ class HTTPProtocol(asyncio.Protocol):
             accounting.response_sent(self.app, req, self._endpoint, res.status, res)
             self._stream_done("completed")
             return
-        kind = stream.kind
+        dialect = stream.dialect
         try:
-            enc = encode.sse_chat if kind == "chat" else encode.sse_responses
             self._track = accounting.stream_started(self.app, req, self._endpoint, res)
             self._stream_open = True
-            self._pump = Pump(stream, self.app.clock, enc, self, self._stream_done,
-                              self._track.observe,
-                              lambda err, seq: encode.sse_error(kind, err.to_dict(), seq))
+            self._pump = Pump(stream, self.app.clock, dialect.sse, self, self._stream_done,
+                              self._track.observe, dialect.sse_error)
         except Exception:  # the head is out: a terminal error event and a clean end
             log.exception("cannot start the stream")
             stream.close()
-            self.write_events([encode.sse_error(kind, server_error().to_dict(), stream.seq)])
+            self.write_events([dialect.sse_error(server_error(), stream.claim())])
             self._stream_done("error")
             return
         self._pump.start()  # never raises: the pump ends its own failures (flow.Pump)

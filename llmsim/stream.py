@@ -7,16 +7,20 @@ scheduled time. A plain iterator keeps the per-token cost at one ``next()`` call
 lazy generation keeps memory per stream small however long the output is.
 
 :class:`EventStream` wraps the plan, turns offsets into absolute deadlines anchored at the
-stream's start (so delays never accumulate lateness), and, for Responses-style streams,
-stamps ``sequence_number`` 0, 1, 2, ... on every event in the order the transport will emit
-them. The same EventStream feeds SSE (HTTP) and WebSocket text frames: the transports only
-choose an encoder.
+stream's start (so delays never accumulate lateness), and, when its
+:class:`~llmsim.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
+every event in the order the transport will emit them. It is the only place that decides a
+sequence number: a resumed stream starts at ``first_seq``, an out-of-band event that belongs to
+the stream (a WebSocket error or steer answer) takes :meth:`EventStream.claim`, and a replay
+counts events with :func:`numbered` (the same rule). The same EventStream feeds SSE (HTTP) and
+WebSocket text frames: the transports ask ``stream.dialect`` for the encoder.
 
-``meta`` carries what generic layers (faults, capacity, stats) need to know about a stream
-without knowing its API family: ``endpoint`` and ``model`` (strings), ``is_token(type, data)``
-(does this event carry one generated token?) and ``error_events(APIError)`` (the events that
-report a mid-stream failure in this stream's dialect: chat's ``data: {"error": ...}`` chunk,
-Responses' ``response.failed``).
+What generic layers (faults, capacity, rate limits, stats) need to know about a stream without
+knowing its API family is typed: ``dialect`` (token events, terminal events, error events),
+``model``, ``usage`` (the decided :class:`~llmsim.sim.decide.Usage`: prompt and output tokens,
+for pacing and late rate-limit charges; billing is the transport's, from the response), and
+``fail`` (this stream's own error events, e.g. a Responses ``response.failed`` carrying the
+output so far; default: the dialect's).
 
 Control types (never sent to the client): :data:`DISCONNECT` drops the connection at that
 point without a terminal event (fault injection), :data:`STOP` ends the stream cleanly at that
@@ -26,9 +30,14 @@ point (a "truncated" stream: the HTTP body ends properly but the terminal event 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem"]
+if TYPE_CHECKING:
+    from .dialect import Dialect, Events
+    from .errors import APIError
+    from .sim.decide import Usage
+
+__all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem", "numbered"]
 
 DISCONNECT = "__disconnect__"
 STOP = "__stop__"
@@ -37,28 +46,50 @@ PlanItem = tuple[float, str, Any]
 Plan = Iterable[PlanItem]
 
 
+def numbered(etype: str, data: Any) -> bool:
+    """Does this plan event take a sequence number (in a numbering dialect)? Every event the
+    client sees (not a control type) whose payload is an object."""
+    return etype[0] != "_" and type(data) is dict
+
+
 class EventStream:
-    """A sequence-numbered stream of ``(type, data)`` events with absolute deadlines.
+    """A stream of ``(type, data)`` events with absolute deadlines, numbered when its dialect
+    numbers events (see the module doc)."""
 
-    ``kind`` is ``"chat"`` (Chat Completions chunks: no sequence numbers, ``[DONE]`` at the
-    end) or ``"responses"`` (every event gets ``sequence_number``).
-    """
+    __slots__ = ("_it", "dialect", "model", "id", "usage", "fail", "seq", "start", "deadline",
+                 "finished", "on_event", "_numbered")
 
-    __slots__ = ("_it", "kind", "seq", "start", "deadline", "finished", "on_event",
-                 "meta", "_numbered")
-
-    def __init__(self, plan: Plan, kind: str = "responses", *,
+    def __init__(self, plan: Plan, dialect: Dialect, *, model: str | None = None,
+                 id: str | None = None, usage: Usage | None = None,
+                 fail: Callable[[APIError], Events] | None = None,
                  on_event: Callable[[str, Any], None] | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 first_seq: int = 0) -> None:
         self._it: Iterator[PlanItem] = iter(plan)
-        self.kind = kind
-        self._numbered = kind == "responses"
-        self.seq = 0
+        self.dialect = dialect
+        self.model = model
+        self.id = id  # the response this stream tells (out-of-band events find it by id)
+        self.usage = usage
+        self.fail = fail if fail is not None else dialect.error_events
+        self._numbered = dialect.numbered
+        self.seq = first_seq  # the number the next numbered event gets
         self.start: float | None = None
         self.deadline = 0.0
         self.finished = False
         self.on_event = on_event  # observes every event as it is pulled (e.g. a store)
-        self.meta = meta if meta is not None else {}
+
+    def claim(self, unsent: Any = None) -> int:
+        """A sequence number for an event of this stream sent now, outside its plan (a
+        WebSocket steer answer or error). ``unsent`` is the payload of an event already
+        pulled (numbered) but not yet written, if any: the claimer takes its number and it
+        moves one up, so the client still sees 0, 1, 2, ... in order."""
+        n = self.seq
+        if not self._numbered:
+            return n
+        self.seq = n + 1
+        if type(unsent) is dict and type(unsent.get("sequence_number")) is int:
+            n = unsent["sequence_number"]
+            unsent["sequence_number"] = n + 1
+        return n
 
     def begin(self, now: float) -> None:
         """Anchor the schedule at ``now`` (the moment the stream is handed to a transport)."""
@@ -80,13 +111,12 @@ class EventStream:
             self.finished = True
             return None
         self.deadline += offset
-        if self._numbered and etype[0] != "_" and type(data) is dict:
+        if self._numbered and etype[0] != "_" and type(data) is dict:  # numbered(), inlined
             data["sequence_number"] = self.seq
             self.seq += 1
         if self.on_event is not None and etype[0] != "_":
             self.on_event(etype, data)
         return self.deadline, etype, data
-
     def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]]) -> None:
         """Replace the plan by ``fn(plan)`` (a generator around it: faults, capacity pacing).
 

@@ -679,6 +679,14 @@ class WebSocketSession:
             self._reject(f"Invalid value: '{shown[:200]}'. Supported values are: "
                          "'response.create' and 'response.steer'.", "invalid_value", "type")
 
+    def _running_stream(self, rid: str) -> Pump | None:
+        """The pump of response ``rid`` if it is streaming on this connection (≤ 16 jobs)."""
+        for job in self._jobs:
+            if (job.streaming and job.pump is not None and job.res is not None
+                    and job.res.stream.id == rid):
+                return job.pump
+        return None
+
     def _on_steer(self, msg: dict[str, Any]) -> None:
         """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
         prev = msg.get("previous_response_id")
@@ -691,8 +699,12 @@ class WebSocketSession:
             self._reject("Invalid 'input': expected a string or a non-empty array of input "
                          "messages.", "invalid_value", "input")
             return
+        # the answer belongs to the steered response's stream when it is running here (the
+        # stream numbers it); a response not running on this connection has no stream: 0
+        running = self._running_stream(prev)
         self.send_event({
-            "type": "response.steer.failed", "sequence_number": 0,
+            "type": "response.steer.failed",
+            "sequence_number": running.claim() if running is not None else 0,
             "error": {"type": "invalid_request_error", "code": "steering_not_supported",
                       "message": "Steering is not supported by this simulator: send the input "
                                  "in a new response.create with previous_response_id."},
@@ -798,7 +810,8 @@ class WebSocketSession:
         err = server_error()
         ev = error_event(500, err.type, err.message, err.code, stream_id=job.lane.key)
         if job.streaming and job.res is not None:
-            ev["sequence_number"] = job.res.stream.seq
+            ev["sequence_number"] = (job.pump.claim() if job.pump is not None
+                                     else job.res.stream.claim())
         try:
             self.send_event(ev)
             if job.pump is not None:
@@ -847,7 +860,9 @@ class WebSocketSession:
     def _start_pump(self, job: Job, res: StreamResponse) -> None:
         sid = job.lane.key
         suffix = b',"stream_id":"' + sid.encode() + b'"}' if sid is not None else None
-        ws_text = encode.ws_text
+        ws_text = res.stream.dialect.ws
+        if ws_text is None:  # (only families with a WebSocket mode are dispatched here)
+            raise TypeError(f"{res.stream.dialect} has no WebSocket mode")
         prev = job.prev_id
 
         def enc(etype: str, data: Any) -> bytes:

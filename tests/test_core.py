@@ -10,6 +10,8 @@ import orjson
 import pytest
 
 from llmsim import encode
+from llmsim.api.chat import CHAT
+from llmsim.api.responses import RESPONSES
 from llmsim.clock import FakeClock
 from llmsim.errors import APIError
 from llmsim.flow import Pump
@@ -32,19 +34,19 @@ def test_encoders():
 
 def test_event_stream_numbers_responses_events_only():
     plan = [(0.0, "a", {"type": "a"}), (0.1, "b", {"type": "b"}), (0.0, STOP, None)]
-    s = EventStream(iter(plan), kind="responses")
+    s = EventStream(iter(plan), RESPONSES)
     s.begin(10.0)
     assert s.pull() == (10.0, "a", {"type": "a", "sequence_number": 0})
     assert s.pull() == (pytest.approx(10.1), "b", {"type": "b", "sequence_number": 1})
     assert s.pull()[1] == STOP
     assert s.pull() is None
-    c = EventStream(iter([(0.0, "chunk", {"x": 1})]), kind="chat")
+    c = EventStream(iter([(0.0, "chunk", {"x": 1})]), CHAT)
     c.begin(0)
     assert c.pull()[2] == {"x": 1}
 
 
 def test_event_stream_deadlines_do_not_drift():
-    s = EventStream(iter([(0.01, "t", {})] * 1000), kind="chat")
+    s = EventStream(iter([(0.01, "t", {})] * 1000), CHAT)
     s.begin(0.0)
     last = None
     while (ev := s.pull()) is not None:
@@ -73,7 +75,7 @@ async def run_pump(plan, kind="chat", pause_at=None):
     sink.clock = clock
     reasons = []
     done = asyncio.Event()
-    p = Pump(EventStream(iter(plan), kind=kind), clock, encode.sse_chat, sink,
+    p = Pump(EventStream(iter(plan), CHAT if kind == "chat" else RESPONSES), clock, encode.sse_chat, sink,
              on_done=lambda r: (reasons.append(r), done.set()))
     p.start()
     await asyncio.wait_for(done.wait(), 5)
@@ -113,7 +115,7 @@ async def test_pump_cancel_closes_plan():
     sink = ListSink()
     sink.clock = clock
     reasons = []
-    p = Pump(EventStream(plan(), kind="chat"), clock, encode.sse_chat, sink,
+    p = Pump(EventStream(plan(), CHAT), clock, encode.sse_chat, sink,
              on_done=reasons.append)
     p.start()
     await asyncio.sleep(0)

@@ -15,25 +15,11 @@ from llmsim.config import CapacityConfig, RateLimitConfig
 
 from . import rawhttp
 from .faultkit import exchange, server
-
-try:
-    from .test_websocket_raw import RawWS
-except ImportError:  # pragma: no cover - WebSocket module not present
-    RawWS = None  # type: ignore[assignment,misc]
+from .test_websocket_raw import RawWS
 
 RESP = {"model": "gpt-4o", "input": "Hello there", "stream": True}
 SHORT = {"output_tokens_mean": 8, "output_tokens_sigma": 0}
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
-
-
-def _has_responses(srv: Any) -> bool:
-    return any(r.name == "responses" for r in srv.app.router.routes())
-
-
-@pytest.fixture(autouse=True)
-def _need_responses() -> None:
-    if not _has_responses(server()):
-        pytest.skip("Responses API not built")
 
 
 def types(ex: Any) -> list[str]:
@@ -157,8 +143,6 @@ async def test_capacity_waves_on_responses() -> None:
 # ------------------------------------------------------------------------------ WebSocket
 @pytest.fixture
 def wsrv(make_server: Any) -> Any:
-    if RawWS is None:
-        pytest.skip("WebSocket module not built")
     return make_server(**SHORT)
 
 

@@ -32,6 +32,8 @@ from wsproto.events import TextMessage
 import llmsim.api.validate as validate
 import llmsim.encode as encode
 import llmsim.messages as messages
+from llmsim.api.chat import CHAT as CHAT_DIALECT
+from llmsim.api.responses import RESPONSES
 from llmsim.clock import FakeClock
 from llmsim.flow import Pump
 from llmsim.stream import EventStream
@@ -263,12 +265,12 @@ def test_encoder_failure_mid_stream_sdk(make_server: Any, monkeypatch: pytest.Mo
                            _strict_response_validation=True)
     logging.getLogger("llmsim").disabled = True
     try:
-        monkeypatch.setattr(encode, "sse_responses", _fail_on(5, encode.sse_responses))
+        monkeypatch.setattr(RESPONSES, "sse", _fail_on(5, encode.sse_responses))
         events = list(client.responses.create(model="gpt-4o", input="hi", stream=True))
         assert [e.type for e in events][-1] == "error"
         assert events[-1].sequence_number == 4  # the number of the event that failed
         assert len(events) == 5
-        monkeypatch.setattr(encode, "sse_chat", _fail_on(3, encode.sse_chat))
+        monkeypatch.setattr(CHAT_DIALECT, "sse", _fail_on(3, encode.sse_chat))
         got = []
         with pytest.raises(openai.APIError, match="server had an error"):
             for chunk in client.chat.completions.create(model="gpt-4o", messages=[
@@ -287,7 +289,7 @@ def test_encoder_failure_mid_stream_sdk(make_server: Any, monkeypatch: pytest.Mo
 def test_encoder_failure_mid_stream_websocket(make_server: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     srv = make_server(latency="realistic", ttft_ms=1, itl_ms=1)
-    monkeypatch.setattr(encode, "ws_text", _fail_on(4, encode.ws_text))
+    monkeypatch.setattr(RESPONSES, "ws", _fail_on(4, encode.ws_text))
     logging.getLogger("llmsim").disabled = True
     c = RawWS(srv.url)
     try:
@@ -332,9 +334,9 @@ async def test_pump_failure_writes_terminal_frame_and_releases() -> None:
     sink = Sink()
     reasons: list[str] = []
     done = asyncio.Event()
-    p = Pump(EventStream(plan(), kind="responses"), clock, encode.sse_responses, sink,
+    p = Pump(EventStream(plan(), RESPONSES), clock, encode.sse_responses, sink,
              lambda r: (reasons.append(r), done.set()),
-             error_frame=lambda err, seq: encode.sse_error("responses", err.to_dict(), seq))
+             error_frame=RESPONSES.sse_error)
     logging.getLogger("llmsim").disabled = True
     try:
         p.start()

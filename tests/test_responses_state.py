@@ -297,7 +297,7 @@ async def test_ws_branch_contract():
         return await app.dispatch(_req(body, transport="ws", context=ws))
 
     res = await create({"model": "gpt-4o", "input": "hi", "store": False})
-    assert isinstance(res, StreamResponse) and res.stream.kind == "responses"
+    assert isinstance(res, StreamResponse) and res.stream.dialect.endpoint == "responses"
     evs = res.stream.drain()
     rid = evs[0][1]["response"]["id"]
     assert evs[-1][0] == "response.completed" and list(ws.cache) == [rid]

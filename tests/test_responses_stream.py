@@ -162,7 +162,7 @@ async def test_error_events_hook_builds_response_failed():
     s.begin(0.0)
     for _ in range(6):
         s.pull()
-    evs = s.meta["error_events"](APIError(502, "upstream went away", code="injected_fault"))
+    evs = s.fail(APIError(502, "upstream went away", code="injected_fault"))
     assert [t for t, _ in evs] == ["response.failed"]
     data = evs[0][1]
     EVENT.validate_python({**data, "sequence_number": 6})

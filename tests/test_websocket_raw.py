@@ -343,17 +343,20 @@ def test_disconnect_mid_stream_frees_everything(make_server: Any) -> None:
         c.send_json({"type": "response.create", **BASE, "max_output_tokens": 5000,
                      "stream_id": sid})
     c.send_json({"type": "response.create", **BASE, "stream_id": "one"})  # queued behind
-    deltas = 0
-    while deltas < 4:
-        if c.recv_json()["type"] == "response.output_text.delta":
-            deltas += 1
+    deltas = {"one": 0, "two": 0}  # both lanes streaming (not just the first to start)
+    while min(deltas.values()) < 2:
+        ev = c.recv_json()
+        if ev["type"] == "response.output_text.delta":
+            deltas[ev["stream_id"]] += 1
     st = srv.app.stats
     assert st.active_websockets == 1 and st.active_streams == 2
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     c.close()  # RST: the client vanishes without a close frame
-    assert wait_for(lambda: quiet(srv)), (st.active_websockets, st.active_streams,
-                                          st.active_connections, st.active_requests)
-    assert srv.app.clock.pending == 0  # no pump timer left behind
+    # settled = gauges back to zero AND no pump timer left behind (waiting on both: the
+    # connection-lost callback releases the gauges a moment before the last timer is gone)
+    assert wait_for(lambda: quiet(srv) and srv.app.clock.pending == 0), (
+        st.active_websockets, st.active_streams, st.active_connections, st.active_requests,
+        srv.app.clock.pending)
 
 
 # -- tier 2: backpressure ------------------------------------------------------------------
@@ -522,3 +525,31 @@ def test_api_key_checked_at_the_handshake(make_server: Any) -> None:
     ok = RawWS(srv.url)
     assert ok.status == 101
     ok.close()
+
+
+def test_steer_answer_is_numbered_by_the_steered_stream(make_server: Any) -> None:
+    """``response.steer.failed`` for a response streaming on this connection takes the next
+    number of that response's stream: the client sees one gap-free sequence 0, 1, 2, ...;
+    for a response not running here it is not part of any stream (0)."""
+    srv = make_server(latency="realistic", ttft_ms=1, itl_ms=5)
+    c = RawWS(srv.url)
+    try:
+        c.send_json({"type": "response.create", **BASE, "max_output_tokens": 400})
+        first = c.recv_json()
+        assert first["type"] == "response.created"
+        rid = first["response"]["id"]
+        seen = [first]
+        while sum(e["type"] == "response.output_text.delta" for e in seen) < 3:
+            seen.append(c.recv_json())
+        c.send_json({"type": "response.steer", "previous_response_id": rid, "input": "shorter"})
+        while seen[-1]["type"] not in TERMINAL:
+            seen.append(c.recv_json())
+        steer = [e for e in seen if e["type"] == "response.steer.failed"]
+        assert len(steer) == 1 and steer[0]["steer"]["previous_response_id"] == rid
+        assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
+        c.send_json({"type": "response.steer", "previous_response_id": "resp_gone",
+                     "input": "x"})
+        ev = c.recv_json()
+        assert ev["type"] == "response.steer.failed" and ev["sequence_number"] == 0
+    finally:
+        c.close()

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any
 
+from llmsim.api.responses import RESPONSES
 from llmsim.errors import APIError
 from llmsim.messages import JSONResponse, Request, StreamResponse
 from llmsim.sim.rng import new_id
@@ -116,8 +117,7 @@ async def create(req: Request, app: Any) -> JSONResponse | StreamResponse:
             app.extensions["fake_store"][rid] = final
         yield 0.0, "response.completed", {"type": "response.completed", "response": final}
 
-    stream = EventStream(plan(), kind="responses",
-                         meta={"endpoint": "responses", "model": model})
+    stream = EventStream(plan(), RESPONSES, model=model)
     if ws or body.get("stream"):
         return StreamResponse(stream)
     events = stream.drain()

@@ -1,24 +1,24 @@
 """API families. Each module exposes ``register(app)`` which adds its routes; handlers take
-``(request, app)`` and return data (JSON, raw bytes or an EventStream), never write bytes."""
+``(request, app)`` and return data (JSON, raw bytes or an EventStream), never write bytes.
+
+Registration is explicit: every module listed here must import (a missing or broken module is
+an error at start-up, never a silently absent API). A streaming family also defines its
+:class:`~llmsim.dialect.Dialect` next to its renderer.
+"""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from . import admin, chat, faults, models, responses, websocket
 
 if TYPE_CHECKING:
     from ..app import App
 
-# Order matters only for readability of `routes()`; each module registers its own paths.
-MODULES = ("models", "chat", "responses", "faults", "admin", "websocket")
+# one line per family; the order is only the order of `routes()`
+MODULES = (models, chat, responses, faults, admin, websocket)
 
 
 def register_all(app: App) -> None:
-    for name in MODULES:
-        try:
-            mod = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{name}":
-                continue  # family not built yet
-            raise
+    for mod in MODULES:
         mod.register(app)

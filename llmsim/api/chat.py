@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
+from .. import encode
+from ..dialect import Dialect
 from ..errors import APIError
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
@@ -711,6 +713,14 @@ def error_events(err: APIError) -> list[tuple[str, Any]]:
     return [("chunk", {"error": err.to_dict()}), ("done", None)]
 
 
+CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
+               sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
+               error_events=error_events, is_token=is_token_event,
+               terminals=frozenset({"done"}))
+"""Chat Completions on the wire: ``chat.completion.chunk`` SSE, no sequence numbers,
+``[DONE]`` at the end, no WebSocket mode."""
+
+
 # ------------------------------------------------------------------------------------------
 # Handler
 # ------------------------------------------------------------------------------------------
@@ -721,10 +731,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     decision = decide(ask(cr), app.config, rng, app.latency(cr.profile))
     out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:
-        stream = EventStream(stream_plan(cr, out, app), kind="chat",
-                             meta={"model": cr.model, "endpoint": "chat.completions",
-                                   "is_token": is_token_event, "error_events": error_events,
-                                   "usage": out.usage()})
+        stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,
+                             usage=decision.usage)
         return StreamResponse(stream, usage=decision.usage)
     total = out.total_time()
     if total > 0:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..app import App
+    from ..sim.decide import Usage
     from ..stream import PlanItem
 
 __all__ = ["register", "FAULT_HEADER", "is_api_path"]
@@ -244,9 +245,7 @@ class Faults:
         if fault is None:
             return
         s = res.stream
-        is_token = s.meta.get("is_token") or (lambda t, d: False)
-        err = s.meta.get("error_events")
-        s.wrap(lambda plan: inject(plan, fault, s.kind, is_token, err))
+        s.wrap(lambda plan: inject(plan, fault, s.dialect, s.fail))
 
     # -- scenario API ----------------------------------------------------------------------
     def _add(self, body: Any) -> dict[str, Any]:
@@ -297,11 +296,8 @@ class Faults:
 # Rate limits
 # ------------------------------------------------------------------------------------------
 
-def _output_tokens(usage: Any) -> int:
-    if not isinstance(usage, dict):
-        return 0
-    v = usage.get("completion_tokens", usage.get("output_tokens", 0))
-    return v if isinstance(v, int) else 0
+def _output_tokens(usage: Usage | None) -> int:
+    return usage.output_tokens if usage is not None else 0
 
 
 class Limits:
@@ -333,18 +329,17 @@ class Limits:
         res.headers.extend(snap.headers())
         late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
-            self.limiter.charge(*late, _output_tokens(res.data.get("usage")),
-                                self.app.clock.now())
+            self.limiter.charge(*late, _output_tokens(res.usage), self.app.clock.now())
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
         late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
         if late is None:
             return
-        meta = res.stream.meta
+        usage = res.stream.usage
         limiter, clock = self.limiter, self.app.clock
 
         def charge(reason: str) -> None:
-            limiter.charge(*late, _output_tokens(meta.get("usage")), clock.now())
+            limiter.charge(*late, _output_tokens(usage), clock.now())
 
         _chain_close(res, charge)
 
@@ -489,15 +484,10 @@ class Capacity:
         if slot is None:
             return
         s = res.stream
-        meta = s.meta
-        usage = meta.get("usage")
-        if not isinstance(usage, dict):
-            usage = {}
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-        if not isinstance(prompt, int):
-            prompt = estimate_tokens(_body(req))[0]
+        usage = s.usage
+        prompt = usage.prompt_tokens if usage is not None else estimate_tokens(_body(req))[0]
         prefill = slot.engine.prefill(prompt)
-        is_token = meta.get("is_token") or (lambda t, d: False)
+        is_token = s.dialect.is_token
         s.wrap(lambda plan: _pace(plan, slot, prefill, is_token))
         _chain_close(res, slot.release)
 

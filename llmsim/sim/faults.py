@@ -28,11 +28,14 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
 from ..errors import APIError
 from ..stream import DISCONNECT, STOP, PlanItem
+
+if TYPE_CHECKING:
+    from ..dialect import Dialect
 
 __all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "inject",
            "SPEC_HELP", "MID_STREAM", "MAX_RULES"]
@@ -517,14 +520,8 @@ class FaultEngine:
 # Mid-stream injection (a plan wrapper)
 # ------------------------------------------------------------------------------------------
 
-TERMINALS = {"chat": frozenset({"done"}),
-             "responses": frozenset({"response.completed", "response.incomplete",
-                                     "response.failed", "error"})}
-
-
-def inject(plan: Iterator[PlanItem], fault: Fault, kind: str,
-           is_token: Callable[[str, Any], bool],
-           error_events: Callable[[APIError], list[tuple[str, Any]]] | None,
+def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
+           error_events: Callable[[APIError], list[tuple[str, Any]]],
            ) -> Iterator[PlanItem]:
     """Wrap a stream plan so ``fault`` happens once ``fault.after`` tokens have been sent.
 
@@ -532,9 +529,11 @@ def inject(plan: Iterator[PlanItem], fault: Fault, kind: str,
     terminal event if the stream has fewer tokens), at the time that event was due:
     ``disconnect`` drops the connection, ``truncate`` ends the body cleanly without the rest,
     ``error`` sends the dialect's error events (chat: ``{"error": ...}`` chunk + ``[DONE]``;
-    Responses: ``response.failed``) and ends, ``stall`` delays that event by ``ms``.
+    Responses: ``response.failed``) and ends, ``stall`` delays that event by ``ms``. Which
+    events carry a token and which end the stream is the ``dialect``'s to say.
     """
-    terminals = TERMINALS.get(kind, frozenset())
+    terminals = dialect.terminals
+    is_token = dialect.is_token
     n = fault.after
     count = 0
     fired = False
@@ -554,7 +553,7 @@ def inject(plan: Iterator[PlanItem], fault: Fault, kind: str,
                     return
                 elif k == "error":
                     err = mid_stream_error(fault.status)
-                    evs = error_events(err) if error_events is not None else []
+                    evs = error_events(err)
                     first = True
                     for et, d in evs:
                         yield (off if first else 0.0), et, d

@@ -81,12 +81,12 @@ def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
                    transport: str = "sse") -> StreamTrack:
     """The stream's head was written: count the request, open the stream gauges and return
     the track whose ``observe`` the pump must call for every written event."""
-    meta = res.stream.meta
-    model = meta.get("model")
-    pt = usage_tokens(meta.get("usage"))[0]
+    stream = res.stream
+    model = stream.model
+    pt = stream.usage.prompt_tokens if stream.usage is not None else 0
     stats = app.stats
     stats.record(endpoint, model, transport, res.status)
-    track = stats.track(model, req.received_at, transport, meta.get("is_token"), pt)
+    track = stats.track(model, req.received_at, transport, stream.dialect.is_token, pt)
     track.usage = res.usage
     return track
 

@@ -13,8 +13,11 @@ a background pump on the shared clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ... import encode
+from ...dialect import Dialect
 from ...errors import APIError
 from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
@@ -47,6 +50,22 @@ TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_
 def is_token_event(etype: str, data: Any) -> bool:
     """An event that carries one generated token (text, summary or tool-call argument)."""
     return etype in TOKEN_EVENTS
+
+
+def _error_events(err: APIError) -> list[tuple[str, Any]]:
+    """A mid-stream failure of a stream with no response record: the ``error`` event (a
+    response's own stream reports ``response.failed`` instead, :meth:`Record.failed`)."""
+    return [("error", {"type": "error", "code": err.code, "message": err.message,
+                       "param": err.param})]
+
+
+RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
+                    sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
+                    error_events=_error_events, is_token=is_token_event,
+                    terminals=frozenset({"response.completed", "response.incomplete",
+                                         "response.failed", "error"}))
+"""The Responses API on the wire: named SSE events or WebSocket JSON frames, every event
+numbered by the stream."""
 
 
 def _not_found(rid: str) -> APIError:
@@ -217,16 +236,17 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
 # POST /v1/responses
 # ------------------------------------------------------------------------------------------
 
-def _meta(rec: Record, model: str) -> dict[str, Any]:
-    return {"endpoint": "responses", "model": model, "is_token": is_token_event,
-            "error_events": rec.failed, "usage": rec.out.usage(), "response_id": rec.id}
+def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
+            first_seq: int = 0, observe: bool = False) -> EventStream:
+    """A stream of this response's events (live, background or a replay from ``first_seq``)."""
+    return EventStream(plan, RESPONSES, model=model, id=rec.id, usage=rec.out.counts, fail=rec.failed,
+                       on_event=rec.observe if observe else None, first_seq=first_seq)
 
 
 def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:
-    stream = EventStream(rec.follow_plan(after, app.clock.now()), kind="responses",
-                         meta=_meta(rec, model))
-    stream.seq = after + 1
-    return StreamResponse(stream)
+    """Resume after event ``after``: the replay continues the numbering from ``after + 1``."""
+    return StreamResponse(_stream(rec, rec.follow_plan(after, app.clock.now()), model,
+                                  first_seq=after + 1))
 
 
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
@@ -279,8 +299,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
-        stream = EventStream(rec.live_plan(), kind="responses", on_event=rec.observe,
-                             meta=_meta(rec, rr.model))
+        stream = _stream(rec, rec.live_plan(), rr.model, observe=True)
         rec.stream = stream
         return StreamResponse(stream, usage=out.counts)
     try:
@@ -300,8 +319,7 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
     """Run the response on the shared clock with no client (events go to the record);
     the caller gets the queued Response, or a stream that follows the record live."""
     queued = rec.response()
-    stream = EventStream(rec.live_plan(background=True), kind="responses",
-                         meta=_meta(rec, rr.model))
+    stream = _stream(rec, rec.live_plan(background=True), rr.model)
     rec.stream = stream
     st.active_background += 1
 

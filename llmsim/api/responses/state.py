@@ -37,7 +37,7 @@ import orjson
 from ...errors import APIError, invalid
 from ...state import shared
 from ...state.store import BoundedStore, approx_bytes, json_bytes
-from ...stream import EventStream
+from ...stream import EventStream, numbered
 from . import render
 from .render import CallOut, MessageOut, ReasoningOut, RespOut
 
@@ -273,7 +273,10 @@ class Record:
 
     def follow_plan(self, after: int, now: float) -> Iterator[tuple[float, str, Any]]:
         """Replay events with ``sequence_number > after``: those already sent at once, the
-        rest on the live stream's schedule; stops where a cancel or failure ended it."""
+        rest on the live stream's schedule; stops where a cancel or failure ended it. The
+        plan is rendered again; ``k`` follows the live stream's numbering by the stream's own
+        rule (:func:`llmsim.stream.numbered`) and the replay stream continues it from
+        ``after + 1`` (``EventStream(first_seq=…)``)."""
         live = self.stream
         origin = live.start if live is not None and live.start is not None else now
         # background streams were shifted by backpressure never (NullSink never pauses)
@@ -296,7 +299,8 @@ class Record:
                 d = max(0.0, target - sent)
                 sent += d
                 yield d, etype, data
-            k += 1
+            if numbered(etype, data):  # k: the number the live stream gave this event
+                k += 1
 
 
 class Snapshot:

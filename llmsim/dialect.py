@@ -1,0 +1,67 @@
+"""Dialect: what is specific to one API family's wire format, in one small object.
+
+The streaming core (:class:`~llmsim.stream.EventStream` → :class:`~llmsim.flow.Pump` →
+encoder → transport) and the generic layers around it (faults, capacity, rate limits, stats,
+the access log) never name an API family. Each stream carries its :class:`Dialect`, and those
+layers ask it:
+
+- ``endpoint``: the stats/route label (``"chat.completions"``, ``"responses"``);
+- ``numbered``: whether events carry ``sequence_number`` (stamped by the EventStream alone);
+- ``sse(type, data)``: the SSE frame of one event; ``ws(type, data)``: its WebSocket text
+  payload (None: the family has no WebSocket mode);
+- ``is_token(type, data)``: does this event carry one generated token (pacing, TTFT/ITL,
+  "fail after N tokens");
+- ``terminals``: the event types that end a stream (a fault due after the last token fires
+  before these);
+- ``error_events(err)``: a mid-stream failure as events of the family (chat: the error chunk
+  then ``[DONE]``; Responses: ``response.failed`` — a stream may override it with its own, see
+  ``EventStream.fail``);
+- ``sse_error(err, seq)``: the terminal frame written when the server itself fails after the
+  head is out (chat: error chunk + ``[DONE]``; Responses: the ``error`` event numbered ``seq``).
+
+Adding an API family: its parse/render module, one ``Dialect(...)`` value there, and one line
+in :data:`llmsim.api.MODULES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import APIError
+
+__all__ = ["Dialect", "Events"]
+
+Events = list[tuple[str, Any]]
+
+
+def _no_token(etype: str, data: Any) -> bool:
+    return False
+
+
+class Dialect:
+    """One API family's wire format (see the module doc). Plain ``__slots__`` attributes, set
+    once at import; tests may monkeypatch one (e.g. an encoder that fails)."""
+
+    __slots__ = ("endpoint", "numbered", "sse", "ws", "is_token", "terminals",
+                 "error_events", "sse_error")
+
+    def __init__(self, endpoint: str, *, numbered: bool,
+                 sse: Callable[[str, Any], bytes],
+                 sse_error: Callable[[APIError, int], bytes],
+                 error_events: Callable[[APIError], Events],
+                 is_token: Callable[[str, Any], bool] = _no_token,
+                 terminals: frozenset[str] = frozenset(),
+                 ws: Callable[[str, Any], bytes] | None = None) -> None:
+        self.endpoint = endpoint
+        self.numbered = numbered
+        self.sse = sse
+        self.ws = ws
+        self.is_token = is_token
+        self.terminals = terminals
+        self.error_events = error_events
+        self.sse_error = sse_error
+
+    def __repr__(self) -> str:
+        return f"Dialect({self.endpoint!r})"
