@@ -25,6 +25,19 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names it."""
 
 
+class _Checked:
+    """Validation on construction: ``Config(port=70000)`` in code fails exactly as
+    ``--port 70000`` does (the CLI, TOML and environment paths build these same dataclasses,
+    so each rule lives once, in the class's ``validate``). Types are checked first, so a
+    wrong type is named as such rather than failing inside a range check."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        validate = getattr(self, "validate", None)
+        if validate is not None:
+            validate()
+
+
 def opt(default: Any, help: str, *, flag: bool = True, choices: tuple[Any, ...] | None = None,
         metavar: str | None = None) -> Any:
     """A dataclass field with CLI/env metadata."""
@@ -35,7 +48,7 @@ def opt(default: Any, help: str, *, flag: bool = True, choices: tuple[Any, ...] 
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(_Checked):
     """One model in the registry. Unset fields inherit from the built-in profile or defaults."""
 
     owned_by: str | None = None
@@ -52,7 +65,7 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class WebSocketConfig:
+class WebSocketConfig(_Checked):
     """Responses over WebSocket (``GET /v1/responses`` with ``Upgrade: websocket``)."""
 
     max_connections: int = opt(4096, "Most concurrent WebSocket connections; one more upgrade "
@@ -93,7 +106,7 @@ MIN_BYTE_BOUND = 64 * 1024  # below this a byte budget could not hold one small 
 
 
 @dataclass(frozen=True)
-class ResponsesConfig:
+class ResponsesConfig(_Checked):
     """The Responses API's state: stored responses, conversations, background work."""
 
     store_max_entries: int = opt(1024, "Most stored responses kept (oldest evicted first); 0 "
@@ -156,7 +169,7 @@ FAULT_KINDS = ("429", "500", "503", "529", "504", "reset", "hang", "disconnect",
 
 
 @dataclass(frozen=True)
-class FaultRates:
+class FaultRates(_Checked):
     """Per-model or per-endpoint fault probabilities; unset kinds inherit the global value."""
 
     p_429: float | None = None
@@ -187,7 +200,7 @@ def _prob(kind: str, what: str) -> Any:
 
 
 @dataclass(frozen=True)
-class FaultsConfig:
+class FaultsConfig(_Checked):
     """Fault injection: probabilities per kind (section ``[faults]``), header, timings."""
 
     header: bool = opt(True, "Honour the X-LLMSim-Fault request header (per-request faults).")
@@ -234,7 +247,7 @@ class FaultsConfig:
 
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(_Checked):
     """Requests and tokens per minute for one model or one API key (unset: inherit)."""
 
     rpm: int | None = None
@@ -248,7 +261,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class RateLimitConfig:
+class RateLimitConfig(_Checked):
     """Token-bucket rate limits per (API key, model), off while every limit is 0."""
 
     rpm: int = opt(0, "Requests per minute per API key and model (0 = unlimited).",
@@ -270,7 +283,7 @@ class RateLimitConfig:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineSpec(_Checked):
     """Per-model capacity overrides (unset: inherit the [capacity] values)."""
 
     max_seqs: int | None = None
@@ -280,7 +293,7 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class CapacityConfig:
+class CapacityConfig(_Checked):
     """A simulated serving engine per model: concurrent sequences, a waiting queue, slowdown."""
 
     max_seqs: int = opt(0, "Concurrent sequences per model (0 = unlimited: capacity model off).",
@@ -310,7 +323,7 @@ class CapacityConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(_Checked):
     """Server configuration. Frozen; build one with :func:`load_config` or directly."""
 
     # --- network -------------------------------------------------------------------------
@@ -410,8 +423,11 @@ class Config:
                                           "in the config file).", flag=False)
 
     def replace(self, **changes: Any) -> Config:
-        """A copy with some fields changed."""
+        """A copy with some fields changed (validated like any Config)."""
         return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        _check(self)
 
 
 # ------------------------------------------------------------------------------------------
@@ -558,12 +574,9 @@ def build_section(cls: type, data: Any, name: str) -> Any:
         full = f"{name}.{k}" if name else k
         kwargs[k] = build_section(tp, val, full) if _is_section(tp) else coerce(val, tp, full)
     try:
-        obj = cls(**kwargs)
+        obj = cls(**kwargs)  # validates itself (_Checked.__post_init__)
     except TypeError as exc:
         raise ConfigError(f"{name or 'config'}: {exc}") from None
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        validate()
     return obj
 
 
@@ -612,9 +625,7 @@ def load_config(file: str | os.PathLike[str] | None = None,
         _set_path(tree, o.path, coerce(val, o.type, key))
     for dotted, val in (overrides or {}).items():
         _set_path(tree, tuple(dotted.split(".")), val)
-    cfg = build_section(Config, tree, "")
-    _check(cfg)
-    return cfg
+    return build_section(Config, tree, "")  # validated on construction (_Checked)
 
 
 def _check(cfg: Config) -> None:
@@ -642,3 +653,52 @@ def _check(cfg: Config) -> None:
         if not k or not all("!" <= c <= "~" for c in k):
             raise ConfigError("admin_key: each key must be non-empty printable ASCII without "
                               "spaces (it travels in an HTTP header)")
+
+
+_PREFIX: dict[type, str] = {WebSocketConfig: "websocket.", ResponsesConfig: "responses.",
+                            FaultRates: "faults.", FaultsConfig: "faults.", Limits: "ratelimit.",
+                            RateLimitConfig: "ratelimit.", EngineSpec: "capacity.",
+                            CapacityConfig: "capacity.", ModelSpec: "models.", Config: ""}
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    base, optional = _strip_optional(tp)
+    if value is None:
+        return optional
+    origin = typing.get_origin(base)
+    if origin is Literal:
+        return value in typing.get_args(base)
+    if base is bool:
+        return type(value) is bool
+    if base is int:
+        return type(value) is int
+    if base is float:
+        return type(value) in (int, float)
+    if base is str:
+        return type(value) is str
+    if _is_section(base):
+        return isinstance(value, base)
+    if origin in (typing.Union, types.UnionType):  # e.g. int | str
+        return any(_type_ok(value, a) for a in typing.get_args(base))
+    if origin is not None and isinstance(origin, type):  # Mapping[...], list[...], tuple[...]
+        return isinstance(value, origin)
+    return True
+
+
+def _check_types(obj: Any) -> None:
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if not _type_ok(v, hints[f.name]):
+            name = _PREFIX.get(type(obj), "") + f.name
+            raise ConfigError(f"{name}: {v!r} is not a valid value (expected "
+                              f"{_type_name(hints[f.name])})")
+
+
+def _type_name(tp: Any) -> str:
+    base, optional = _strip_optional(tp)
+    if typing.get_origin(base) is Literal:
+        txt = "one of " + ", ".join(map(repr, typing.get_args(base)))
+    else:
+        txt = getattr(base, "__name__", None) or str(base)
+    return txt + (" or None" if optional else "")

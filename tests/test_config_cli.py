@@ -136,3 +136,33 @@ def test_start_prints_url_and_serves_then_sigterm():
             p.kill()
         p.stdout.close()
         p.stderr.close()
+
+
+@pytest.mark.parametrize("build, needle", [
+    (lambda: Config(port=70000), "port: must be between 0 and 65535"),
+    (lambda: Config(port="80"), "port: '80' is not a valid value (expected int)"),
+    (lambda: Config(latency="fast"), "latency: 'fast' is not a valid value"),
+    (lambda: Config().replace(tool_call_probability=3.0), "tool_call_probability"),
+    (lambda: dataclasses.replace(Config().faults, p_429=3.0),
+     "faults.p_429: must be between 0 and 1"),
+    (lambda: dataclasses.replace(Config().capacity, reject_status=500),
+     "capacity.reject_status: must be 429 or 503"),
+    (lambda: dataclasses.replace(Config().websocket, max_lanes=0), "websocket.max_lanes"),
+])
+def test_config_built_in_code_is_validated(build, needle):
+    """Config(...) in code (the README's embedding style) gets the same errors as the flags:
+    ConfigError is a ValueError whose message names the field."""
+    with pytest.raises(ValueError) as e:
+        build()
+    assert isinstance(e.value, ConfigError) and needle in str(e.value)
+
+
+def test_same_rule_same_message_from_flag_env_and_code(tmp_path):
+    with pytest.raises(ConfigError) as in_code:
+        Config(port=70000)
+    with pytest.raises(ConfigError) as from_env:
+        load_config(env={"LLMSIM_PORT": "70000"})
+    assert str(in_code.value) == str(from_env.value)
+    bad = subprocess.run([sys.executable, "-m", "llmsim", "--port", "70000"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and str(in_code.value) in bad.stderr
