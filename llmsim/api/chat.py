@@ -47,6 +47,7 @@ from .validate import (
     FUNCTION_NAME,
     V,
     check_request_work,
+    deliver_after,
     got,
     paced,
     unsupported,
@@ -392,21 +393,8 @@ async def parse(req: Request, app: App) -> ChatRequest:
         raise APIError(400, f"{limit_param} is too large: {limit}. This model supports at most "
                        f"{profile.max_output_tokens} completion tokens, whereas you provided "
                        f"{limit}.", param=limit_param, code="invalid_value")
-    min_tokens = _min_tokens(v, limit, limit_param, profile)
-    stop = body.get("stop")
-    stops: list[str] = []
-    if stop is not None:
-        if isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            if len(stop) > 4:
-                raise APIError(400, "Invalid 'stop': array too long. Expected an array with "
-                               f"maximum length 4, but got an array with length {len(stop)} "
-                               "instead.", param="stop", code="array_above_max_length")
-            stops = list(stop)
-        else:
-            raise APIError(400, "Invalid type for 'stop': expected one of a string or array "
-                           "of strings.", param="stop", code="invalid_type")
+    min_tokens = min_tokens_of(v, limit, limit_param, profile)
+    stops = list(stop_list(body))
     logprobs = bool(v.bool("logprobs", False))
     top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
     if top_logprobs is not None and not logprobs:
@@ -518,7 +506,24 @@ async def parse(req: Request, app: App) -> ChatRequest:
         ignore_eos=bool(v.bool("ignore_eos", False)), min_tokens=min_tokens)
 
 
-def _min_tokens(v: V, limit: int | None, limit_param: str, profile: ModelProfile) -> int:
+def stop_list(body: dict[str, Any]) -> tuple[str, ...]:
+    """``stop``: a string or up to 4 strings (chat and legacy completions alike)."""
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > 4:
+            raise APIError(400, "Invalid 'stop': array too long. Expected an array with "
+                           f"maximum length 4, but got an array with length {len(stop)} "
+                           "instead.", param="stop", code="array_above_max_length")
+        return tuple(stop)
+    raise APIError(400, "Invalid type for 'stop': expected one of a string or array "
+                   "of strings.", param="stop", code="invalid_type")
+
+
+def min_tokens_of(v: V, limit: int | None, limit_param: str, profile: ModelProfile) -> int:
     """vLLM's ``min_tokens``: a floor on the length, at most the request's limit (vLLM's rule
     and wording) or, without one, the model's output limit (a length it could never reach)."""
     min_tokens = v.int("min_tokens", 0, lo=0) or 0
@@ -734,13 +739,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,
                              usage=decision.usage)
         return StreamResponse(stream, usage=decision.usage)
-    total = out.total_time()
-    if total > 0:
-        key = app.stats.running_open(cr.model)  # vllm:num_requests_running
-        try:
-            await app.clock.sleep(total)
-        finally:
-            app.stats.running_close(key)
+    await deliver_after(app, cr.model, out.total_time())
     return JSONResponse(completion_json(cr, out), model=cr.model, usage=decision.usage)
 
 

@@ -7,9 +7,12 @@ import builtins
 import re
 import time
 from collections.abc import Generator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import APIError
+
+if TYPE_CHECKING:
+    from ..app import App
 
 __all__ = ["V", "got"]
 
@@ -230,3 +233,15 @@ async def paced(steps: Generator[int, None, T]) -> T:
             elif now >= deadline:
                 await asyncio.sleep(0)
                 deadline = clock() + PACE_SLICE_S
+
+
+async def deliver_after(app: App, model: str, seconds: float) -> None:
+    """Hold a non-streamed answer until its generation would have finished, counted as a
+    running request of ``model`` meanwhile (``vllm:num_requests_running``)."""
+    if seconds <= 0:
+        return
+    key = app.stats.running_open(model)
+    try:
+        await app.clock.sleep(seconds)
+    finally:
+        app.stats.running_close(key)

@@ -81,6 +81,13 @@ BUILTIN: tuple[ModelProfile, ...] = (
        encoding="cl100k_base", created=1687882411),
     _p("gpt-3.5-turbo", context_window=16_385, max_output_tokens=4_096, ttft_ms=300.0,
        itl_ms=10.0, encoding="cl100k_base", created=1677610602, owned_by="openai"),
+    # the legacy completions models (POST /v1/completions)
+    _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
+       itl_ms=8.0, encoding="cl100k_base", created=1692901427),
+    _p("davinci-002", context_window=16_384, max_output_tokens=16_384, ttft_ms=300.0,
+       itl_ms=12.0, encoding="cl100k_base", created=1692634301),
+    _p("babbage-002", context_window=16_384, max_output_tokens=16_384, ttft_ms=200.0,
+       itl_ms=6.0, encoding="cl100k_base", created=1692634615),
 )
 
 DEFAULT_PROFILE = ModelProfile(id="default", owned_by="llmsim", context_window=131_072,

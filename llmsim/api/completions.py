@@ -1,0 +1,386 @@
+"""``POST /v1/completions`` (the legacy Completions API): parse → decide → render.
+
+The body is validated into a :class:`CompletionRequest`, normalised into the
+:class:`~llmsim.sim.decide.Ask` the one decision module reads, and the
+:class:`~llmsim.sim.decide.Decision` is rendered as ``text_completion`` objects: one JSON
+object, or SSE chunks (one generated token per chunk, ``data: [DONE]`` at the end) through the
+:data:`COMPLETIONS` dialect. Latency, capacity, faults, rate limits and stats apply as to chat:
+they are generic layers that only ask the dialect.
+
+``prompt`` is a string, a list of strings, a token array or a list of token arrays; each prompt
+gets ``n`` choices (choice ``index = prompt * n + j``, as the real API numbers them).
+``max_tokens`` defaults to 16, as the real API's does. ``logprobs`` (0-5) gives the legacy
+shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``); ``echo`` puts the
+prompt before the completion (with ``logprobs``, its tokens too, each with logprob
+:data:`ECHO_LOGPROB`: the real API sends null for the first, which the SDK's models reject). ``best_of`` is validated (``>= n``, not with ``stream``) and the ``n`` returned
+choices are billed; ``suffix``, the penalties, ``logit_bias`` and ``user`` are validated and
+otherwise ignored. vLLM's sampling extensions are accepted as chat accepts them
+(``ignore_eos`` and ``min_tokens`` shape the length).
+
+The real OpenAI API serves this endpoint only for its instruct models
+(``gpt-3.5-turbo-instruct``, ``davinci-002``, ``babbage-002``); llmsim serves every chat model
+here too, as vLLM does, because the benchmark harnesses that use this endpoint (``vllm bench
+serve``, inference-perf, aiperf) name whatever model they were configured with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .. import encode
+from ..dialect import Dialect
+from ..errors import APIError
+from ..messages import JSONResponse, Request, StreamResponse
+from ..sim import text as txt
+from ..sim import tokens as tok
+from ..sim.decide import TEXT, Ask, Decision, decide
+from ..sim.models import ModelProfile
+from ..sim.rng import new_id, request_rng
+from ..stream import EventStream
+from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
+from .validate import V, check_request_work, deliver_after, got, paced
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["register", "COMPLETIONS", "CompletionRequest", "parse", "ask", "completion_json",
+           "stream_plan"]
+
+_dumps = orjson.dumps
+DEFAULT_MAX_TOKENS = 16  # the real API's default for this endpoint
+MAX_LOGPROBS = 5
+MAX_BEST_OF = 20
+# the logprob given to each echoed prompt token (the real API sends null for the first one,
+# which the SDK's models reject: a number for every token, as the SDK types them)
+ECHO_LOGPROB = -1.0
+
+# every body field of the SDK's CompletionCreateParams; anything else is the real API's 400
+KNOWN_FIELDS = frozenset((
+    "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+    "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix",
+    "temperature", "top_p", "user"))
+
+
+def is_token_event(etype: str, data: Any) -> bool:
+    """Generated tokens travel as ``token`` events (every other chunk is ``chunk``)."""
+    return etype == "token"
+
+
+COMPLETIONS = Dialect("completions", numbered=False, sse=encode.sse_chat,
+                      sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
+                      error_events=error_events, is_token=is_token_event,
+                      terminals=frozenset({"done"}))
+"""Legacy completions on the wire: ``text_completion`` SSE chunks (``data:`` lines only, as
+chat), a mid-stream failure as the error chunk then ``[DONE]``, no WebSocket mode."""
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """A validated legacy completions request."""
+
+    body: dict[str, Any]
+    profile: ModelProfile
+    model: str
+    prompts: list[str]  # each prompt's text ("" for a token array the tokenizer cannot decode)
+    prompt_counts: list[int]  # each prompt's tokens
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    limit: int = DEFAULT_MAX_TOKENS
+    stops: tuple[str, ...] = ()
+    logprobs: int | None = None
+    echo: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.prompt_counts)
+
+
+# ------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------
+
+def _vocab(encoding: str) -> int:
+    """Token ids the model's encoding has (a token array's ids must be below it)."""
+    return 200_019 if encoding == "o200k_base" else 100_277
+
+
+def _token_array(value: list[Any], param: str, vocab: int) -> list[int]:
+    for i, t in enumerate(value):
+        if type(t) is not int:
+            raise APIError(400, f"Invalid type for '{param}[{i}]': expected an integer, but got "
+                           f"{got(t)} instead.", param=param, code="invalid_type")
+        if not 0 <= t < vocab:
+            raise APIError(400, f"Invalid token in '{param}': {t} is not a token id of this "
+                           f"model's vocabulary (0 to {vocab - 1}).", param=param,
+                           code="invalid_value")
+    return value
+
+
+def _decode(ids: list[int], encoding: str) -> str:
+    enc = tok.get_encoding(encoding)
+    if enc is None:
+        return ""  # (estimate mode: no vocabulary to decode with)
+    try:
+        return str(enc.decode(ids))
+    except Exception:  # an id the encoding reserves (special tokens): no text
+        return ""
+
+
+def _prompts(body: dict[str, Any], limit_items: int, encoding: str
+             ) -> list[str | list[int]]:
+    """``prompt`` as a list of prompts, each a string or a token array."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise APIError(400, "Missing required parameter: 'prompt'.", param="prompt",
+                       code="missing_required_parameter")
+    p = body["prompt"]
+    vocab = _vocab(encoding)
+    if isinstance(p, str):
+        return [p]
+    if not isinstance(p, list):
+        raise APIError(400, "Invalid type for 'prompt': expected one of a string, array of "
+                       f"strings, array of integers or array of arrays of integers, but got "
+                       f"{got(p)} instead.", param="prompt", code="invalid_type")
+    if not p:
+        raise APIError(400, "Invalid 'prompt': empty array. Expected an array with minimum "
+                       "length 1, but got an empty array instead.", param="prompt",
+                       code="empty_array")
+    if len(p) > limit_items:
+        raise APIError(400, f"Invalid 'prompt': array too long. Expected an array with maximum "
+                       f"length {limit_items}, but got an array with length {len(p)} instead.",
+                       param="prompt", code="array_above_max_length")
+    if all(type(x) is int for x in p):
+        return [_token_array(p, "prompt", vocab)]
+    out: list[str | list[int]] = []
+    for i, x in enumerate(p):
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list) and x:
+            out.append(_token_array(x, f"prompt[{i}]", vocab))
+        else:
+            raise APIError(400, f"Invalid type for 'prompt[{i}]': expected a string or a "
+                           f"non-empty array of integers, but got {got(x)} instead.",
+                           param=f"prompt[{i}]", code="invalid_type")
+    return out
+
+
+async def parse(req: Request, app: App) -> CompletionRequest:
+    """Validate a legacy completions body; raise APIError naming the first bad parameter."""
+    body = req.json_object()
+    v = V(body)
+    profile = app.model(body.get("model"))
+    model = body["model"]
+    for key in body:
+        if key not in KNOWN_FIELDS and key not in SERVER_EXTENSIONS:
+            raise APIError(400, f"Unrecognized request argument supplied: {key}",
+                           param=None, code=None)
+    enc = profile.encoding
+    raw = _prompts(body, app.config.max_input_items, enc)
+    stream = bool(v.bool("stream", False))
+    so = v.dict("stream_options")
+    if so is not None and not stream:
+        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
+                       "enabled.", param="stream_options", code="invalid_value")
+    include_usage = bool(V(so or {}, "stream_options.").bool("include_usage", False))
+    n = v.int("n", 1, lo=1, hi=128) or 1
+    best_of = v.int("best_of", None, lo=1, hi=MAX_BEST_OF)
+    if best_of is not None:
+        if best_of < n:
+            raise APIError(400, f"best_of must be greater than or equal to n, got best_of="
+                           f"{best_of} and n={n}.", param="best_of", code="invalid_value")
+        if stream and best_of > 1:
+            raise APIError(400, "Cannot stream results with best_of greater than 1.",
+                           param="best_of", code="invalid_value")
+    limit = v.int("max_tokens", None, lo=0)
+    limit = DEFAULT_MAX_TOKENS if limit is None else limit
+    if limit > profile.max_output_tokens:
+        raise APIError(400, f"max_tokens is too large: {limit}. This model supports at most "
+                       f"{profile.max_output_tokens} completion tokens, whereas you provided "
+                       f"{limit}.", param="max_tokens", code="invalid_value")
+    logprobs = v.int("logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    echo = bool(v.bool("echo", False))
+    v.num("temperature", None, lo=0, hi=2)
+    v.num("top_p", None, lo=0, hi=1)
+    v.num("presence_penalty", None, lo=-2, hi=2)
+    v.num("frequency_penalty", None, lo=-2, hi=2)
+    v.dict("logit_bias")
+    v.int("seed")
+    v.str("user")
+    v.str("suffix")
+    stops = stop_list(body)
+    min_tokens = min_tokens_of(v, limit, "max_tokens", profile)
+    cw = profile.context_window
+    counts: list[int] = []
+    texts: list[str] = []
+    for p in raw:
+        if isinstance(p, str):
+            # counted up to what can fit: a prompt that cannot is refused without tokenizing
+            counts.append(await paced(tok.count_tokens_steps(p, enc, cap=cw - limit)))
+            texts.append(p)
+        else:
+            counts.append(len(p))
+            texts.append(_decode(p, enc) if echo or app.config.text == "echo" else "")
+    for i, c in enumerate(counts):
+        if c + limit > cw:
+            least = "at least " if type(c) is tok.Bound else ""
+            raise APIError(400, f"This model's maximum context length is {cw} tokens, however "
+                           f"you requested {least}{c + limit} tokens ({least}{c} in your "
+                           f"prompt; {limit} for the completion). Please reduce your prompt; "
+                           "or completion length.",
+                           param="prompt" if len(counts) == 1 else f"prompt[{i}]",
+                           code="context_length_exceeded")
+    check_request_work(n * len(raw), txt.most_tokens(app.config, limit, min_tokens=min_tokens,
+                                                     echoed=max(counts)),
+                       logprobs or 0, param="n")
+    return CompletionRequest(
+        body=body, profile=profile, model=model, prompts=texts, prompt_counts=counts, n=n,
+        stream=stream, include_usage=include_usage, limit=limit, stops=stops,
+        logprobs=logprobs, echo=echo, ignore_eos=bool(v.bool("ignore_eos", False)),
+        min_tokens=min_tokens)
+
+
+def ask(cr: CompletionRequest) -> Ask:
+    """The request as :func:`llmsim.sim.decide.decide` needs it: every prompt's ``n``
+    choices at once (``--text echo`` echoes the last prompt)."""
+    last = cr.prompts[-1]
+    return Ask(cr.profile, cr.prompt_tokens, user_text=lambda: last, output=TEXT,
+               limit=cr.limit, min_tokens=cr.min_tokens, ignore_eos=cr.ignore_eos,
+               stops=cr.stops, n=cr.n * len(cr.prompts), logprobs=cr.logprobs is not None,
+               top_logprobs=cr.logprobs or 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Rendering
+# ------------------------------------------------------------------------------------------
+
+def _legacy_logprobs(cr: CompletionRequest, pieces: list[str], lps: list[dict[str, Any]],
+                     prefix: str, start: int) -> dict[str, Any]:
+    """The legacy ``logprobs`` object of one choice (echoed prompt first when ``echo``)."""
+    tokens: list[str] = []
+    token_lps: list[float] = []
+    tops: list[dict[str, float]] = []
+    if prefix:
+        for t in tok.split_pieces(prefix, cr.profile.encoding):
+            tokens.append(t)
+            token_lps.append(ECHO_LOGPROB)
+            tops.append({t: ECHO_LOGPROB})
+    for piece, lp in zip(pieces, lps, strict=False):
+        tokens.append(piece)
+        token_lps.append(lp["logprob"])
+        tops.append({t["token"]: t["logprob"] for t in lp.get("top_logprobs") or ()})
+    offsets = []
+    pos = start
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def _prefix(cr: CompletionRequest, index: int) -> str:
+    return cr.prompts[index // cr.n] if cr.echo else ""
+
+
+def completion_json(cr: CompletionRequest, decision: Decision, cid: str,
+                    created: int) -> dict[str, Any]:
+    choices = []
+    for c in decision.choices:
+        pieces = c.pieces or []
+        prefix = _prefix(cr, c.index)
+        lp = (_legacy_logprobs(cr, pieces, c.logprobs or [], prefix, 0)
+              if cr.logprobs is not None else None)
+        choices.append({"text": prefix + "".join(pieces), "index": c.index, "logprobs": lp,
+                        "finish_reason": c.finish})
+    return {"id": cid, "object": "text_completion", "created": created, "model": cr.model,
+            "choices": choices, "usage": _usage(decision), "system_fingerprint": FINGERPRINT}
+
+
+def _usage(decision: Decision) -> dict[str, Any]:
+    u = decision.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens}
+
+
+def _steps(decision: Decision) -> int:
+    return max(len(c.pieces or ()) for c in decision.choices)
+
+
+def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
+                created: int) -> Iterator[tuple[float, str, Any]]:
+    """The SSE plan: the echoed prompts (if any) at TTFT, one token per chunk per step (all
+    choices in lock-step), a finish chunk per choice, the optional usage chunk, [DONE]."""
+    head = {"id": cid, "object": "text_completion", "created": created, "model": cr.model}
+    # '{..., "choices":[{"text":<TOKEN>,"index":I,"logprobs":null,"finish_reason":null}],
+    # "system_fingerprint":...}' rendered by hand around the token's JSON
+    pre = _dumps(head)[:-1] + b',"choices":[{"text":'
+    tok_post = [b',"index":%d,"logprobs":null,"finish_reason":null}],"system_fingerprint":"%s"}'
+                % (c.index, FINGERPRINT.encode()) for c in decision.choices]
+
+    def chunk(index: int, text: str, finish: str | None = None,
+              logprobs: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"text": text, "index": index, "logprobs": logprobs,
+                                     "finish_reason": finish}],
+                "system_fingerprint": FINGERPRINT}
+
+    choices = decision.choices
+    gaps = decision.timing.gaps(max(0, _steps(decision) - 1))
+    delay = decision.timing.first
+    offsets = [0] * len(choices)
+    if cr.echo:
+        for c in choices:
+            prefix = _prefix(cr, c.index)
+            lp = (_legacy_logprobs(cr, [], [], prefix, 0) if cr.logprobs is not None else None)
+            yield delay, "chunk", chunk(c.index, prefix, logprobs=lp)
+            offsets[c.index] = len(prefix)
+            delay = 0.0
+    for k in range(_steps(decision)):
+        if k:
+            delay = next(gaps, 0.0)
+        for c in choices:
+            pieces = c.pieces or []
+            if k >= len(pieces):
+                continue
+            piece = pieces[k]
+            if cr.logprobs is not None:
+                lp = _legacy_logprobs(cr, [piece], [(c.logprobs or [])[k]], "",
+                                      offsets[c.index])
+                yield delay, "token", chunk(c.index, piece, logprobs=lp)
+            else:
+                yield delay, "token", pre + _dumps(piece) + tok_post[c.index]
+            offsets[c.index] += len(piece)
+            delay = 0.0
+    for c in choices:
+        yield delay, "chunk", chunk(c.index, "", c.finish)
+        delay = 0.0
+    if cr.include_usage:
+        yield 0.0, "chunk", {**head, "choices": [], "usage": _usage(decision),
+                             "system_fingerprint": FINGERPRINT}
+    yield 0.0, "done", None
+
+
+# ------------------------------------------------------------------------------------------
+# Handler
+# ------------------------------------------------------------------------------------------
+
+async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
+    cr = await parse(req, app)
+    rng = request_rng(app.config.seed, "/v1/completions", cr.body)
+    decision = decide(ask(cr), app.config, rng, app.latency(cr.profile))
+    cid, created = new_id("cmpl-"), int(app.clock.time())
+    if cr.stream:
+        stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,
+                             model=cr.model, usage=decision.usage)
+        return StreamResponse(stream, usage=decision.usage)
+    await deliver_after(app, cr.model, decision.timing.duration(_steps(decision)))
+    return JSONResponse(completion_json(cr, decision, cid, created), model=cr.model,
+                        usage=decision.usage)
+
+
+def register(app: App) -> None:
+    app.router.add("POST", "/v1/completions", create, "completions", stream_capable=True)
