@@ -49,7 +49,8 @@ class App:
     def __init__(self, config: Config | None = None, clock: Clock | None = None) -> None:
         self.config = config or Config()
         self.clock: Clock = clock or RealClock()
-        self.registry = Registry(self.config.models, strict=self.config.strict_models)
+        self.registry = Registry(self.config.models, strict=self.config.strict_models,
+                                 first=self.config.default_model)
         from .sim import tokens
 
         tokens.set_mode(self.config.tokenizer)

@@ -347,6 +347,9 @@ class Config(_Checked):
                                 "(overrides the model profiles).", metavar="MS")
     itl_ms: float | None = opt(None, "Fixed inter-token gap in ms for every model, no jitter "
                                "(overrides the model profiles).", metavar="MS")
+    default_model: str = opt("gpt-4o", "The model listed first by GET /v1/models: harnesses "
+                             "that benchmark 'the first model' (guidellm, inference-perf) get "
+                             "this one (a non-reasoning model by default).", metavar="ID")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
     text: Literal["lorem", "echo", "fixed", "sequence"] = opt(
@@ -363,17 +366,24 @@ class Config(_Checked):
     output_tokens_max: int = opt(2048, "Largest drawn completion length (a request's own "
                                  "max_tokens always wins).", metavar="N")
     max_tokens_mode: Literal["exact", "cap"] = opt(
-        "exact", "How a request's max_tokens is used by generated text (lorem, sequence): "
-        "'exact' always produces exactly max_tokens tokens (finish_reason 'length', what "
-        "benchmarks want); 'cap' draws a natural length and only cuts at max_tokens.",
+        "cap", "How a request's max_tokens is used by generated text (lorem, sequence): 'cap' "
+        "(default) answers with a natural length, as a real model stops on its own well "
+        "before a generous limit (mean at most a third of the limit, under 1 percent of answers "
+        "reach it and finish 'length'); 'exact' always produces exactly max_tokens tokens "
+        "(finish_reason 'length': fixed-length benchmarks; per request, vLLM's ignore_eos "
+        "does the same).",
         choices=("exact", "cap"))
     tokenizer: Literal["auto", "estimate"] = opt(
         "auto", "Token counting: 'auto' is exact when the optional tiktoken extra is installed "
         "(its files load in ~0.4 s at start-up, the first request waits for them); 'estimate' "
         "never loads it (documented estimate, fastest start-up). Generated text is exact either "
         "way.", choices=("auto", "estimate"))
-    tool_call_probability: float = opt(0.5, "Probability that the model calls a tool when "
-                                       "tools are given and tool_choice is 'auto'.", metavar="P")
+    tool_call_probability: float | None = opt(
+        None, "Tool policy for tool_choice 'auto'. Unset (default): agent-like — on a user turn "
+        "the model calls the tool that best matches the user's words (a few with "
+        "parallel_tool_calls), and answers in text once tool results follow. A probability P "
+        "(0-1): the old random policy for load tests — a call with probability P on every turn "
+        "(P/5 after a tool result).", metavar="P")
     # --- limits and timeouts -------------------------------------------------------------
     max_body_bytes: int = opt(32 * 1024 * 1024, "Largest accepted request body (413 above).",
                               metavar="BYTES")
@@ -629,6 +639,8 @@ def load_config(file: str | os.PathLike[str] | None = None,
 
 
 def _check(cfg: Config) -> None:
+    if not 0 < len(cfg.default_model) <= 256 or not cfg.default_model.isprintable():
+        raise ConfigError("default_model: a model id of 1 to 256 printable characters")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError("port: must be between 0 and 65535")
     w = str(cfg.workers).strip().lower()
@@ -638,7 +650,7 @@ def _check(cfg: Config) -> None:
         v = getattr(cfg, name)
         if v is not None and v < 0:
             raise ConfigError(f"{name}: must be >= 0")
-    if not 0.0 <= cfg.tool_call_probability <= 1.0:
+    if cfg.tool_call_probability is not None and not 0.0 <= cfg.tool_call_probability <= 1.0:
         raise ConfigError("tool_call_probability: must be between 0 and 1")
     if cfg.output_tokens_min < 1 or cfg.output_tokens_max < cfg.output_tokens_min:
         raise ConfigError("output_tokens_min/max: need 1 <= min <= max")

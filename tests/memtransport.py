@@ -65,7 +65,8 @@ class MemTransport(asyncio.Transport):
 
 
 def mem_server(clock: Clock | None = None, **kw: Any) -> Server:
-    base: dict[str, Any] = {"port": 0, "latency": "instant", "seed": 7, "quiet": True}
+    base: dict[str, Any] = {"port": 0, "latency": "instant", "seed": 7, "quiet": True,
+                            "max_tokens_mode": "exact"}  # (see conftest.cfg)
     base.update(kw)
     return Server(Config(**base), clock=clock)
 

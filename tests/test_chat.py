@@ -117,7 +117,7 @@ def test_stream_chunks_are_single_tokens_and_count_matches(client, enc_name):
     for n in (1, 17, 300):
         chunks = list(client.chat.completions.create(
             model=model, messages=MSG, max_tokens=n, stream=True,
-            stream_options={"include_usage": True}))
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
         pieces = [c.choices[0].delta.content for c in chunks
                   if c.choices and c.choices[0].delta.content]
         assert len(pieces) == n == chunks[-1].usage.completion_tokens
@@ -216,7 +216,17 @@ def test_json_object_mode(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_tool_calls_parallel_and_named(client):
+@pytest.fixture
+def random_policy_client(make_server):
+    """The random tool policy (``--tool-call-probability``): calls pick tools at random."""
+    srv = make_server(tool_call_probability=0.5)
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+                       _strict_response_validation=True) as c:
+        yield c
+
+
+def test_tool_calls_parallel_and_named(random_policy_client):
+    client = random_policy_client
     tools = [{"type": "function", "function": {"name": n, "parameters": {
         "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
         "required": ["q", "n"]}}} for n in ("a", "b", "c")]

@@ -73,7 +73,11 @@ def test_chat_custom_tool_call_stream(client):
     assert final.choices[0].finish_reason == "tool_calls"
 
 
-def test_chat_function_and_custom_calls_side_by_side(client):
+def test_chat_function_and_custom_calls_side_by_side(make_server):
+    import openai
+    srv = make_server(tool_call_probability=0.5)  # the random policy: either tool is picked
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
+                           _strict_response_validation=True)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
              *CUSTOM]
     kinds = set()
@@ -270,3 +274,66 @@ def test_billed_once_at_the_edge(srv):
     assert orjson.loads(replay[-1][1])["type"] == f"response.{done['status']}"
     rawhttp.request(url, "GET", f"/v1/responses/{r['id']}")
     assert _stats(url)["output"] == billed_out and _stats(url)["input"] == billed_in
+
+
+# -- the agent tool policy (default for tool_choice "auto") -------------------------------------
+AGENT_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description":
+     "Current weather for a city", "parameters": {"type": "object", "properties": {
+         "city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search_flights", "description":
+     "Find flights between airports", "parameters": {"type": "object", "properties": {
+         "origin": {"type": "string"}, "destination": {"type": "string"}},
+         "required": ["origin", "destination"]}}},
+]
+
+
+def test_agent_policy_calls_the_relevant_tool_then_answers(client):
+    """A user question with tools: the matching tool is called (every seed); with the tool's
+    result after the user's message the model answers in text."""
+    ask_weather = [{"role": "user", "content": "What is the weather in Paris today?"}]
+    ask_flights = [{"role": "user", "content": "Find me flights from Oslo to Rome"}]
+    for seed in range(8):
+        r = client.chat.completions.create(model="gpt-4o", messages=ask_weather,
+                                           tools=AGENT_TOOLS, seed=seed)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert [c.function.name for c in calls] == ["get_weather"]
+        r = client.chat.completions.create(model="gpt-4o", messages=ask_flights,
+                                           tools=AGENT_TOOLS, seed=seed)
+        assert [c.function.name for c in r.choices[0].message.tool_calls] == ["search_flights"]
+    call = calls[0]
+    turn2 = [*ask_weather,
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": call.id, "type": "function",
+                  "function": {"name": "get_weather", "arguments": call.function.arguments}}]},
+             {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    for seed in range(8):
+        r = client.chat.completions.create(model="gpt-4o", messages=turn2, tools=AGENT_TOOLS,
+                                           seed=seed)
+        assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content
+        assert r.choices[0].message.tool_calls is None
+
+
+def test_agent_policy_on_responses_function_call_loop(client):
+    tools = [{"type": "function", "name": t["function"]["name"],
+              "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in AGENT_TOOLS]
+    r = client.responses.create(model="gpt-4o", input="Weather in Lima, please", tools=tools)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["get_weather"]
+    r2 = client.responses.create(model="gpt-4o", previous_response_id=r.id, tools=tools,
+                                 input=[{"type": "function_call_output",
+                                         "call_id": calls[0].call_id, "output": "22 C"}])
+    assert r2.status == "completed" and r2.output_text
+    assert not [o for o in r2.output if o.type == "function_call"]
+
+
+def test_agent_policy_parallel_calls_every_equally_relevant_tool(client):
+    msgs = [{"role": "user", "content": "Weather in Oslo and flights to Oslo? weather flights"}]
+    r = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=AGENT_TOOLS, seed=1)
+    assert sorted(c.function.name for c in r.choices[0].message.tool_calls) == [
+        "get_weather", "search_flights"]
+    r = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=AGENT_TOOLS, seed=1,
+                                       parallel_tool_calls=False)
+    assert len(r.choices[0].message.tool_calls) == 1

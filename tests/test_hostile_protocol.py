@@ -360,7 +360,7 @@ def _fake_loop_time(server: Any) -> list[float]:
 def _unread_stream(stall_s: int, tokens: int) -> tuple[Any, list[float], Any, Any]:
     """A server on a fake loop time with one chat stream of ``tokens`` to a client whose
     transport pauses at 4 KiB (it reads nothing until the test drains it)."""
-    server = mem_server(write_stall_timeout_s=stall_s)
+    server = mem_server(write_stall_timeout_s=stall_s, max_tokens_mode="exact")
     now = _fake_loop_time(server)
     proto, tr = connect(server, high_water=4096)
     body = orjson.dumps({**CHAT, "max_tokens": tokens, "stream": True})

@@ -420,6 +420,7 @@ def test_access_log_off_by_default():
 def test_access_log_json_lines():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "llmsim", "--port", "0", "--latency", "instant",
+                          "--max-tokens-mode", "exact",
                           "--log-level", "info", "--log-format", "json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

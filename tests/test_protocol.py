@@ -180,7 +180,7 @@ def test_disconnect_mid_stream_releases_everything(make_server):
 @pytest.mark.asyncio
 async def test_backpressure_pauses_generation():
     """A client that does not read: the pump stops pulling until the buffer drains."""
-    server = mem_server(latency="instant")
+    server = mem_server(latency="instant", max_tokens_mode="exact")
     proto, tr = connect(server, high_water=4096)
     body = orjson.dumps({**CHAT, "max_tokens": 2000, "stream": True})
     proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d"

@@ -223,7 +223,8 @@ async def test_non_streamed_takes_the_stream_duration():
     from llmsim.clock import FakeClock
 
     clock = FakeClock()
-    app = App(Config(latency="realistic", ttft_ms=300, itl_ms=10, seed=1), clock=clock)
+    app = App(Config(latency="realistic", ttft_ms=300, itl_ms=10, seed=1,
+                     max_tokens_mode="exact"), clock=clock)
     t0 = clock.now()
     res = await app.dispatch(_req({"model": "gpt-4o", "input": "hi",
                                    "max_output_tokens": 21}))

@@ -362,7 +362,7 @@ def test_disconnect_mid_stream_frees_everything(make_server: Any) -> None:
 # -- tier 2: backpressure ------------------------------------------------------------------
 
 async def test_slow_reader_pauses_generation() -> None:
-    server = mem_server(latency="instant")
+    server = mem_server(latency="instant", max_tokens_mode="exact")
     ws_fake.install(server.app)
     proto, tr = connect(server, high_water=8192)
     client = Connection(ConnectionType.CLIENT)

@@ -552,11 +552,15 @@ def _decide_tools(tools: list[dict[str, Any]]) -> tuple[Tool, ...]:
     for i, t in enumerate(tools):
         if t.get("type") == "custom":
             c = t["custom"]
-            out.append(Tool(c["name"], "custom", None, c.get("format")))
+            desc = c.get("description")
+            out.append(Tool(c["name"], "custom", None, c.get("format"),
+                            description=desc if isinstance(desc, str) else ""))
         else:
             fn = t["function"]
+            desc = fn.get("description")
             out.append(Tool(fn["name"], "function", fn.get("parameters"), None,
-                            fn.get("strict") is True, f"tools[{i}].function.parameters"))
+                            fn.get("strict") is True, f"tools[{i}].function.parameters",
+                            desc if isinstance(desc, str) else ""))
     return tuple(out)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -69,6 +70,7 @@ class Tool:
     format: dict[str, Any] | None = None  # custom: text or grammar (the input is free text)
     strict: bool = False
     param: str | None = None  # the request field of the schema (named by a schema 400)
+    description: str = ""  # what the tool is for (the agent policy matches the user's words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +258,26 @@ def decide(ask: Ask, cfg: Config, rng: random.Random, lat: Latency) -> Decision:
                     Timing(first, lat, rng.getrandbits(64)))
 
 
+LIMIT_HEADROOM = 3.0
+"""A limit (max_tokens / max_output_tokens) is sized generously by the client: under
+``--max-tokens-mode cap`` the natural length is drawn with a mean of at most the limit's visible
+share / LIMIT_HEADROOM, so (sigma 0.5) under 1% of answers run into the limit."""
+
+
+def _natural_mean(ask: Ask, cfg: Config) -> float:
+    """The mean of this answer's natural length (see :data:`LIMIT_HEADROOM`)."""
+    mean = cfg.output_tokens_mean
+    limit = ask.limit
+    if limit is None or ask.ignore_eos or cfg.max_tokens_mode != "cap":
+        return mean
+    share = float(limit)
+    if ask.profile.reasoning and ask.effort is not None:  # reasoning spends from the limit
+        share = limit / (1.0 + txt.EFFORT_MULTIPLIER.get(ask.effort, 3.0))
+    return min(mean, max(1.0, share / LIMIT_HEADROOM))
+
+
 def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Work) -> Choice:
-    natural = txt.draw_length(rng, cfg.output_tokens_mean, cfg.output_tokens_sigma,
+    natural = txt.draw_length(rng, _natural_mean(ask, cfg), cfg.output_tokens_sigma,
                               cfg.output_tokens_min, cfg.output_tokens_max)
     natural = max(natural, ask.min_tokens)
     limit = ask.limit
@@ -313,7 +333,7 @@ def _encrypted(rng: random.Random, reasoning: int) -> str:
     return "gAAAAA" + base64.urlsafe_b64encode(rng.randbytes(n)).decode()
 
 
-def _wants_tools(ask: Ask, rng: random.Random, p_auto: float) -> Sequence[Tool]:
+def _wants_tools(ask: Ask, rng: random.Random, p_auto: float | None) -> Sequence[Tool]:
     """Which tools this choice calls (none: it answers with text)."""
     tools: Sequence[Tool] = ask.tools
     tc = ask.tool_choice
@@ -326,8 +346,13 @@ def _wants_tools(ask: Ask, rng: random.Random, p_auto: float) -> Sequence[Tool]:
         tools = [t for t in tools if t.name in tc.names]
         if not tools:
             return ()
+    if p_auto is None:  # the agent policy (default)
+        if mode != "required" and ask.after_tool_result:
+            return ()  # the results are in: answer them in text
+        return _relevant(tools, ask, rng)
     if mode != "required":
-        # auto: after a tool result the model usually answers; otherwise it calls with p_auto
+        # the random policy: after a tool result the model usually answers; otherwise it
+        # calls with p_auto
         p = p_auto * (0.2 if ask.after_tool_result else 1.0)
         if rng.random() >= p:
             return ()
@@ -336,6 +361,39 @@ def _wants_tools(ask: Ask, rng: random.Random, p_auto: float) -> Sequence[Tool]:
         k = rng.choice(_K_CHOICES)
     k = min(k, len(tools), ask.max_tool_calls or k)
     return rng.sample(tools, k)
+
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+MAX_PARALLEL_RELEVANT = 3
+MATCH_CHARS = 4096  # the words matched are read from at most this much of the user's text
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words of 3+ characters, a trailing plural ``s`` dropped (``get_weather``,
+    ``getWeather`` and "the weather" all give ``weather``)."""
+    out = set()
+    for w in _WORD.findall(_CAMEL.sub(" ", text[:MATCH_CHARS]).replace("_", " ")):
+        w = w.lower()
+        if len(w) >= 3:
+            out.add(w[:-1] if len(w) > 3 and w.endswith("s") else w)
+    return out
+
+
+def _relevant(tools: Sequence[Tool], ask: Ask, rng: random.Random) -> Sequence[Tool]:
+    """The agent policy's calls: the tool whose name and description share the most words
+    with the user's last message (ties broken by the seeded RNG, so a question that names no
+    tool still calls one, reproducibly); with ``parallel_tool_calls``, also the others that
+    match as well (at most :data:`MAX_PARALLEL_RELEVANT`)."""
+    asked = _words(ask.user_text())
+    scored = sorted(((len(asked & _words(t.name + " " + t.description[:MATCH_CHARS])),
+                      rng.random(), i) for i, t in enumerate(tools)), reverse=True)
+    top = scored[0][0]
+    k = 1
+    if ask.parallel_tool_calls and top > 0:
+        k = sum(1 for s in scored if s[0] == top)
+    k = min(k, MAX_PARALLEL_RELEVANT, ask.max_tool_calls or k)
+    return [tools[i] for _, _, i in scored[:k]]
 
 
 def _calls(tools: Sequence[Tool], rng: random.Random, enc: str, limit: int | None,

@@ -98,7 +98,8 @@ class Registry:
     """Model lookup: exact id, then a dated snapshot of a known id (``gpt-4o-2024-08-06``),
     then (unless strict) the default profile under the requested id."""
 
-    def __init__(self, extra: Mapping[str, ModelSpec] | None = None, strict: bool = False):
+    def __init__(self, extra: Mapping[str, ModelSpec] | None = None, strict: bool = False,
+                 first: str | None = None):
         self.strict = strict
         self._models: dict[str, ModelProfile] = {m.id: m for m in BUILTIN}
         for mid, spec in (extra or {}).items():
@@ -109,6 +110,10 @@ class Registry:
                 changes.setdefault("efforts", ("minimal", "low", "medium", "high"))
                 changes.setdefault("default_effort", "medium")
             self._models[mid] = replace(base, builtin=base.builtin, **changes)
+        if first is not None:  # listed first (--default-model); an unknown id is added
+            prof = self._models.pop(first, None) or replace(DEFAULT_PROFILE, id=first,
+                                                            owned_by="user")
+            self._models = {first: prof, **self._models}
         self._by_len = sorted(self._models, key=len, reverse=True)
         self._cache: dict[str, ModelProfile | None] = {}
 

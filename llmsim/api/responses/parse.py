@@ -589,11 +589,13 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
     tools: list[Tool] = []
     for i, t in enumerate(rr.tools):  # (usually none)
         kind = t["type"]
+        desc = t.get("description")
+        desc = desc if isinstance(desc, str) else ""
         if kind == "function":
             tools.append(Tool(t["name"], kind, t["parameters"], None, t["strict"] is True,
-                              f"tools[{i}].parameters"))
+                              f"tools[{i}].parameters", desc))
         elif kind == "custom":
-            tools.append(Tool(t["name"], kind, None, t.get("format")))
+            tools.append(Tool(t["name"], kind, None, t.get("format"), description=desc))
     fmt = rr.text_format
     output = TEXT
     if fmt["type"] == "json_schema":
