@@ -27,6 +27,10 @@ examples:
   llmsim --latency instant --seed 1        # CI: no delays, reproducible output
   llmsim --ttft-ms 200 --itl-ms 10         # benchmark: fixed TTFT and inter-token gap
   llmsim --config llmsim.toml --port 0     # settings from a file, any free port
+  llmsim --max-tokens-mode exact           # every max_tokens filled exactly (fixed lengths)
+
+commands:
+  llmsim top [--url URL]                   # live terminal view of /llmsim/stats
 
 Point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=x
 """
@@ -47,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmsim",
         description="llmsim — a fast, faithful OpenAI-compatible LLM API simulator "
-                    "(Chat Completions, Responses over HTTP/SSE and WebSocket, models).",
+                    "(Chat Completions, legacy Completions, Responses over HTTP/SSE and "
+                    "WebSocket, models).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"llmsim {__version__}")
     p.add_argument("--config", metavar="FILE.toml", default=None,

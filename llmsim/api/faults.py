@@ -231,11 +231,13 @@ class Faults:
         if k == "status":
             raise fault_error(fault, _model(req), cfg.retry_after_ms, req.request_id)
         if k == "reset":
+            app.stats.error("fault_reset")
             return _reset_result()
         if k == "hang":
             await app.clock.sleep(fault.ms / 1000.0)
             if fault.status:
                 raise fault_error(Fault("status", fault.status), _model(req), cfg.retry_after_ms)
+            app.stats.error("fault_reset")
             return _reset_result()
         req.notes["fault"] = fault  # mid-stream: applied by stream_hook
         return None
@@ -245,7 +247,9 @@ class Faults:
         if fault is None:
             return
         s = res.stream
-        s.wrap(lambda plan: inject(plan, fault, s.dialect, s.fail))
+        stats = self.app.stats
+        s.wrap(lambda plan: inject(plan, fault, s.dialect, s.fail,
+                                   lambda kind: stats.error("fault_" + kind)))
 
     # -- scenario API ----------------------------------------------------------------------
     def _add(self, body: Any) -> dict[str, Any]:

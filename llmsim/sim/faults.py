@@ -522,7 +522,7 @@ class FaultEngine:
 
 def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
            error_events: Callable[[APIError], list[tuple[str, Any]]],
-           ) -> Iterator[PlanItem]:
+           fired: Callable[[str], None] | None = None) -> Iterator[PlanItem]:
     """Wrap a stream plan so ``fault`` happens once ``fault.after`` tokens have been sent.
 
     The fault acts just before the next event after the Nth token (or before the stream's
@@ -536,13 +536,15 @@ def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
     is_token = dialect.is_token
     n = fault.after
     count = 0
-    fired = False
+    done = False
     try:
         for item in plan:
             off, etype, data = item
-            if not fired and etype[0] != "_" and (count >= n or etype in terminals):
-                fired = True
+            if not done and etype[0] != "_" and (count >= n or etype in terminals):
+                done = True
                 k = fault.kind
+                if fired is not None:  # counted when it takes effect (errors_total by kind)
+                    fired(k)
                 if k == "stall":
                     item = (off + fault.ms / 1000.0, etype, data)
                 elif k == "disconnect":
@@ -560,7 +562,7 @@ def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
                         first = False
                     yield 0.0, STOP, None
                     return
-            if not fired and is_token(etype, data):
+            if not done and is_token(etype, data):
                 count += 1
             yield item
     finally:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ..logs import ACCESS, INFO, access
 from ..messages import JSONResponse, Request, StreamResponse
 from .stats import StreamTrack, error_kind, usage_tokens
@@ -59,6 +61,8 @@ def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
             billed(app, res.usage)
     elif status >= 400:
         err = error_kind(status, getattr(res, "body", None))
+    if model is None and status >= 400:  # refused before generation: keep the model label
+        model = request_model(req)
     stats = app.stats
     stats.record(endpoint, model, transport, status, err)
     now = app.clock.now()
@@ -67,6 +71,22 @@ def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
     if ACCESS.isEnabledFor(INFO):
         access(req.method, req.path, model, status, pt, ot, None, now - req.received_at,
                transport, req.request_id, req.client)
+
+
+MODEL_PEEK_BYTES = 64 * 1024  # a refused request's body is read for its model up to this size
+
+
+def request_model(req: Request) -> str | None:
+    """The ``model`` a request named (for the stats label of an answer that has none: a
+    validation 400, an injected 429/500): the body the hooks parsed, else a small body."""
+    body = req.notes.get("body")
+    if body is None and req.body and len(req.body) <= MODEL_PEEK_BYTES:
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError:
+            return None
+    m = body.get("model") if type(body) is dict else None
+    return m if type(m) is str and m else None
 
 
 def request_gone(app: App, req: Request, endpoint: str, transport: str = "http") -> None:

@@ -48,18 +48,30 @@ RING_S = 64  # one-second snapshots of the totals kept for windowed rates
 WINDOW_S = 10.0  # the "recent" window for rates and windowed percentiles
 HISTS = ("ttft", "itl", "e2e")  # time to first token, inter-token gap, end-to-end
 
-# Fine log-spaced bucket upper bounds (seconds), 10 per decade from 100 µs to 800 s: a
-# percentile interpolated inside a bucket is within ~12% of the truth. Prometheus gets the
-# 1-2.5-5 subset (exact cumulative counts at those bounds; fewer series).
-_MANTISSAS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
-BOUNDS: tuple[float, ...] = tuple(round(m * 10.0 ** e, 10)
-                                  for e in range(-4, 3) for m in _MANTISSAS)
+# Fine log-spaced bucket upper bounds (seconds), each at most BUCKET_RATIO times the one
+# below, from 100 µs to 1000 s: a percentile interpolated inside a bucket is within
+# BUCKET_RATIO - 1 = 2% of the true value (relative error, every percentile, any load).
+# Prometheus gets the 1-2.5-5 subset (also bounds here: exact cumulative counts at those
+# bounds; few series).
+BUCKET_RATIO = 1.02
+PERCENTILE_RELATIVE_ERROR = BUCKET_RATIO - 1.0
+_EXPORTED = tuple(round(m * 10.0 ** e, 10) for e in range(-4, 4) for m in (1.0, 2.5, 5.0))
+
+
+def _bounds() -> tuple[float, ...]:
+    out = set(_EXPORTED)
+    b = 1e-4
+    while b < 1000.0:
+        out.add(float(f"{b:.6g}"))
+        b *= BUCKET_RATIO * 0.9999  # (rounding never widens a bucket past the ratio)
+    return tuple(sorted(x for x in out if x <= 1000.0))
+
+
+BOUNDS: tuple[float, ...] = _bounds()
 NB = len(BOUNDS) + 1  # counts per histogram, the last is the +Inf bucket; then the sum
 
-
 # indices into BOUNDS exposed as Prometheus ``le`` buckets
-EXPORT_BOUNDS: tuple[int, ...] = tuple(
-    i for i, m in enumerate(m for _e in range(-4, 3) for m in _MANTISSAS) if m in (1.0, 2.5, 5.0))
+EXPORT_BOUNDS: tuple[int, ...] = tuple(BOUNDS.index(b) for b in _EXPORTED if b <= 1000.0)
 
 
 def label(value: str) -> str:

@@ -444,14 +444,16 @@ async def delete(req: Request, app: App) -> JSONResponse:
 
 
 async def cancel(req: Request, app: App) -> JSONResponse:
-    """``POST /v1/responses/{id}/cancel``: only background responses can be cancelled."""
+    """``POST /v1/responses/{id}/cancel``: only background responses can be cancelled; one
+    already in a terminal state (completed, failed, incomplete, cancelled) is returned
+    unchanged with 200, as the real API does."""
     rec = _record(app, req)
     if not rec.background:
         raise APIError(400, "Only responses created with background=true can be cancelled.",
                        param=None, code=None)
-    if rec.terminal and rec.status != "cancelled":
-        raise APIError(400, f"Cannot cancel a response with status '{rec.status}'.",
-                       param=None, code=None)
+    if rec.terminal:
+        return JSONResponse(rec.response if type(rec) is Snapshot
+                            else rec.response())  # type: ignore[operator]
     if type(rec) is Snapshot:
         return JSONResponse(await _cancel_remote(app, rec))
     assert type(rec) is Record
