@@ -39,6 +39,7 @@ from ..sim.decide import (
     ToolChoice,
     decide,
 )
+from ..sim.described import json_hint
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_rng
@@ -576,8 +577,9 @@ def _decide_tool_choice(tc: Any) -> ToolChoice:
     return ToolChoice("named", frozenset((fn["name"],)))
 
 
-def ask(cr: ChatRequest) -> Ask:
-    """The request as :func:`llmsim.sim.decide.decide` needs it."""
+def ask(cr: ChatRequest, json_hint: bool = False) -> Ask:
+    """The request as :func:`llmsim.sim.decide.decide` needs it (``json_hint``: the raw body
+    mentions JSON, :func:`llmsim.sim.described.json_hint`)."""
     messages = cr.messages
     rf = cr.response_format
     output = TEXT
@@ -588,6 +590,9 @@ def ask(cr: ChatRequest) -> Ask:
         elif rf.get("type") == "json_object":
             output = Output("json_object")
     return Ask(cr.profile, cr.prompt_tokens, user_text=lambda: last_user_text(messages),
+               prompt_texts=lambda: [content_text(m.get("content"))[0] for m in messages
+                                     if m.get("role") in ("system", "developer", "user")],
+               json_hint=json_hint,
                after_tool_result=messages[-1].get("role") in ("tool", "function"),
                tools=_decide_tools(cr.tools) if cr.tools else (),
                tool_choice=_decide_tool_choice(cr.tool_choice),
@@ -737,7 +742,7 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    decision = decide(ask(cr), app.config, rng, app.latency(cr.profile))
+    decision = decide(ask(cr, json_hint(req.body)), app.config, rng, app.latency(cr.profile))
     out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:
         stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,

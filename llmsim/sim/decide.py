@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..errors import APIError
 from . import schema as sch
 from . import text as txt
 from . import tokens as tok
+from .described import described_schema, requested_json
 from .latency import Latency
 from .models import ModelProfile
 from .rng import derive, new_id
@@ -102,6 +104,10 @@ def _no_text() -> str:
     return ""
 
 
+def _no_texts() -> list[str]:
+    return []
+
+
 @dataclass(slots=True)
 class Ask:
     """A normalised request: everything :func:`decide` reads, in no API's words.
@@ -116,6 +122,10 @@ class Ask:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     user_text: Callable[[], str] = _no_text
+    # the instruction and user texts, in order (read only for json_object: the JSON the
+    # prompt describes, llmsim.sim.described)
+    prompt_texts: Callable[[], list[str]] = _no_texts
+    json_hint: bool = False  # the request body mentions JSON (llmsim.sim.described.json_hint)
     after_tool_result: bool = False
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = AUTO
@@ -294,7 +304,12 @@ def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Wor
         finish = "length" if cut else "stop" if ask.tool_choice.mode == "named" else "tool_calls"
         return Choice(index, None, calls, finish, tokens, reasoning)
     out = ask.output
-    json_source = _json_source(out, rng, natural, work) if out.kind != "text" else None
+    if out.kind != "text":
+        json_source: str | None = _json_source(ask, rng, natural, work)
+    elif ask.json_hint and cfg.text == "lorem":
+        json_source = _requested_json(ask, rng, work)
+    else:
+        json_source = None
     t = txt.answer(cfg, rng, natural=natural, limit=limit, encoding=ask.profile.encoding,
                    user_text=ask.user_text, json_source=json_source,
                    exact=True if ask.ignore_eos else None)
@@ -430,10 +445,35 @@ def _call(tool: Tool, rng: random.Random, enc: str, work: sch.Work) -> Call:
     return Call(new_id("call_"), tool.name, tool.kind, args, pieces, n + CALL_TOKENS)
 
 
-def _json_source(out: Output, rng: random.Random, length: int, work: sch.Work) -> str:
-    """Structured output: a value of the schema, or (json_object) lorem in an object."""
+def _requested_json(ask: Ask, rng: random.Random, work: sch.Work) -> str | None:
+    """A plain-text answer to a prompt that asks for JSON it describes: that JSON (in a
+    ```json block when the prompt asks for one), as a real model answers."""
+    req = requested_json(ask.prompt_texts())
+    if req is None:
+        return None
+    schema, fenced = req
+    try:
+        sch.check(schema, param="messages", label="the prompt's JSON", code="x", work=work)
+        src = _dumps(sch.generate(schema, rng, work=work, param="messages")).decode()
+    except APIError:
+        return None
+    return f"```json\n{src}\n```" if fenced else src
+
+
+def _json_source(ask: Ask, rng: random.Random, length: int, work: sch.Work) -> str:
+    """Structured output: a value of the schema; with json_object, a value of the JSON the
+    prompt describes (:mod:`llmsim.sim.described`), else lorem in an object."""
+    out = ask.output
     if out.kind == "json_schema":
         return _dumps(sch.generate(out.schema, rng, work=work, param=out.param)).decode()
+    described = described_schema(ask.prompt_texts())
+    if described is not None:
+        try:
+            sch.check(described, param="messages", label="the prompt's JSON", code="x",
+                      work=work)
+            return _dumps(sch.generate(described, rng, work=work, param="messages")).decode()
+        except APIError:  # not a schema the generator can fill, or too big: the default
+            pass
     words = "".join(tok.lorem_pieces(max(1, length - 6), rng))
     return _dumps({"response": words}).decode()
 

@@ -1834,10 +1834,17 @@ def check(schema: Any, *, param: str, label: str, code: str, work: Work | None =
 # ---------------------------------------------------------------------------
 
 
+OMIT_OPTIONAL = 0.05
+"""The chance that a generated object leaves out one optional property: a real model fills
+the fields a schema describes (extraction libraries expect them), now and then one less."""
+
+
 class _Generator:
-    def __init__(self, root: Any, rng: random.Random, max_depth: int, work: Work) -> None:
+    def __init__(self, root: Any, rng: random.Random, max_depth: int, work: Work,
+                 omit_optional: float = OMIT_OPTIONAL) -> None:
         self.root = root
         self.rng = rng
+        self.omit_optional = omit_optional
         self.max_depth = max(0, int(max_depth))
         self.work = work
         self.validator = _Validator(root, work)
@@ -2169,7 +2176,7 @@ class _Generator:
                 continue
             if name in required:
                 out[name] = self.gen(sub, depth + 1)
-            elif not minimal and self.rng.random() < 0.5:
+            elif not minimal and self.rng.random() >= self.omit_optional:
                 out[name] = self.gen(sub, depth + 1)
                 optional_included.append(name)
             else:
@@ -2315,7 +2322,8 @@ def _in_bounds(value: Any, lo: Any, lo_ex: bool, hi: Any, hi_ex: bool) -> bool:
 
 
 def generate(schema: dict | bool | None, rng: random.Random, *, max_depth: int = 6,
-             work: Work | None = None, param: str | None = None) -> Any:
+             work: Work | None = None, param: str | None = None,
+             omit_optional: float = OMIT_OPTIONAL) -> Any:
     """Generate a JSON-serialisable value that validates against ``schema``.
 
     Supports the JSON Schema subset used by OpenAI tools / structured outputs:
@@ -2328,7 +2336,8 @@ def generate(schema: dict | bool | None, rng: random.Random, *, max_depth: int =
     ``default``/``examples``.
 
     * ``{}``, ``True`` and ``None`` yield a short lorem-ipsum string.
-    * All required properties are present; optional ones appear with p~0.5.
+    * All required properties are present; each optional one is left out with probability
+      ``omit_optional`` (a real model fills what the schema describes).
     * Beyond ``max_depth`` nesting levels generation turns minimal (nullable/
       non-recursive branches, no optional properties, ``minItems`` items) so
       recursive schemas terminate.
@@ -2340,7 +2349,7 @@ def generate(schema: dict | bool | None, rng: random.Random, *, max_depth: int =
     """
     work = work if work is not None else Work()
     try:
-        generator = _Generator(schema, rng, max_depth, work)
+        generator = _Generator(schema, rng, max_depth, work, omit_optional)
         value: Any = None
         for _ in range(_TOP_LEVEL_ATTEMPTS):
             generator.nodes = 0
@@ -2355,7 +2364,8 @@ def generate(schema: dict | bool | None, rng: random.Random, *, max_depth: int =
 
 
 def generate_tool_arguments(parameters: dict | None, rng: random.Random, *,
-                            work: Work | None = None, param: str | None = None) -> dict:
+                            work: Work | None = None, param: str | None = None,
+                            omit_optional: float = OMIT_OPTIONAL) -> dict:
     """Generate arguments for a function tool whose JSON Schema is ``parameters``.
 
     ``None`` or an empty schema gives ``{}``.  The result is always a ``dict``
@@ -2368,5 +2378,5 @@ def generate_tool_arguments(parameters: dict | None, rng: random.Random, *,
     combinators = ("$ref", "anyOf", "oneOf", "allOf", "enum", "const")
     if "type" not in schema and not any(k in schema for k in combinators):
         schema = {**schema, "type": "object"}
-    value = generate(schema, rng, work=work, param=param)
+    value = generate(schema, rng, work=work, param=param, omit_optional=omit_optional)
     return value if isinstance(value, dict) else {}

@@ -563,6 +563,16 @@ def _texts(items: list[dict[str, Any]]) -> list[str]:
 TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 
+def _prompt_texts(instructions: str | None, context: list[dict[str, Any]]) -> list[str]:
+    """The instruction and user texts (the JSON a json_object answer follows is described
+    there)."""
+    out = [instructions] if instructions else []
+    out.extend(content_text(it.get("content"))[0] for it in context
+               if it.get("type") == "message"
+               and it.get("role") in ("system", "developer", "user"))
+    return out
+
+
 def _last_user_text(context: list[dict[str, Any]]) -> str:
     for it in reversed(context):
         if it.get("type") == "message" and it.get("role") == "user":
@@ -583,7 +593,7 @@ def _decide_tool_choice(tc: Any) -> ToolChoice:
 
 
 def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
-        cached_tokens: int) -> Ask:
+        cached_tokens: int, json_hint: bool = False) -> Ask:
     """The request as :func:`llmsim.sim.decide.decide` needs it (``context`` = earlier turns
     plus this input, resolved)."""
     tools: list[Tool] = []
@@ -604,6 +614,8 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
         output = Output("json_object")
     return Ask(rr.profile, input_tokens, cached_tokens,
                user_text=lambda: _last_user_text(context),
+               prompt_texts=lambda: _prompt_texts(rr.instructions, context),
+               json_hint=json_hint,
                after_tool_result=bool(context) and context[-1].get("type") in TOOL_OUTPUTS,
                tools=tuple(tools) if tools else (),
                tool_choice=_decide_tool_choice(rr.tool_choice),
