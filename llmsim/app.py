@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from .clock import Clock, RealClock
@@ -13,7 +14,7 @@ from .errors import APIError, not_found_model
 from .messages import RawResponse, Request, Result, StreamResponse
 from .routing import Route, Router
 from .sim.latency import Latency
-from .sim.models import ModelProfile, Registry
+from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
 from .state.stats import Stats
 
 __all__ = ["App"]
@@ -67,8 +68,10 @@ class App:
         register_all(self)
 
     # -- helpers for handlers ---------------------------------------------------------------
-    def model(self, name: Any, param: str = "model") -> ModelProfile:
-        """Resolve a request's model or raise the real API's error."""
+    def model(self, name: Any, param: str = "model", kind: str = "chat") -> ModelProfile:
+        """Resolve a request's model or raise the real API's error. ``kind`` is what the
+        endpoint needs: ``"chat"`` (text generation) or ``"embedding"``; a known model of the
+        other kind is a 400, an unknown id (non-strict registry) is served as that kind."""
         if name is None or name == "":  # "" is a string: not a type error but no model
             raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
                            code="missing_required_parameter")
@@ -78,6 +81,13 @@ class App:
         prof = self.registry.get(name)
         if prof is None:
             raise not_found_model(name)
+        if prof.kind != kind:
+            if not prof.builtin and kind == "embedding":  # an unknown id: an embedding model
+                return replace(DEFAULT_EMBEDDING, id=name)
+            what = "embeddings" if kind == "embedding" else "this endpoint (it is an embedding " \
+                "model: use /v1/embeddings)"
+            raise APIError(400, f"The model '{name}' does not support {what}.", param=param,
+                           code="model_not_supported")
         return prof
 
     def latency(self, profile: ModelProfile) -> Latency:

@@ -106,12 +106,12 @@ class CompletionRequest:
 # Validation
 # ------------------------------------------------------------------------------------------
 
-def _vocab(encoding: str) -> int:
+def vocab_size(encoding: str) -> int:
     """Token ids the model's encoding has (a token array's ids must be below it)."""
     return 200_019 if encoding == "o200k_base" else 100_277
 
 
-def _token_array(value: list[Any], param: str, vocab: int) -> list[int]:
+def token_array(value: list[Any], param: str, vocab: int) -> list[int]:
     for i, t in enumerate(value):
         if type(t) is not int:
             raise APIError(400, f"Invalid type for '{param}[{i}]': expected an integer, but got "
@@ -123,7 +123,7 @@ def _token_array(value: list[Any], param: str, vocab: int) -> list[int]:
     return value
 
 
-def _decode(ids: list[int], encoding: str) -> str:
+def decode_tokens(ids: list[int], encoding: str) -> str:
     enc = tok.get_encoding(encoding)
     if enc is None:
         return ""  # (estimate mode: no vocabulary to decode with)
@@ -140,7 +140,7 @@ def _prompts(body: dict[str, Any], limit_items: int, encoding: str
         raise APIError(400, "Missing required parameter: 'prompt'.", param="prompt",
                        code="missing_required_parameter")
     p = body["prompt"]
-    vocab = _vocab(encoding)
+    vocab = vocab_size(encoding)
     if isinstance(p, str):
         return [p]
     if not isinstance(p, list):
@@ -156,13 +156,13 @@ def _prompts(body: dict[str, Any], limit_items: int, encoding: str
                        f"length {limit_items}, but got an array with length {len(p)} instead.",
                        param="prompt", code="array_above_max_length")
     if all(type(x) is int for x in p):
-        return [_token_array(p, "prompt", vocab)]
+        return [token_array(p, "prompt", vocab)]
     out: list[str | list[int]] = []
     for i, x in enumerate(p):
         if isinstance(x, str):
             out.append(x)
         elif isinstance(x, list) and x:
-            out.append(_token_array(x, f"prompt[{i}]", vocab))
+            out.append(token_array(x, f"prompt[{i}]", vocab))
         else:
             raise APIError(400, f"Invalid type for 'prompt[{i}]': expected a string or a "
                            f"non-empty array of integers, but got {got(x)} instead.",
@@ -225,7 +225,7 @@ async def parse(req: Request, app: App) -> CompletionRequest:
             texts.append(p)
         else:
             counts.append(len(p))
-            texts.append(_decode(p, enc) if echo or app.config.text == "echo" else "")
+            texts.append(decode_tokens(p, enc) if echo or app.config.text == "echo" else "")
     for i, c in enumerate(counts):
         if c + limit > cw:
             least = "at least " if type(c) is tok.Bound else ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 from ..config import ModelSpec
 
-__all__ = ["ModelProfile", "Registry", "BUILTIN", "DEFAULT_PROFILE"]
+__all__ = ["ModelProfile", "Registry", "BUILTIN", "DEFAULT_PROFILE", "DEFAULT_EMBEDDING"]
 
 GPT5_EFFORTS = ("minimal", "low", "medium", "high")
 O_EFFORTS = ("low", "medium", "high")
@@ -38,6 +38,9 @@ class ModelProfile:
     prefill_ms_per_1k: float = 15.0  # extra TTFT per 1000 prompt tokens
     encoding: str = "o200k_base"
     builtin: bool = True
+    kind: str = "chat"  # "chat" (generates text) | "embedding" (POST /v1/embeddings)
+    dimensions: int = 0  # embedding models: the native vector length
+    shortenable: bool = False  # embedding models: accepts `dimensions` (text-embedding-3-*)
 
     def public(self) -> dict[str, object]:
         """The ``/v1/models`` object (OpenAI shape plus a few useful extras)."""
@@ -81,6 +84,17 @@ BUILTIN: tuple[ModelProfile, ...] = (
        encoding="cl100k_base", created=1687882411),
     _p("gpt-3.5-turbo", context_window=16_385, max_output_tokens=4_096, ttft_ms=300.0,
        itl_ms=10.0, encoding="cl100k_base", created=1677610602, owned_by="openai"),
+    # embedding models (POST /v1/embeddings): the time is ttft_ms plus prefill_ms_per_1k per
+    # 1000 input tokens; context_window is the per-input token limit
+    _p("text-embedding-3-small", kind="embedding", dimensions=1536, shortenable=True,
+       context_window=8_192, max_output_tokens=0, ttft_ms=60.0, prefill_ms_per_1k=12.0,
+       encoding="cl100k_base", created=1705948997, owned_by="system"),
+    _p("text-embedding-3-large", kind="embedding", dimensions=3072, shortenable=True,
+       context_window=8_192, max_output_tokens=0, ttft_ms=90.0, prefill_ms_per_1k=25.0,
+       encoding="cl100k_base", created=1705953180, owned_by="system"),
+    _p("text-embedding-ada-002", kind="embedding", dimensions=1536, context_window=8_192,
+       max_output_tokens=0, ttft_ms=80.0, prefill_ms_per_1k=15.0, encoding="cl100k_base",
+       created=1671217299, owned_by="openai-internal"),
     # the legacy completions models (POST /v1/completions)
     _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
        itl_ms=8.0, encoding="cl100k_base", created=1692901427),
@@ -92,6 +106,11 @@ BUILTIN: tuple[ModelProfile, ...] = (
 
 DEFAULT_PROFILE = ModelProfile(id="default", owned_by="llmsim", context_window=131_072,
                                max_output_tokens=32_768, builtin=False)
+DEFAULT_EMBEDDING = ModelProfile(id="default-embedding", owned_by="llmsim", builtin=False,
+                                 kind="embedding", dimensions=1536, context_window=8_192,
+                                 max_output_tokens=0, ttft_ms=60.0, prefill_ms_per_1k=12.0)
+"""An id the registry does not know, asked for embeddings (e.g. a harness's ``BAAI/bge-m3``):
+served as a 1536-dimension embedding model."""
 
 
 class Registry:
