@@ -51,7 +51,8 @@ class App:
         self.config = config or Config()
         self.clock: Clock = clock or RealClock()
         self.registry = Registry(self.config.models, strict=self.config.strict_models,
-                                 first=self.config.default_model)
+                                 first=self.config.default_model,
+                                 served=self.config.served_model_name)
         from .sim import tokens
 
         tokens.set_mode(self.config.tokenizer)

@@ -347,6 +347,11 @@ class Config(_Checked):
                                 "(overrides the model profiles).", metavar="MS")
     itl_ms: float | None = opt(None, "Fixed inter-token gap in ms for every model, no jitter "
                                "(overrides the model profiles).", metavar="MS")
+    served_model_name: tuple[str, ...] = opt(
+        (), "Serve exactly these model ids, as vLLM's --served-model-name does: /v1/models "
+        "lists only them (the first one first) and any other id is a 404 model_not_found. A "
+        "known id keeps its profile; any other id gets the default chat profile (or, on "
+        "/v1/embeddings, the default embedding profile).", metavar="NAME")
     default_model: str = opt("gpt-4o", "The model listed first by GET /v1/models: harnesses "
                              "that benchmark 'the first model' (guidellm, inference-perf) get "
                              "this one (a non-reasoning model by default).", metavar="ID")
@@ -641,6 +646,9 @@ def load_config(file: str | os.PathLike[str] | None = None,
 def _check(cfg: Config) -> None:
     if not 0 < len(cfg.default_model) <= 256 or not cfg.default_model.isprintable():
         raise ConfigError("default_model: a model id of 1 to 256 printable characters")
+    if len(cfg.served_model_name) > 256 or any(
+            not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
+        raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError("port: must be between 0 and 65535")
     w = str(cfg.workers).strip().lower()

@@ -1,11 +1,19 @@
-"""``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``."""
+"""``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, and vLLM's ``POST /tokenize``
+and ``POST /detokenize`` (the shapes vLLM's OpenAI-compatible server answers; token ids are
+the model encoding's with the ``tokens`` extra, else stable hashed ids that only
+``/detokenize`` of this server does not invert: it answers 501 then)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from ..errors import APIError
 from ..messages import JSONResponse, Request
+from ..sim import tokens as tok
+from ..sim.prompt import content_text
+from .completions import decode_tokens, token_array, vocab_size
+from .validate import V, paced
 
 if TYPE_CHECKING:
     from ..app import App
@@ -28,8 +36,61 @@ async def get_model(req: Request, app: App) -> JSONResponse:
     return JSONResponse(prof.public())
 
 
+MAX_DETOKENIZE = 1 << 20  # token ids one /detokenize may carry
+
+
+async def tokenize(req: Request, app: App) -> JSONResponse:
+    """vLLM ``POST /tokenize``: ``{model, prompt}`` or ``{model, messages}`` →
+    ``{count, max_model_len, tokens, token_strs}``."""
+    body = req.json_object()
+    v = V(body)
+    profile = app.model(body.get("model"))
+    enc = profile.encoding
+    if "messages" in body:
+        messages = v.list("messages", max_len=app.config.max_input_items) or []
+        text = "".join(content_text(m.get("content"))[0] if isinstance(m, dict) else ""
+                       for m in messages)
+    else:
+        text = v.str("prompt")  # type: ignore[assignment]
+        if text is None:
+            raise APIError(400, "Missing required parameter: 'prompt'.", param="prompt",
+                           code="missing_required_parameter")
+    count = await paced(tok.count_tokens_steps(text, enc, cap=profile.context_window))
+    if count > profile.context_window:
+        raise APIError(400, f"This model's maximum context length is {profile.context_window} "
+                       f"tokens; the prompt has at least {count}.", param="prompt",
+                       code="context_length_exceeded")
+    encoder = tok.get_encoding(enc)
+    if encoder is not None:
+        ids = list(encoder.encode_ordinary(text))
+    else:  # estimate mode: stable ids for the estimated pieces
+        vocab = vocab_size(enc)
+        ids = [int.from_bytes(hashlib.blake2b(p.encode(), digest_size=4).digest(), "little")
+               % vocab for p in tok.split_pieces(text, enc)]
+    return JSONResponse({"count": len(ids), "max_model_len": profile.context_window,
+                         "tokens": ids, "token_strs": None})
+
+
+async def detokenize(req: Request, app: App) -> JSONResponse:
+    """vLLM ``POST /detokenize``: ``{model, tokens}`` → ``{prompt}``."""
+    body = req.json_object()
+    profile = app.model(body.get("model"))
+    ids = V(body).list("tokens", max_len=MAX_DETOKENIZE)
+    if ids is None:
+        raise APIError(400, "Missing required parameter: 'tokens'.", param="tokens",
+                       code="missing_required_parameter")
+    token_array(ids, "tokens", vocab_size(profile.encoding))
+    if tok.get_encoding(profile.encoding) is None:
+        raise APIError(501, "Detokenizing needs the exact tokenizer: install llmsim's "
+                       "'tokens' extra (tiktoken) and do not use --tokenizer estimate.",
+                       type="server_error", param=None, code="not_implemented")
+    return JSONResponse({"prompt": decode_tokens(ids, profile.encoding)})
+
+
 def register(app: App) -> None:
     r = app.router
     r.add("GET", "/health", health, "health")
     r.add("GET", "/v1/models", list_models, "models")
     r.add("GET", "/v1/models/{id:path}", get_model, "models")
+    r.add("POST", "/tokenize", tokenize, "tokenize")
+    r.add("POST", "/detokenize", detokenize, "detokenize")

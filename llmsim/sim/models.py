@@ -43,9 +43,12 @@ class ModelProfile:
     shortenable: bool = False  # embedding models: accepts `dimensions` (text-embedding-3-*)
 
     def public(self) -> dict[str, object]:
-        """The ``/v1/models`` object (OpenAI shape plus a few useful extras)."""
+        """The ``/v1/models`` object: OpenAI's shape, vLLM's model card fields (``root``,
+        ``parent``, ``max_model_len``: harnesses such as ``vllm bench serve`` read them) and a
+        few useful extras."""
         return {"id": self.id, "object": "model", "created": self.created,
-                "owned_by": self.owned_by, "context_window": self.context_window,
+                "owned_by": self.owned_by, "root": self.id, "parent": None,
+                "max_model_len": self.context_window, "context_window": self.context_window,
                 "max_output_tokens": self.max_output_tokens, "reasoning": self.reasoning}
 
 
@@ -118,8 +121,8 @@ class Registry:
     then (unless strict) the default profile under the requested id."""
 
     def __init__(self, extra: Mapping[str, ModelSpec] | None = None, strict: bool = False,
-                 first: str | None = None):
-        self.strict = strict
+                 first: str | None = None, served: tuple[str, ...] = ()):
+        self.strict = strict or bool(served)
         self._models: dict[str, ModelProfile] = {m.id: m for m in BUILTIN}
         for mid, spec in (extra or {}).items():
             base = self._models.get(mid) or replace(DEFAULT_PROFILE, id=mid, owned_by="user")
@@ -129,6 +132,11 @@ class Registry:
                 changes.setdefault("efforts", ("minimal", "low", "medium", "high"))
                 changes.setdefault("default_effort", "medium")
             self._models[mid] = replace(base, builtin=base.builtin, **changes)
+        if served:  # --served-model-name: exactly these ids (vLLM)
+            known = self._models
+            self._models = {n: known.get(n) or replace(DEFAULT_PROFILE, id=n, owned_by="vllm")
+                            for n in served}
+            first = None
         if first is not None:  # listed first (--default-model); an unknown id is added
             prof = self._models.pop(first, None) or replace(DEFAULT_PROFILE, id=first,
                                                             owned_by="user")
