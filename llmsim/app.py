@@ -10,7 +10,7 @@ from typing import Any
 
 from .clock import Clock, RealClock
 from .config import Config
-from .errors import APIError, not_found_model
+from .errors import APIError, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse
 from .routing import Route, Router
 from .sim.latency import Latency
@@ -116,12 +116,10 @@ class App:
             res = await route.handler(req, self)
             return self._after(req, route, res)
         except APIError as exc:
-            return self._after(req, route, error_result(exc))
+            return self._after(req, route, _render_error(route, exc))
         except Exception:  # a handler bug must not kill the connection without an answer
             log.exception("handler failed for %s %s", req.method, req.path)
-            return self._after(req, route, error_result(
-                APIError(500, "The server had an error while processing your request. "
-                         "Sorry about that!", type="server_error", code="server_error")))
+            return self._after(req, route, _render_error(route, server_error()))
         except BaseException:  # cancelled: no Result will exist, so no after-hook will run
             for ahook in self.abort_hooks:
                 try:
@@ -138,6 +136,13 @@ class App:
             for hook in self.after:
                 hook(req, route, res)
         return res
+
+
+def _render_error(route: Route | None, exc: APIError) -> Any:
+    """An error in the route's family's envelope (OpenAI's unless the route says)."""
+    if route is not None and route.errors is not None:
+        return route.errors(exc)
+    return error_result(exc)
 
 
 def error_result(exc: APIError) -> RawResponse:

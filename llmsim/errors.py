@@ -35,11 +35,12 @@ class APIError(Exception):
     the first byte the transport turns it into the stream's error event instead.
     """
 
-    __slots__ = ("status", "message", "type", "param", "code", "headers")
+    __slots__ = ("status", "message", "type", "param", "code", "headers", "overloaded")
 
     def __init__(self, status: int, message: str, *, type: str | None = None,
                  param: str | None = None, code: str | None = None,
-                 headers: list[tuple[str, str]] | None = None) -> None:
+                 headers: list[tuple[str, str]] | None = None,
+                 overloaded: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -48,6 +49,8 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or []
+        # the engine refused for capacity (not rendered by OpenAI; Anthropic answers 529)
+        self.overloaded = overloaded
 
     def to_dict(self) -> dict[str, Any]:
         return {"message": self.message, "type": self.type, "param": self.param,

@@ -123,7 +123,7 @@ class Request:
         auth = self.headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             return auth[7:].strip() or None
-        return self.headers.get("api-key") or None
+        return self.headers.get("api-key") or self.headers.get("x-api-key") or None
 
 
 @dataclass(slots=True)

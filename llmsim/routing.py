@@ -24,6 +24,8 @@ class Route:
     handler: Handler
     name: str  # endpoint name for stats, e.g. "chat.completions"
     stream_capable: bool = False
+    # the family's error answer (None: the OpenAI envelope, llmsim.app.error_result)
+    errors: Callable[[APIError], Any] | None = None
 
 
 class Router:
@@ -34,9 +36,10 @@ class Router:
         self._dynamic: list[tuple[re.Pattern[str], dict[str, Route]]] = []
 
     def add(self, method: str, pattern: str, handler: Handler, name: str,
-            *, aliases: bool = True, stream_capable: bool = False) -> None:
+            *, aliases: bool = True, stream_capable: bool = False,
+            errors: Callable[[APIError], Any] | None = None) -> None:
         """Register ``pattern``; ``/v1/...`` patterns also get ``/openai/v1/...``."""
-        route = Route(method.upper(), pattern, handler, name, stream_capable)
+        route = Route(method.upper(), pattern, handler, name, stream_capable, errors)
         paths = [pattern]
         if aliases and pattern.startswith("/v1/"):
             paths.append("/openai" + pattern)

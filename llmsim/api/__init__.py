@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import admin, chat, completions, embeddings, faults, models, responses, websocket
+from . import (
+    admin,
+    anthropic,
+    chat,
+    completions,
+    embeddings,
+    faults,
+    models,
+    responses,
+    websocket,
+)
 
 if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, faults, admin, websocket)
+MODULES = (models, chat, completions, embeddings, responses, anthropic, faults, admin,
+           websocket)
 
 
 def register_all(app: App) -> None:

@@ -64,7 +64,8 @@ QUEUE_WATCH_S = 0.05  # while requests queue for a sequence: how often to look f
 
 def is_api_path(path: str) -> bool:
     """Paths that are authenticated, faulted, rate limited and queued."""
-    return path.startswith("/v1/") or path.startswith("/openai/v1/")
+    return (path.startswith("/v1/") or path.startswith("/openai/v1/")
+            or path.startswith("/anthropic/v1/"))
 
 
 def _body(req: Request) -> dict[str, Any]:
@@ -330,7 +331,8 @@ class Limits:
         snap = req.notes.get("ratelimit")
         if snap is None:
             return
-        res.headers.extend(snap.headers())
+        anthropic = route.name.startswith("anthropic")
+        res.headers.extend(snap.headers(self.app.clock.time() if anthropic else None))
         late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
             self.limiter.charge(*late, _output_tokens(res.usage), self.app.clock.now())
@@ -481,7 +483,7 @@ class Capacity:
                         "can retry your request, or contact us through our help center at "
                         "help.openai.com if the error persists. (Please include the request ID "
                         f"{req.request_id} in your message.)", type="server_error", code=None,
-                        headers=retry_headers(1000.0))
+                        headers=retry_headers(1000.0), overloaded=True)
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
         slot: Slot | None = req.notes.pop("slot", None)

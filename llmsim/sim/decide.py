@@ -181,6 +181,7 @@ class Choice:
     tokens: int  # visible completion tokens
     reasoning: Reasoning | None = None
     logprobs: list[dict[str, Any]] | None = None  # per piece: token, logprob, bytes, top_logprobs
+    stop_sequence: str | None = None  # the stop sequence that ended the text, if one did
 
     @property
     def text(self) -> str | None:
@@ -316,7 +317,7 @@ def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Wor
     if ask.stops:
         t = txt.apply_stop(t, ask.stops)
     lps = _logprobs(t.pieces, ask.top_logprobs, rng) if ask.logprobs else None
-    return Choice(index, t.pieces, (), t.finish, t.tokens, reasoning, lps)
+    return Choice(index, t.pieces, (), t.finish, t.tokens, reasoning, lps, t.stop)
 
 
 def _reasoning_budget(rng: random.Random, natural: int, effort: str,

@@ -98,6 +98,18 @@ BUILTIN: tuple[ModelProfile, ...] = (
     _p("text-embedding-ada-002", kind="embedding", dimensions=1536, context_window=8_192,
        max_output_tokens=0, ttft_ms=80.0, prefill_ms_per_1k=15.0, encoding="cl100k_base",
        created=1671217299, owned_by="openai-internal"),
+    # Anthropic's Claude models (POST /anthropic/v1/messages, /v1/messages); thinking is
+    # enabled per request (`thinking`), so they are not "reasoning" models on OpenAI paths
+    _p("claude-sonnet-5-5", context_window=1_000_000, max_output_tokens=64_000, ttft_ms=900.0,
+       itl_ms=14.0, owned_by="anthropic", created=1790812800),
+    _p("claude-opus-5-5", context_window=1_000_000, max_output_tokens=128_000, ttft_ms=1400.0,
+       itl_ms=22.0, owned_by="anthropic", created=1790812800),
+    _p("claude-haiku-5-5", context_window=200_000, max_output_tokens=64_000, ttft_ms=450.0,
+       itl_ms=6.0, owned_by="anthropic", created=1790812800),
+    _p("claude-sonnet-4-6", context_window=200_000, max_output_tokens=64_000, ttft_ms=900.0,
+       itl_ms=14.0, owned_by="anthropic", created=1771200000),
+    _p("claude-haiku-4-5", context_window=200_000, max_output_tokens=64_000, ttft_ms=500.0,
+       itl_ms=7.0, owned_by="anthropic", created=1760572800),
     # the legacy completions models (POST /v1/completions)
     _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
        itl_ms=8.0, encoding="cl100k_base", created=1692901427),

@@ -15,6 +15,7 @@ simply starts full again).
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -67,13 +68,24 @@ class Snapshot:
     req: Bucket | None
     tok: Bucket | None
 
-    def headers(self) -> list[tuple[str, str]]:
+    def headers(self, anthropic_at: float | None = None) -> list[tuple[str, str]]:
+        """OpenAI's ``x-ratelimit-*`` headers; with ``anthropic_at`` (the wall time now),
+        Anthropic's ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset
+        as an RFC 3339 time)."""
         out: list[tuple[str, str]] = []
         for name, b in (("requests", self.req), ("tokens", self.tok)):
-            if b is not None:
-                out += [(f"x-ratelimit-limit-{name}", str(b.limit)),
-                        (f"x-ratelimit-remaining-{name}", str(b.remaining)),
-                        (f"x-ratelimit-reset-{name}", fmt_duration(b.reset_in()))]
+            if b is None:
+                continue
+            if anthropic_at is not None:
+                at = _dt.datetime.fromtimestamp(anthropic_at + b.reset_in(), _dt.UTC)
+                out += [(f"anthropic-ratelimit-{name}-limit", str(b.limit)),
+                        (f"anthropic-ratelimit-{name}-remaining", str(b.remaining)),
+                        (f"anthropic-ratelimit-{name}-reset",
+                         at.strftime("%Y-%m-%dT%H:%M:%SZ"))]
+                continue
+            out += [(f"x-ratelimit-limit-{name}", str(b.limit)),
+                    (f"x-ratelimit-remaining-{name}", str(b.remaining)),
+                    (f"x-ratelimit-reset-{name}", fmt_duration(b.reset_in()))]
         return out
 
 

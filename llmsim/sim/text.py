@@ -33,6 +33,7 @@ class TextOut:
     pieces: list[str]
     tokens: int
     finish: str  # "stop" | "length"
+    stop: str | None = None  # the stop sequence that ended it (cut before it)
 
     @property
     def text(self) -> str:
@@ -129,9 +130,10 @@ def apply_stop(out: TextOut, stops: Sequence[str]) -> TextOut:
     if not stops or out.finish == "length" and not out.pieces:
         return out
     text = out.text
-    idx = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    if idx < 0:
+    hits = [(i, s) for s in stops if s and (i := text.find(s)) >= 0]
+    if not hits:
         return out
+    idx, matched = min(hits)
     kept: list[str] = []
     pos = 0
     for p in out.pieces:
@@ -142,7 +144,7 @@ def apply_stop(out: TextOut, stops: Sequence[str]) -> TextOut:
             if idx > pos:
                 kept.append(p[: idx - pos])
             break
-    return TextOut(kept, len(kept), "stop")
+    return TextOut(kept, len(kept), "stop", matched)
 
 
 def reasoning_tokens(rng: random.Random, visible: int, effort: str | None) -> int:
