@@ -4,6 +4,7 @@ turns a Request into a Result (JSON, raw or stream) with errors decided in one p
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
@@ -13,8 +14,12 @@ from .config import Config
 from .errors import APIError, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse
 from .routing import Route, Router
+from .sim import schema as sch
+from .sim.decide import Ask, Decision, decide
+from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
+from .sim.script import Script, decision_of, load_script
 from .state.stats import Stats
 
 __all__ = ["App"]
@@ -56,6 +61,7 @@ class App:
         from .sim import tokens
 
         tokens.set_mode(self.config.tokenizer)
+        self.script = Script(load_script(self.config.script) if self.config.script else None)
         self.router = Router()
         self.stats = Stats()
         self.before: list[BeforeHook] = []
@@ -90,6 +96,30 @@ class App:
             raise APIError(400, f"The model '{name}' does not support {what}.", param=param,
                            code="model_not_supported")
         return prof
+
+    def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
+               lat: Latency) -> Decision:
+        """The answer to ``ask``: a scripted turn when a script rule matches (its error or
+        status fault raised, its mid-stream fault left for the stream hook), else the
+        simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this."""
+        script = self.script
+        if script.rules:
+            turn = script.turn(model=ask.profile.id, endpoint=endpoint, api_key=req.api_key,
+                               headers=req.headers, body=_body_of(req), ask=ask)
+            if turn is not None:
+                if turn.error is not None:
+                    e = turn.error
+                    raise APIError(e.status, e.message, type=e.type, code=e.code,
+                                   param=e.param, headers=list(e.headers))
+                if turn.fault is not None:
+                    f = turn.fault
+                    if f.kind == "status":
+                        raise fault_error(f, ask.profile.id,
+                                          self.config.faults.retry_after_ms, req.request_id)
+                    req.notes["fault"] = f  # applied by the fault stream hook
+                    return decide(ask, self.config, rng, lat)
+                return decision_of(turn, ask, rng, lat, sch.Work())
+        return decide(ask, self.config, rng, lat)
 
     def latency(self, profile: ModelProfile) -> Latency:
         c = self.config
@@ -136,6 +166,17 @@ class App:
             for hook in self.after:
                 hook(req, route, res)
         return res
+
+
+def _body_of(req: Request) -> dict[str, Any]:
+    """The parsed body the hooks keep (``req.notes["body"]``), else a fresh parse."""
+    body = req.notes.get("body")
+    if body is None:
+        try:
+            body = req.json()
+        except APIError:
+            body = {}
+    return body if isinstance(body, dict) else {}
 
 
 def _render_error(route: Route | None, exc: APIError) -> Any:

@@ -166,6 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
+    if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
+        from .sim.script import ScriptError, load_script
+
+        try:
+            load_script(cfg.script)
+        except ScriptError as exc:
+            print(f"llmsim: error: script {exc}", file=sys.stderr)
+            return 2
     from .workers import resolve_workers
 
     n = resolve_workers(cfg.workers)

@@ -357,6 +357,10 @@ class Config(_Checked):
                              "this one (a non-reasoning model by default).", metavar="ID")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
+    script: str | None = opt(None, "A script of replies (JSON, or TOML by extension): rules "
+                             "matching requests, answered turn by turn per session (see README "
+                             "'Scripted replies'); POST /llmsim/scripts replaces it at run "
+                             "time.", metavar="FILE")
     text: Literal["lorem", "echo", "fixed", "sequence"] = opt(
         "lorem", "Text generator: lorem (sentences of single-token words), echo (repeat the last "
         "user message), fixed (--fixed-text), sequence (1,2,3,...).",

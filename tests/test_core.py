@@ -197,3 +197,21 @@ def test_router_path_param_spans_slashes():
     r.add("GET", "/v1/models/{id:path}", h, "models")
     assert r.resolve("GET", "/v1/models/meta-llama/Llama-3-8B")[1] == {
         "id": "meta-llama/Llama-3-8B"}
+
+
+def test_forked_workers_do_not_repeat_ids():
+    """--workers forks after llmsim is imported: the child must not continue the parent's id
+    stream (two workers once handed out the same response ids)."""
+    import os
+
+    from llmsim.sim.rng import new_id
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(w, new_id("resp_").encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 100).decode()
+    os.waitpid(pid, 0)
+    assert child.startswith("resp_") and child != new_id("resp_")

@@ -13,7 +13,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..errors import APIError
 from ..messages import JSONResponse, RawResponse, Request
+from ..sim.script import MAX_SCRIPT_BYTES, ScriptError, parse_script
 from ..state.prom import CONTENT_TYPE, prometheus_text
 from ..state.stats import render
 
@@ -66,10 +68,36 @@ async def dashboard(req: Request, app: App) -> RawResponse:
                        headers=[("cache-control", "no-cache")])
 
 
+async def scripts_get(req: Request, app: App) -> JSONResponse:
+    return JSONResponse(app.script.view())
+
+
+async def scripts_put(req: Request, app: App) -> JSONResponse:
+    """Install a script (replacing the one running; cursors start over)."""
+    if len(req.body) > MAX_SCRIPT_BYTES:
+        raise APIError(413, f"A script is at most {MAX_SCRIPT_BYTES} bytes.", param=None,
+                       code="request_too_large")
+    try:
+        rules = parse_script(req.json())
+    except ScriptError as exc:
+        raise APIError(400, f"Invalid script: {exc}", param=exc.where,
+                       code="invalid_script") from None
+    app.script.install(rules)
+    return JSONResponse(app.script.view())
+
+
+async def scripts_delete(req: Request, app: App) -> JSONResponse:
+    app.script.install([])
+    return JSONResponse({"object": "llmsim.script", "deleted": True})
+
+
 def register(app: App) -> None:
     r = app.router
     r.add("GET", "/llmsim/stats", stats, "llmsim.stats")
     r.add("POST", "/llmsim/stats/reset", reset, "llmsim.stats.reset")
     r.add("GET", "/metrics", metrics, "metrics")
     r.add("GET", "/llmsim/dashboard", dashboard, "llmsim.dashboard")
+    r.add("GET", "/llmsim/scripts", scripts_get, "llmsim.scripts")
+    r.add("POST", "/llmsim/scripts", scripts_put, "llmsim.scripts")
+    r.add("DELETE", "/llmsim/scripts", scripts_delete, "llmsim.scripts")
 

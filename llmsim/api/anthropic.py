@@ -30,7 +30,7 @@ from ..dialect import Dialect
 from ..errors import APIError
 from ..messages import JSONResponse, RawResponse, Request, StreamResponse
 from ..sim import schema as sch
-from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice, decide
+from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
 from ..sim.described import json_hint
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_rng
@@ -388,7 +388,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     ask, info = await _parse(req, app, body)
     model = info["model"]
     rng = request_rng(app.config.seed, "/v1/messages", body)
-    d = decide(ask, app.config, rng, app.latency(ask.profile))
+    d = app.answer(req, "anthropic.messages", ask, rng, app.latency(ask.profile))
     mid = new_id("msg_")
     headers = [("request-id", req.request_id)]
     if info["stream"]:

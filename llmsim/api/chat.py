@@ -37,7 +37,6 @@ from ..sim.decide import (
     Output,
     Tool,
     ToolChoice,
-    decide,
 )
 from ..sim.described import json_hint
 from ..sim.models import ModelProfile
@@ -742,7 +741,8 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    decision = decide(ask(cr, json_hint(req.body)), app.config, rng, app.latency(cr.profile))
+    decision = app.answer(req, "chat.completions", ask(cr, json_hint(req.body)), rng,
+                          app.latency(cr.profile))
     out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:
         stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,

@@ -37,7 +37,7 @@ from ..errors import APIError
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import text as txt
 from ..sim import tokens as tok
-from ..sim.decide import TEXT, Ask, Decision, decide
+from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
 from ..sim.rng import new_id, request_rng
 from ..stream import EventStream
@@ -371,7 +371,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/completions", cr.body)
-    decision = decide(ask(cr), app.config, rng, app.latency(cr.profile))
+    decision = app.answer(req, "completions", ask(cr), rng, app.latency(cr.profile))
     cid, created = new_id("cmpl-"), int(app.clock.time())
     if cr.stream:
         stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,

@@ -63,6 +63,16 @@ _ID_RNG = random.Random()  # ids: unique, never part of a seeded answer  # share
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
+def _reseed_after_fork() -> None:
+    # --workers forks: a child must not continue its parent's id stream, or two workers
+    # hand out the same response ids (a stored response would be overwritten by another's)
+    _ID_RNG.seed()
+    _UNSEEDED.seed()
+
+
+os.register_at_fork(after_in_child=_reseed_after_fork)
+
+
 def new_id(prefix: str, length: int = 24) -> str:
     """A unique id like the real API's: ``chatcmpl-…``, ``resp_…``, ``msg_…``, ``call_…``."""
     if length == 24:  # the common case: 144 random bits as 24 alphanumerics, no syscall

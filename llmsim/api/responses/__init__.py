@@ -23,7 +23,6 @@ from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
 from ...sim import tokens as tok
-from ...sim.decide import decide
 from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_rng
@@ -271,9 +270,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     rid, created_at = new_id("resp_"), int(app.clock.time())
     if rr.generate:
         rng = request_rng(app.config.seed, "/v1/responses", body)
-        decision = decide(ask(rr, p.context, p.input_tokens, p.cached_tokens,
-                              json_hint(req.body)), app.config, rng,
-                          app.latency(rr.profile))
+        asked = ask(rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
+        decision = app.answer(req, "responses", asked, rng, app.latency(rr.profile))
         out = render.response_out(decision, rid, created_at)
     else:  # WebSocket warm-up: state only, no model output
         out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
