@@ -31,6 +31,8 @@ examples:
 
 commands:
   llmsim top [--url URL]                   # live terminal view of /llmsim/stats
+  llmsim record --upstream URL [--cassettes DIR]   # proxy a real API, save cassettes
+  llmsim --replay DIR [--replay-speed X]   # serve the saved exchanges offline
 
 Point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=x
 """
@@ -161,11 +163,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .top import main as top_main
 
         return top_main(args[1:])
+    if args and args[0] == "record":  # `llmsim record --upstream URL [--cassettes DIR] ...`
+        args = ["--record-upstream" if a == "--upstream" else a for a in args[1:]]
+        if "--record-upstream" not in args:
+            print("llmsim: error: record needs --upstream URL", file=sys.stderr)
+            return 2
+        argv = args
     try:
         cfg, _ns = config_from_args(argv)
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
+    if cfg.replay:  # unreadable cassettes: a start-up error, not a traceback
+        from .api.cassette import Cassettes
+
+        try:
+            Cassettes(cfg.replay)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"llmsim: error: replay: cannot load the cassettes in {cfg.replay}: {exc}",
+                  file=sys.stderr)
+            return 2
     if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
         from .sim.script import ScriptError, load_script
 

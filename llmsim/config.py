@@ -357,6 +357,16 @@ class Config(_Checked):
                              "this one (a non-reasoning model by default).", metavar="ID")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
+    replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
+                             "directory (recorded with `llmsim record`), matched by a "
+                             "normalised body hash (README 'Record and replay').", metavar="DIR")
+    replay_speed: float = opt(1.0, "Replay streams at the recorded timing divided by X "
+                              "(2 = twice as fast, 0 = no delays).", metavar="X")
+    record_upstream: str | None = opt(None, "Record mode (`llmsim record --upstream URL`): "
+                                      "proxy the generation endpoints to this http:// API and "
+                                      "save every exchange to --cassettes.", metavar="URL")
+    cassettes: str | None = opt(None, "Where `llmsim record` writes cassettes (default "
+                                "./cassettes).", metavar="DIR")
     script: str | None = opt(None, "A script of replies (JSON, or TOML by extension): rules "
                              "matching requests, answered turn by turn per session (see README "
                              "'Scripted replies'); POST /llmsim/scripts replaces it at run "
@@ -650,6 +660,13 @@ def load_config(file: str | os.PathLike[str] | None = None,
 def _check(cfg: Config) -> None:
     if not 0 < len(cfg.default_model) <= 256 or not cfg.default_model.isprintable():
         raise ConfigError("default_model: a model id of 1 to 256 printable characters")
+    if cfg.replay_speed < 0:
+        raise ConfigError("replay_speed: must be >= 0")
+    if cfg.record_upstream is not None and not cfg.record_upstream.startswith("http://"):
+        raise ConfigError("record_upstream: an http:// URL (put a TLS-terminating proxy in "
+                          "front of an https:// API)")
+    if cfg.replay is not None and cfg.record_upstream is not None:
+        raise ConfigError("replay and record_upstream: one or the other")
     if len(cfg.served_model_name) > 256 or any(
             not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
         raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")

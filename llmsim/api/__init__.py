@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from . import (
     admin,
     anthropic,
+    cassette,
     chat,
     completions,
     embeddings,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, faults, admin,
-           websocket)
+           websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

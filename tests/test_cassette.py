@@ -1,0 +1,103 @@
+"""Record/replay (issue 14): record against a local llmsim as the upstream (no outside
+network), then replay offline with the official SDK; secrets are never written."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from llmsim.api.cassette import cassette_key
+
+from . import rawhttp
+
+MSGS = [{"role": "user", "content": "Tell me something"}]
+
+
+def _client(srv: Any, strict: bool = True) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-SECRET-123", max_retries=0,
+                         _strict_response_validation=strict)
+
+
+def test_record_then_replay(make_server: Any, tmp_path: Path) -> None:
+    upstream = make_server(latency="realistic", ttft_ms=20, itl_ms=5, seed=3,
+                           max_tokens_mode="cap")
+    rec = make_server(record_upstream=upstream.url, cassettes=str(tmp_path))
+    c = _client(rec)
+    a = c.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=8)
+    chunks = list(c.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=6,
+                                            stream=True))
+    with c.responses.stream(model="gpt-4o", input="hi", max_output_tokens=16) as s:
+        r = s.get_final_response()
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 3
+    for f in files:
+        text = f.read_text()
+        assert "sk-SECRET-123" not in text and "authorization" not in text.lower()
+    stream_cassette = [json.loads(f.read_text()) for f in files
+                       if "events" in json.loads(f.read_text())["response"]]
+    offsets = [t for t, _ in stream_cassette[0]["response"]["events"]]
+    assert offsets == sorted(offsets) and offsets[-1] > 0.02  # the recorded timing
+
+    player = make_server(replay=str(tmp_path), replay_speed=0)
+    p = _client(player)
+    b = p.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=8)
+    assert b.model_dump() == a.model_dump()  # the very same answer, id included
+    again = list(p.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=6,
+                                           stream=True))
+    assert [x.model_dump() for x in again] == [x.model_dump() for x in chunks]
+    with p.responses.stream(model="gpt-4o", input="hi", max_output_tokens=16) as s:
+        assert s.get_final_response().model_dump() == r.model_dump()
+
+
+def test_replay_timing_speed_and_fallback(make_server: Any, tmp_path: Path) -> None:
+    entry = {"request": {"method": "POST", "path": "/v1/chat/completions",
+                         "body": json.dumps({"model": "m1", "messages": MSGS, "stream": True})},
+             "response": {"status": 200, "content_type": "text/event-stream",
+                          "duration_s": 0.4,
+                          "events": [[0.2, 'data: {"x":1}\n\n'], [0.4, "data: [DONE]\n\n"]]}}
+    (tmp_path / "a.json").write_text(json.dumps(entry))
+    srv = make_server(replay=str(tmp_path), replay_speed=2.0)
+    t = time.monotonic()
+    r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
+                        {"model": "m1", "messages": MSGS, "stream": True})
+    took = time.monotonic() - t
+    assert r.body == b'data: {"x":1}\n\ndata: [DONE]\n\n'
+    assert took >= 0.2 * 0.9  # 0.4 s recorded, at speed 2
+    # another body of the same path and model falls back to that cassette; another model: 404
+    r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
+                        {"model": "m1", "messages": [{"role": "user", "content": "other"}]})
+    assert r.status == 200
+    r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
+                        {"model": "m2", "messages": MSGS})
+    assert r.status == 404 and orjson.loads(r.body)["error"]["code"] == "cassette_not_found"
+
+
+def test_key_ignores_volatile_fields_and_order() -> None:
+    a = cassette_key("POST", "/v1/responses", b'{"model":"m","input":"x","user":"u1"}')
+    b = cassette_key("POST", "/openai/v1/responses", b'{"input":"x","model":"m","user":"u2"}')
+    assert a == b != cassette_key("POST", "/v1/responses", b'{"model":"m","input":"y"}')
+
+
+def test_bad_configuration(tmp_path: Path) -> None:
+    from llmsim import Config
+
+    with pytest.raises(ValueError, match="record_upstream"):
+        Config(record_upstream="https://api.openai.com")
+    with pytest.raises(ValueError, match="replay_speed"):
+        Config(replay_speed=-1.0)
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.json").write_text("{not json")
+    out = subprocess.run([sys.executable, "-m", "llmsim", "--replay", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "cannot load the cassettes" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "llmsim", "record"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and "--upstream" in out.stderr
