@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             load_script(cfg.script)
         except ScriptError as exc:
-            print(f"llmsim: error: script {exc}", file=sys.stderr)
+            print(f"llmsim: error: script {cfg.script}: {exc}", file=sys.stderr)
             return 2
     from .workers import resolve_workers
 

@@ -4,7 +4,6 @@ network), then replay offline with the official SDK; secrets are never written."
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +61,17 @@ def test_replay_timing_speed_and_fallback(make_server: Any, tmp_path: Path) -> N
                           "duration_s": 0.4,
                           "events": [[0.2, 'data: {"x":1}\n\n'], [0.4, "data: [DONE]\n\n"]]}}
     (tmp_path / "a.json").write_text(json.dumps(entry))
-    srv = make_server(replay=str(tmp_path), replay_speed=2.0)
-    t = time.monotonic()
+    # the replay plan: recorded offsets divided by the speed (deterministic, no wall clock)
+    from llmsim.api.cassette import _answer
+
+    for speed, want in ((1.0, [0.2, 0.2]), (2.0, [0.1, 0.1]), (0.0, [0.0, 0.0])):
+        res = _answer(entry, speed)
+        offsets = [off for off, _t, _d in res.stream._it]  # type: ignore[union-attr]
+        assert offsets == pytest.approx(want), speed
+    srv = make_server(replay=str(tmp_path), replay_speed=0)
     r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
                         {"model": "m1", "messages": MSGS, "stream": True})
-    took = time.monotonic() - t
     assert r.body == b'data: {"x":1}\n\ndata: [DONE]\n\n'
-    assert took >= 0.2 * 0.9  # 0.4 s recorded, at speed 2
     # another body of the same path and model falls back to that cassette; another model: 404
     r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
                         {"model": "m1", "messages": [{"role": "user", "content": "other"}]})

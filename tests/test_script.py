@@ -72,6 +72,27 @@ def test_responses_function_call_and_websocket(scripted: Any) -> None:
     assert [o.type for o in final.output] == ["function_call"]
 
 
+def test_websocket_agent_loop_with_the_sdk(scripted: Any) -> None:
+    """The same script over the Responses WebSocket mode (client.responses.connect())."""
+    from .test_websocket_sdk import recv_until_terminal
+
+    tools = [{"type": "function", "name": "get_weather",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    with _client(scripted).responses.connect() as conn:
+        conn.response.create(model="gpt-4o", input="weather in Paris?", tools=tools)
+        events = recv_until_terminal(conn)
+        done = events[-1]["response"]
+        fc = [o for o in done["output"] if o["type"] == "function_call"][0]
+        assert orjson.loads(fc["arguments"]) == {"city": "Paris"}
+        assert any(e["type"] == "response.function_call_arguments.delta" for e in events)
+        conn.response.create(model="gpt-4o", previous_response_id=done["id"], tools=tools,
+                             input=[{"type": "function_call_output", "call_id": fc["call_id"],
+                                     "output": "sunny"}])
+        final = recv_until_terminal(conn)[-1]["response"]
+        text = final["output"][0]["content"][0]["text"]
+        assert text == "It is sunny in Paris."
+
+
 def test_sessions_have_their_own_cursors(make_server: Any) -> None:
     srv = make_server()
     script = {"rules": [{"reply": [{"text": "one"}, {"text": "two"}], "then": "loop"}]}
