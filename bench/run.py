@@ -187,8 +187,11 @@ class Child:
 
 
 def llmsim(*args: str, name: str = "llmsim", warm: bool = True) -> Child:
-    """Start llmsim; ``warm``: wait for one served request (tokenizer loaded) before measuring."""
-    c = Child(name, [PY, "-m", "llmsim", "--port", "0", *args], cwd=ROOT)
+    """Start llmsim; ``warm``: wait for one served request (tokenizer loaded) before measuring.
+    Fixed-length answers (``--max-tokens-mode exact``, what a benchmark harness asks for with
+    ``ignore_eos``): every server in a comparison sends the same number of tokens."""
+    c = Child(name, [PY, "-m", "llmsim", "--port", "0", "--max-tokens-mode", "exact", *args],
+              cwd=ROOT)
     if warm:
         body = {**CHAT_BODY, "max_tokens": 1}
         try:
