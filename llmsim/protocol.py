@@ -10,7 +10,8 @@ token, ``b"%x\\r\\n…\\r\\n"`` ~0.1 µs), and end through h11 so its state stay
 
 Limits and timeouts: the request head is capped (431), bodies are capped (413, decided from
 Content-Length before reading when possible), pipelined input is bounded (reading pauses while
-a request is in flight and more than ``PIPELINE_BUFFER`` bytes wait), a connection that does not
+a request is in flight and more than ``PIPELINE_BUFFER`` bytes or ``--max-pipelined`` request
+heads wait), a connection that does not
 deliver a request head within ``header_timeout_s`` or stays idle for ``idle_timeout_s`` is
 closed. Backpressure: ``pause_writing`` marks the protocol paused, the stream's pump stops
 pulling events; ``resume_writing`` restarts it. A client that stays paused (reads nothing) for
@@ -150,6 +151,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_len = 0
         self._buffered = 0
+        self._heads = 0
         self._task: asyncio.Task[None] | None = None
         self._pump: Pump | None = None
         self._deadline = _INF  # loop time when the current timeout fires (see Server sweep)
@@ -211,7 +213,9 @@ class HTTPProtocol(asyncio.Protocol):
             return
         if self._busy:
             self._buffered += len(data)
-            if self._buffered > PIPELINE_BUFFER and not self._reading_paused:
+            self._heads += data.count(b"\r\n\r\n")  # request heads waiting (approximately)
+            if (self._buffered > PIPELINE_BUFFER or self._heads >= self.cfg.max_pipelined) \
+                    and not self._reading_paused:
                 self._reading_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
             return
@@ -366,6 +370,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._cancel_timer()
         self._busy = True
         self._buffered = 0
+        self._heads = 0
         target = ev.target.decode("latin-1")
         path, _, qs = target.partition("?")
         headers: dict[str, str] = {}
@@ -652,6 +657,7 @@ class HTTPProtocol(asyncio.Protocol):
             self._close()
             return
         self._buffered = 0
+        self._heads = 0
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ from .app import App
 from .clock import Clock
 from .config import Config
 from .protocol import HTTPProtocol
+from .sim import tokens
 
 __all__ = ["Server", "ServerThread"]
 
@@ -65,6 +66,8 @@ class Server:
         self._idle = asyncio.Event()
         self._idle.set()
         kwargs: dict[str, Any] = {"backlog": 4096}
+        # this server's tokenizer mode in the context its connections copy (sim.tokens._MODE)
+        tokens.set_mode(self.config.tokenizer)
         if self._sock is not None:
             self._server = await loop.create_server(lambda: HTTPProtocol(self),
                                                     sock=self._sock, **kwargs)
@@ -73,8 +76,6 @@ class Server:
                                                     self.config.host, self.config.port,
                                                     reuse_address=True, **kwargs)
         # load the tokenizer files off the loop now; the first request waits only if needed
-        from .sim import tokens
-
         if self.config.tokenizer == "auto":
             for enc in ("o200k_base", "cl100k_base"):
                 loop.run_in_executor(None, tokens.get_encoding, enc)

@@ -351,16 +351,21 @@ def test_multimodal_content_parts(client):
 
 
 def test_tokenizer_estimate_mode(make_server):
-    """--tokenizer estimate never loads tiktoken; generated text still has exact counts."""
+    """--tokenizer estimate counts prompts with the estimate (not tiktoken), per server;
+    generated text still has exact counts."""
     from llmsim.sim import tokens as T
 
-    try:
-        s = make_server(tokenizer="estimate")
-        assert T.get_encoding("o200k_base") is None
-        r = post(s, {"model": "gpt-4o", "messages": MSG, "max_tokens": 9}).json()
-        assert r["usage"]["completion_tokens"] == 9 and r["usage"]["prompt_tokens"] > 0
-    finally:
-        T.set_mode("auto")  # the mode is process-wide: leave it as other tests expect
+    text = [{"role": "user", "content": "supercalifragilisticexpialidocious " * 20}]
+    s = make_server(tokenizer="estimate")
+    r = post(s, {"model": "gpt-4o", "messages": text, "max_tokens": 9}).json()
+    assert r["usage"]["completion_tokens"] == 9
+    estimated = r["usage"]["prompt_tokens"]
+    if T.get_encoding("o200k_base") is not None:  # the exact tokenizer counts otherwise
+        exact = post(make_server(tokenizer="auto"), {"model": "gpt-4o", "messages": text,
+                                                     "max_tokens": 9}).json()
+        assert exact["usage"]["prompt_tokens"] != estimated
+    assert post(s, {"model": "gpt-4o", "messages": text, "max_tokens": 9}).json()[
+        "usage"]["prompt_tokens"] == estimated  # the other server did not change this one
 
 
 def test_vllm_benchmark_extensions(client):

@@ -215,3 +215,34 @@ def test_forked_workers_do_not_repeat_ids():
     child = os.read(r, 100).decode()
     os.waitpid(pid, 0)
     assert child.startswith("resp_") and child != new_id("resp_")
+
+
+async def test_two_servers_in_one_process_keep_their_own_tokenizer_mode():
+    """--tokenizer is per server, not process state: starting a second server with another
+    mode does not change the first one's counts."""
+    import orjson
+
+    from llmsim import Config, Server
+    from llmsim.sim import tokens
+
+    if tokens.get_encoding("o200k_base") is None:
+        pytest.skip("the exact tokenizer is not installed (tokens extra)")
+    text = "supercalifragilisticexpialidocious " * 20  # (exact 201, estimate 121)
+    body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": text}],
+                         "max_tokens": 1})
+
+    async def prompt_tokens(srv: Server) -> int:
+        reader, writer = await asyncio.open_connection(srv.host, srv.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
+                     b"\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        data = await reader.read()
+        writer.close()
+        return orjson.loads(data.split(b"\r\n\r\n", 1)[1])["usage"]["prompt_tokens"]
+
+    base = {"port": 0, "latency": "instant", "quiet": True}
+    async with Server(Config(**base, tokenizer="estimate")) as est:
+        first = await prompt_tokens(est)
+        async with Server(Config(**base, tokenizer="auto")) as exact:
+            exact_n = await prompt_tokens(exact)
+            assert await prompt_tokens(est) == first  # unchanged by the second server
+        assert first != exact_n

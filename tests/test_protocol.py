@@ -249,3 +249,27 @@ async def test_graceful_shutdown_lets_stream_finish():
         with pytest.raises(OSError):
             await asyncio.open_connection(srv.host, srv.port)
         writer.close()
+
+
+async def test_max_pipelined_pauses_reading_then_serves_every_request():
+    """--max-pipelined: with a request in flight, reading stops once that many pipelined
+    request heads wait; it resumes as they are served, and every one is answered in order."""
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=100, itl_ms=1,
+                        max_pipelined=2)
+    proto, tr = connect(server)
+    body = orjson.dumps({**CHAT, "max_tokens": 2})
+    one = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+           % (len(body), body))
+    proto.data_received(one)  # in flight (waits 100 ms on the fake clock)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    proto.data_received(one)
+    assert tr.reading  # one waiting head: below the bound
+    proto.data_received(one * 2)
+    assert not tr.reading  # three waiting: reading paused
+    for _ in range(5000):  # the fake clock moves when the loop is idle
+        await asyncio.sleep(0)
+        if bytes(tr.out).count(b"HTTP/1.1 200") == 4:
+            break
+    assert bytes(tr.out).count(b"HTTP/1.1 200") == 4 and tr.reading

@@ -37,6 +37,7 @@ Synthetic text
 from __future__ import annotations
 
 import binascii
+import contextvars
 import gzip
 import hashlib
 import importlib.util
@@ -201,7 +202,7 @@ def get_encoding(name: str) -> Any:
     strictly offline (see module docstring for where the ranks come from).
     Only ``cl100k_base`` and ``o200k_base`` are supported.
     """
-    if _MODE and _MODE[0] == "estimate":
+    if _MODE.get() == "estimate":
         return None
     try:
         return _cache[name]
@@ -215,20 +216,24 @@ def get_encoding(name: str) -> Any:
         return _cache[name]
 
 
-_MODE: list[str] = []  # set by set_mode(); falls back to the LLMSIM_TOKENIZER env var
+# the tokenizer mode of the server whose code runs now: a context variable, not process state,
+# so two servers in one process (tests, load rigs) keep their own --tokenizer. A server sets it
+# when it is built and again when it starts listening: every connection callback and request
+# task of that server runs in a context copied from there. Unset: the LLMSIM_TOKENIZER env var.
+_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("llmsim_tokenizer",
+                                                                  default=None)
 
 
 def set_mode(mode: str) -> None:
-    """``"auto"`` (exact with tiktoken when available) or ``"estimate"`` (never load it).
-
-    Process-wide: the server calls it from its config (``--tokenizer``)."""
+    """``"auto"`` (exact with tiktoken when available) or ``"estimate"`` (never load it), for
+    the current context (see ``_MODE``): the server calls it from its config."""
     if mode not in ("auto", "estimate"):
         raise ValueError(f"tokenizer mode must be 'auto' or 'estimate', not {mode!r}")
-    _MODE[:] = [mode]
+    _MODE.set(mode)
 
 
 def _estimate_only() -> bool:
-    mode = _MODE[0] if _MODE else os.environ.get("LLMSIM_TOKENIZER", "auto")
+    mode = _MODE.get() or os.environ.get("LLMSIM_TOKENIZER", "auto")
     return mode == "estimate"
 
 
