@@ -188,4 +188,4 @@ def _render_error(route: Route | None, exc: APIError) -> Any:
 
 def error_result(exc: APIError) -> RawResponse:
     return RawResponse(exc.body(), status=exc.status, content_type="application/json",
-                       headers=list(exc.headers))
+                       headers=list(exc.headers), error=exc)

@@ -151,6 +151,9 @@ class RawResponse:
     # fault injection: drop the connection (TCP reset) instead of sending this response; a
     # transport that cannot abort sends it as an ordinary error
     abort: bool = False
+    # the error this body renders, carried to the edge as an object (stats and the WebSocket
+    # read it instead of parsing the bytes back)
+    error: APIError | None = None
 
 
 @dataclass(slots=True)

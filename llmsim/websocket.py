@@ -237,6 +237,10 @@ def error_event(status: int | None, etype: str, message: str, code: str | None =
 def _from_result(res: Result, stream_id: str | None) -> dict[str, Any]:
     """An error Result (decided before the first event) as a WebSocket error event."""
     status = res.status
+    e = res.error if type(res) is RawResponse else None
+    if e is not None:  # the error object itself: nothing to parse back
+        hdrs = {k.lower(): v for k, v in res.headers} if res.headers else None
+        return error_event(status, e.type, e.message, e.code, e.param, stream_id, hdrs)
     body: Any = None
     if type(res) is RawResponse:
         try:

@@ -81,7 +81,7 @@ def anthropic_error(err: APIError) -> RawResponse:
     """An error before the first byte, as the Anthropic API answers it."""
     status, _ = _error_status_type(err)
     return RawResponse(_dumps(_error_object(err)), status, "application/json",
-                       list(err.headers))
+                       list(err.headers), error=err)
 
 
 def _sse(etype: str, data: Any) -> bytes:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -259,11 +258,9 @@ class Faults:
         except OverflowError as exc:
             raise APIError(429, str(exc), type="invalid_request_error",
                            code="too_many_rules") from None
-        except ValueError as exc:
-            msg = str(exc)
-            m = re.match(r"'(\w+)'", msg)
-            raise APIError(400, f"Invalid fault rule: {msg}", type="invalid_request_error",
-                           param=m.group(1) if m else None, code="invalid_value") from None
+        except ValueError as exc:  # a RuleError names its field; nothing is parsed back
+            raise APIError(400, f"Invalid fault rule: {exc}", type="invalid_request_error",
+                           param=getattr(exc, "param", None), code="invalid_value") from None
 
     async def post(self, req: Request, app: App) -> JSONResponse:
         body = req.json()

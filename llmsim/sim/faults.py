@@ -300,10 +300,18 @@ class Rule:
                 "retry_after_ms": self.fault.retry_after_ms}
 
 
+class RuleError(ValueError):
+    """An invalid scenario rule; ``param`` names the rule field at fault (None: the rule)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     v = body.get(key)
     if v is not None and (not isinstance(v, str) or not v):
-        raise ValueError(f"'{key}' must be a non-empty string")
+        raise RuleError(key, f"'{key}' must be a non-empty string")
     return v
 
 
@@ -312,7 +320,7 @@ def _opt_num(body: Mapping[str, Any], key: str) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
-        raise ValueError(f"'{key}' must be a number >= 0")
+        raise RuleError(key, f"'{key}' must be a number >= 0")
     return float(v)
 
 
@@ -320,36 +328,36 @@ def build_rule(body: Any, rule_id: str, now: float) -> Rule:
     """A Rule from a ``POST /llmsim/faults`` object; ValueError ``(param, message)`` style
     messages start with the offending key in quotes."""
     if not isinstance(body, dict):
-        raise ValueError("a rule must be a JSON object")
+        raise RuleError(None, "a rule must be a JSON object")
     known = {"fault", "count", "every", "probability", "model", "endpoint", "api_key",
              "transport", "start", "end", "retry_after_ms"}
     for k in body:
         if k not in known:
-            raise ValueError(f"'{k}' is not a rule field (known: {', '.join(sorted(known))})")
+            raise RuleError(k, f"'{k}' is not a rule field (known: {', '.join(sorted(known))})")
     spec = body.get("fault")
     if spec is None:
-        raise ValueError("'fault' is required")
+        raise RuleError("fault", "'fault' is required")
     try:
         fault = parse_spec(spec, source=rule_id)
     except ValueError as exc:
-        raise ValueError(f"'fault' is invalid: {exc}; expected {SPEC_HELP}") from None
+        raise RuleError("fault", f"'fault' is invalid: {exc}; expected {SPEC_HELP}") from None
     count = body.get("count")
     if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                               or count < 1):
-        raise ValueError("'count' must be an integer >= 1 (or null for no limit)")
+        raise RuleError("count", "'count' must be an integer >= 1 (or null for no limit)")
     every = body.get("every", 1)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError("'every' must be an integer >= 1")
+        raise RuleError("every", "'every' must be an integer >= 1")
     prob = _opt_num(body, "probability")
     if prob is not None and prob > 1:
-        raise ValueError("'probability' must be between 0 and 1")
+        raise RuleError("probability", "'probability' must be between 0 and 1")
     ra = _opt_num(body, "retry_after_ms")
     if ra is not None:
         fault = Fault(fault.kind, fault.status, fault.after, fault.ms, fault.variant, ra,
                       fault.source)
     transport = _opt_str(body, "transport")
     if transport not in (None, "http", "ws"):
-        raise ValueError("'transport' must be 'http' or 'ws'")
+        raise RuleError("transport", "'transport' must be 'http' or 'ws'")
 
     def when(key: str) -> float | None:
         v = _opt_num(body, key)
@@ -359,7 +367,7 @@ def build_rule(body: Any, rule_id: str, now: float) -> Rule:
 
     start, end = when("start"), when("end")
     if start is not None and end is not None and end <= start:
-        raise ValueError("'end' must be after 'start'")
+        raise RuleError("end", "'end' must be after 'start'")
     return Rule(rule_id, fault, fault.spec(), count, every, 1.0 if prob is None else prob,
                 _opt_str(body, "model"), _opt_str(body, "endpoint"), _opt_str(body, "api_key"),
                 transport, start, end, now)

@@ -60,7 +60,9 @@ def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
         if res.usage is not None and status < 400:
             billed(app, res.usage)
     elif status >= 400:
-        err = error_kind(status, getattr(res, "body", None))
+        e = getattr(res, "error", None)
+        err = (e.code or e.type)[:64] if e is not None and (e.code or e.type) else \
+            error_kind(status, getattr(res, "body", None))
     if model is None and status >= 400:  # refused before generation: keep the model label
         model = request_model(req)
     stats = app.stats
