@@ -98,14 +98,15 @@ class App:
         return prof
 
     def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
-               lat: Latency) -> Decision:
+               lat: Latency, response_id: str | None = None) -> Decision:
         """The answer to ``ask``: a scripted turn when a script rule matches (its error or
         status fault raised, its mid-stream fault left for the stream hook), else the
         simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this."""
         script = self.script
         if script.rules:
             turn = script.turn(model=ask.profile.id, endpoint=endpoint, api_key=req.api_key,
-                               headers=req.headers, body=_body_of(req), ask=ask)
+                               headers=req.headers, body=_body_of(req), ask=ask,
+                               response_id=response_id)
             if turn is not None:
                 if turn.error is not None:
                     e = turn.error

@@ -186,3 +186,17 @@ def test_bad_script_file_is_a_start_up_error(tmp_path: Any) -> None:
         r = _client(srv).chat.completions.create(model="gpt-4o", messages=[
             {"role": "user", "content": "hi"}])
         assert r.choices[0].message.content == "from toml"
+
+
+def test_previous_response_id_chains_continue_their_session(make_server: Any) -> None:
+    """A follow-up sent with previous_response_id (and no header) continues the session of the
+    response it follows; an unrelated request uses the API key's own session."""
+    srv = make_server()
+    rawhttp.request(srv.url, "POST", "/llmsim/scripts",
+                    {"rules": [{"reply": [{"text": "first"}, {"text": "second"}]}]})
+    tagged = _client(srv, default_headers={"X-LLMSim-Session": "agent-7"})
+    r1 = tagged.responses.create(model="gpt-4o", input="a")
+    assert r1.output_text == "first"
+    r2 = _client(srv).responses.create(model="gpt-4o", input="b", previous_response_id=r1.id)
+    assert r2.output_text == "second"  # agent-7's session, through the chain
+    assert _client(srv).responses.create(model="gpt-4o", input="c").output_text == "first"

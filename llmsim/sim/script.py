@@ -19,8 +19,9 @@ A script (``--script FILE``, JSON or TOML; or ``POST /llmsim/scripts`` at run ti
 - ``then`` (exhaustion): ``repeat`` the last turn (default), ``loop`` from the first,
   ``error`` (a 400 naming the rule), or ``simulate`` (fall back to the simulation).
 
-Cursors are per session: the ``X-LLMSim-Session`` header, else the request's ``conversation``,
-else the API key, else one shared anonymous session; parallel agents that send their own
+Cursors are per session: the ``X-LLMSim-Session`` header, else the session of the response a
+``previous_response_id`` continues, else the request's ``conversation``, else the API key, else
+one shared anonymous session; parallel agents that send their own
 header each get their own run of the script. A scripted turn becomes a
 :class:`~llmsim.sim.decide.Decision`, so every dialect and transport renders it as it renders
 the simulation: tokens paced at the configured latency, tool calls streamed as argument
@@ -231,12 +232,16 @@ def load_script(path: str) -> list[Rule]:
     return parse_script(data)
 
 
-def session_key(headers: Mapping[str, str], body: Mapping[str, Any], api_key: str | None
-                ) -> str:
-    """Whose cursor a request moves (see the module doc)."""
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any], api_key: str | None,
+                chains: Mapping[str, str] | None = None) -> str:
+    """Whose cursor a request moves (see the module doc); ``chains`` maps the response ids
+    this script answered to their session (a ``previous_response_id`` continues it)."""
     s = headers.get(SESSION_HEADER)
     if s:
         return "h:" + s[:256]
+    prev = body.get("previous_response_id")
+    if chains is not None and isinstance(prev, str) and prev in chains:
+        return chains[prev]
     conv = body.get("conversation")
     if isinstance(conv, dict):
         conv = conv.get("id")
@@ -251,10 +256,12 @@ class Script:
     def __init__(self, rules: list[Rule] | None = None) -> None:
         self.rules: list[Rule] = rules or []
         self._cursors: OrderedDict[tuple[int, str], int] = OrderedDict()
+        self._chains: OrderedDict[str, str] = OrderedDict()  # response id → session
 
     def install(self, rules: list[Rule]) -> None:
         self.rules = rules
         self._cursors.clear()
+        self._chains.clear()
 
     def view(self) -> dict[str, Any]:
         cur: dict[str, dict[str, int]] = {}
@@ -284,12 +291,19 @@ class Script:
         return True
 
     def turn(self, *, model: str, endpoint: str, api_key: str | None,
-             headers: Mapping[str, str], body: Mapping[str, Any], ask: Ask) -> Turn | None:
-        """The scripted turn for this request (moving its session's cursor), or None."""
+             headers: Mapping[str, str], body: Mapping[str, Any], ask: Ask,
+             response_id: str | None = None) -> Turn | None:
+        """The scripted turn for this request (moving its session's cursor), or None.
+        ``response_id``: the Responses id this request creates (its follow-ups, sent with
+        ``previous_response_id``, continue this session)."""
         if not self.rules:
             return None
         session = headers.get(SESSION_HEADER)
-        key = session_key(headers, body, api_key)
+        key = session_key(headers, body, api_key, self._chains)
+        if response_id is not None:
+            self._chains[response_id] = key
+            while len(self._chains) > MAX_SESSIONS:
+                self._chains.popitem(last=False)
         text = ask.user_text()
         for i, rule in enumerate(self.rules):
             if not self._matches(rule.match, model=model, endpoint=endpoint, api_key=api_key,
