@@ -50,6 +50,7 @@ from .validate import (
     deliver_after,
     got,
     paced,
+    stream_flags,
     unsupported,
     unsupported_value,
 )
@@ -356,12 +357,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
                        "length 1, but got an empty array instead.", param="messages",
                        code="empty_array")
     _check_messages(messages)
-    stream = bool(v.bool("stream", False))
-    so = v.dict("stream_options")
-    if so is not None and not stream:
-        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
-                       "enabled.", param="stream_options", code="invalid_value")
-    include_usage = bool(V(so or {}, "stream_options.").bool("include_usage", False))
+    stream, include_usage = stream_flags(v)
     n = v.int("n", 1, lo=1, hi=128) or 1
     reasoning = profile.reasoning
     temperature = v.num("temperature", None, lo=0, hi=2)

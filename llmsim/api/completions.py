@@ -42,7 +42,7 @@ from ..sim.models import ModelProfile
 from ..sim.rng import new_id, request_rng
 from ..stream import EventStream
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
-from .validate import V, check_request_work, deliver_after, got, paced
+from .validate import V, check_request_work, deliver_after, got, paced, stream_flags
 
 if TYPE_CHECKING:
     from ..app import App
@@ -133,40 +133,47 @@ def decode_tokens(ids: list[int], encoding: str) -> str:
         return ""
 
 
-def _prompts(body: dict[str, Any], limit_items: int, encoding: str
-             ) -> list[str | list[int]]:
-    """``prompt`` as a list of prompts, each a string or a token array."""
-    if "prompt" not in body or body["prompt"] is None:
-        raise APIError(400, "Missing required parameter: 'prompt'.", param="prompt",
+def text_or_tokens(body: dict[str, Any], key: str, limit_items: int, encoding: str, *,
+                   empty: APIError | None = None) -> list[str | list[int]]:
+    """``body[key]`` (legacy ``prompt``, embeddings ``input``) as a list of inputs, each a
+    string or a token array: a string, a list of strings, a token array or a list of token
+    arrays, at most ``limit_items``. ``empty``: the error for an empty list or string (None:
+    empty strings are allowed, an empty list is the real API's ``empty_array``)."""
+    p = body.get(key)
+    if p is None:
+        raise APIError(400, f"Missing required parameter: '{key}'.", param=key,
                        code="missing_required_parameter")
-    p = body["prompt"]
     vocab = vocab_size(encoding)
     if isinstance(p, str):
+        if not p and empty is not None:
+            raise empty
         return [p]
     if not isinstance(p, list):
-        raise APIError(400, "Invalid type for 'prompt': expected one of a string, array of "
+        raise APIError(400, f"Invalid type for '{key}': expected one of a string, array of "
                        f"strings, array of integers or array of arrays of integers, but got "
-                       f"{got(p)} instead.", param="prompt", code="invalid_type")
+                       f"{got(p)} instead.", param=key, code="invalid_type")
     if not p:
-        raise APIError(400, "Invalid 'prompt': empty array. Expected an array with minimum "
-                       "length 1, but got an empty array instead.", param="prompt",
-                       code="empty_array")
+        raise empty or APIError(400, f"Invalid '{key}': empty array. Expected an array with "
+                                "minimum length 1, but got an empty array instead.",
+                                param=key, code="empty_array")
     if len(p) > limit_items:
-        raise APIError(400, f"Invalid 'prompt': array too long. Expected an array with maximum "
+        raise APIError(400, f"Invalid '{key}': array too long. Expected an array with maximum "
                        f"length {limit_items}, but got an array with length {len(p)} instead.",
-                       param="prompt", code="array_above_max_length")
+                       param=key, code="array_above_max_length")
     if all(type(x) is int for x in p):
-        return [token_array(p, "prompt", vocab)]
+        return [token_array(p, key, vocab)]
     out: list[str | list[int]] = []
     for i, x in enumerate(p):
         if isinstance(x, str):
+            if not x and empty is not None:
+                raise empty
             out.append(x)
         elif isinstance(x, list) and x:
-            out.append(token_array(x, f"prompt[{i}]", vocab))
+            out.append(token_array(x, f"{key}[{i}]", vocab))
         else:
-            raise APIError(400, f"Invalid type for 'prompt[{i}]': expected a string or a "
+            raise APIError(400, f"Invalid type for '{key}[{i}]': expected a string or a "
                            f"non-empty array of integers, but got {got(x)} instead.",
-                           param=f"prompt[{i}]", code="invalid_type")
+                           param=f"{key}[{i}]", code="invalid_type")
     return out
 
 
@@ -181,13 +188,8 @@ async def parse(req: Request, app: App) -> CompletionRequest:
             raise APIError(400, f"Unrecognized request argument supplied: {key}",
                            param=None, code=None)
     enc = profile.encoding
-    raw = _prompts(body, app.config.max_input_items, enc)
-    stream = bool(v.bool("stream", False))
-    so = v.dict("stream_options")
-    if so is not None and not stream:
-        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
-                       "enabled.", param="stream_options", code="invalid_value")
-    include_usage = bool(V(so or {}, "stream_options.").bool("include_usage", False))
+    raw = text_or_tokens(body, "prompt", app.config.max_input_items, enc)
+    stream, include_usage = stream_flags(v)
     n = v.int("n", 1, lo=1, hi=128) or 1
     best_of = v.int("best_of", None, lo=1, hi=MAX_BEST_OF)
     if best_of is not None:

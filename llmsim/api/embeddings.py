@@ -12,7 +12,7 @@ the capacity model, counted as a running request; usage counts the input tokens.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import APIError
 from ..messages import JSONResponse, Request
@@ -20,8 +20,8 @@ from ..sim import tokens as tok
 from ..sim.decide import Usage
 from ..sim.embed import embed, to_base64
 from ..sim.rng import request_rng
-from .completions import decode_tokens, token_array, vocab_size
-from .validate import V, deliver_after, got, paced
+from .completions import decode_tokens, text_or_tokens
+from .validate import V, deliver_after, paced
 
 if TYPE_CHECKING:
     from ..app import App
@@ -40,42 +40,6 @@ def _invalid_input() -> APIError:
                     code="invalid_value")
 
 
-def _inputs(body: dict[str, Any], vocab: int) -> list[str | list[int]]:
-    raw = body.get("input")
-    if raw is None:
-        raise APIError(400, "Missing required parameter: 'input'.", param="input",
-                       code="missing_required_parameter")
-    if isinstance(raw, str):
-        items: list[Any] = [raw]
-    elif isinstance(raw, list) and raw and all(type(x) is int for x in raw):
-        return [token_array(raw, "input", vocab)]
-    elif isinstance(raw, list):
-        items = raw
-    else:
-        raise APIError(400, "Invalid type for 'input': expected one of a string, array of "
-                       f"strings, array of integers or array of arrays of integers, but got "
-                       f"{got(raw)} instead.", param="input", code="invalid_type")
-    if not items:
-        raise _invalid_input()
-    if len(items) > MAX_INPUTS:
-        raise APIError(400, f"Invalid 'input': array too long. Expected an array with maximum "
-                       f"length {MAX_INPUTS}, but got an array with length {len(items)} "
-                       "instead.", param="input", code="array_above_max_length")
-    out: list[str | list[int]] = []
-    for i, x in enumerate(items):
-        if isinstance(x, str):
-            if not x:
-                raise _invalid_input()
-            out.append(x)
-        elif isinstance(x, list) and x:
-            out.append(token_array(x, f"input[{i}]", vocab))
-        else:
-            raise APIError(400, f"Invalid type for 'input[{i}]': expected a non-empty string "
-                           f"or array of integers, but got {got(x)} instead.",
-                           param=f"input[{i}]", code="invalid_type")
-    return out
-
-
 async def create(req: Request, app: App) -> JSONResponse:
     body = req.json_object()
     v = V(body)
@@ -86,7 +50,7 @@ async def create(req: Request, app: App) -> JSONResponse:
             raise APIError(400, f"Unrecognized request argument supplied: {key}",
                            param=None, code=None)
     enc = profile.encoding
-    inputs = _inputs(body, vocab_size(enc))
+    inputs = text_or_tokens(body, "input", MAX_INPUTS, enc, empty=_invalid_input())
     fmt = v.str("encoding_format", "float", choices=("float", "base64"))
     v.str("user")
     dims = v.int("dimensions", None, lo=1, hi=profile.dimensions)

@@ -245,3 +245,14 @@ async def deliver_after(app: App, model: str, seconds: float) -> None:
         await app.clock.sleep(seconds)
     finally:
         app.stats.running_close(key)
+
+
+def stream_flags(v: V) -> tuple[bool, bool]:
+    """``(stream, stream_options.include_usage)``; ``stream_options`` without ``stream`` is
+    the real API's 400 (chat and legacy completions)."""
+    stream = bool(v.bool("stream", False))
+    so = v.dict("stream_options")
+    if so is not None and not stream:
+        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
+                       "enabled.", param="stream_options", code="invalid_value")
+    return stream, bool(V(so or {}, "stream_options.").bool("include_usage", False))
