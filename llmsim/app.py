@@ -170,13 +170,11 @@ class App:
 
 
 def _body_of(req: Request) -> dict[str, Any]:
-    """The parsed body the hooks keep (``req.notes["body"]``), else a fresh parse."""
-    body = req.notes.get("body")
-    if body is None:
-        try:
-            body = req.json()
-        except APIError:
-            body = {}
+    """The request's parsed body (``Request.json``: one parse shared by hooks and handler)."""
+    try:
+        body = req.json()
+    except APIError:
+        return {}
     return body if isinstance(body, dict) else {}
 
 

@@ -70,6 +70,10 @@ def _too_deep(key: str | None) -> None:
                    code="nesting_above_max_depth")
 
 
+_PARSED = "_json"  # Request.notes key of the parsed body (or the APIError parsing raised)
+_UNPARSED = object()
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One parsed HTTP request (or one WebSocket client event turned into a request)."""
@@ -90,7 +94,23 @@ class Request:
     notes: dict[str, Any] = field(default_factory=dict)
 
     def json(self) -> Any:
-        """The body parsed as JSON, or a 400 in the real API's wording."""
+        """The body parsed as JSON (once per request: the hooks and the handler share it), or
+        a 400 in the real API's wording."""
+        notes = self.notes
+        hit = notes.get(_PARSED, _UNPARSED)
+        if hit is not _UNPARSED:
+            if type(hit) is APIError:
+                raise hit
+            return hit
+        try:
+            data = self._parse()
+        except APIError as exc:
+            notes[_PARSED] = exc
+            raise
+        notes[_PARSED] = data
+        return data
+
+    def _parse(self) -> Any:
         if not self.body:
             raise APIError(400, "We could not parse the JSON body of your request. (HINT: This "
                            "likely means you aren't using your HTTP library correctly. The "

@@ -246,3 +246,24 @@ async def test_two_servers_in_one_process_keep_their_own_tokenizer_mode():
             exact_n = await prompt_tokens(exact)
             assert await prompt_tokens(est) == first  # unchanged by the second server
         assert first != exact_n
+
+
+async def test_the_body_is_parsed_once_with_fault_hooks_on(monkeypatch):
+    """Fault rules read the model from the body: the hooks and the handler share one parse."""
+    import orjson
+
+    from llmsim import Config
+    from llmsim.app import App
+    from llmsim.messages import Request
+
+    app = App(Config(latency="instant", quiet=True))
+    rule = Request("POST", "/llmsim/faults", {}, {}, orjson.dumps(
+        {"fault": "500", "model": "some-other-model"}), "r0")
+    assert (await app.dispatch(rule)).status == 200
+    calls = []
+    real = orjson.loads
+    monkeypatch.setattr(orjson, "loads", lambda b: (calls.append(1), real(b))[1])
+    body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}],
+                         "max_tokens": 2})
+    res = await app.dispatch(Request("POST", "/v1/chat/completions", {}, {}, body, "r1"))
+    assert res.status == 200 and len(calls) == 1

@@ -36,8 +36,6 @@ import asyncio
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ..errors import APIError
 from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from ..routing import Route
@@ -68,20 +66,15 @@ def is_api_path(path: str) -> bool:
 
 
 def _body(req: Request) -> dict[str, Any]:
-    """The request body as a dict (parsed once per request, {} if absent or not JSON)."""
-    notes = req.notes
-    b = notes.get("body")
-    if b is None:
-        b = {}
-        if req.body:
-            try:
-                parsed = orjson.loads(req.body)
-                if isinstance(parsed, dict):
-                    b = parsed
-            except orjson.JSONDecodeError:
-                pass
-        notes["body"] = b
-    return b
+    """The request body as a dict ({} if absent or not a JSON object): the one parse the
+    handler uses too (``Request.json``, depth-checked), never a second one."""
+    if not req.body:
+        return {}
+    try:
+        b = req.json()
+    except APIError:
+        return {}
+    return b if isinstance(b, dict) else {}
 
 
 def _model(req: Request) -> str | None:

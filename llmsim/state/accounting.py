@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from ..errors import APIError
 from ..logs import ACCESS, INFO, access
 from ..messages import JSONResponse, Request, StreamResponse
 from .stats import StreamTrack, error_kind, usage_tokens
@@ -80,13 +79,14 @@ MODEL_PEEK_BYTES = 64 * 1024  # a refused request's body is read for its model u
 
 def request_model(req: Request) -> str | None:
     """The ``model`` a request named (for the stats label of an answer that has none: a
-    validation 400, an injected 429/500): the body the hooks parsed, else a small body."""
-    body = req.notes.get("body")
-    if body is None and req.body and len(req.body) <= MODEL_PEEK_BYTES:
-        try:
-            body = orjson.loads(req.body)
-        except orjson.JSONDecodeError:
-            return None
+    validation 400, an injected 429/500): the request's one parse (``Request.json``; a body
+    nobody parsed yet is parsed only when small)."""
+    if not req.body or ("_json" not in req.notes and len(req.body) > MODEL_PEEK_BYTES):
+        return None
+    try:
+        body = req.json()
+    except APIError:
+        return None
     m = body.get("model") if type(body) is dict else None
     return m if type(m) is str and m else None
 
