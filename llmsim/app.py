@@ -11,7 +11,7 @@ from typing import Any
 
 from .clock import Clock, RealClock
 from .config import Config
-from .errors import APIError, not_found_model, server_error
+from .errors import APIError, missing, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse
 from .routing import Route, Router
 from .sim import schema as sch
@@ -80,8 +80,7 @@ class App:
         endpoint needs: ``"chat"`` (text generation) or ``"embedding"``; a known model of the
         other kind is a 400, an unknown id (non-strict registry) is served as that kind."""
         if name is None or name == "":  # "" is a string: not a type error but no model
-            raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
-                           code="missing_required_parameter")
+            raise missing(param)
         if not isinstance(name, str) or not name:
             raise APIError(400, f"Invalid type for '{param}': expected a string.",
                            param=param, code="invalid_type")

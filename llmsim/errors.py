@@ -6,7 +6,8 @@ from typing import Any
 
 import orjson
 
-__all__ = ["APIError", "invalid", "missing", "not_found_model", "envelope", "server_error"]
+__all__ = ["APIError", "invalid", "missing", "not_found_model", "envelope", "server_error",
+           "SERVER_ERROR_MESSAGE"]
 
 _STATUS_TYPE = {
     400: "invalid_request_error",
@@ -86,8 +87,15 @@ def not_found_model(model: str) -> APIError:
                     type="invalid_request_error", param="model", code="model_not_found")
 
 
-def server_error() -> APIError:
+SERVER_ERROR_MESSAGE = ("The server had an error while processing your request. Sorry about "
+                        "that!")
+"""The real API's wording of a 5xx on its side (written once: every 500-ish answer uses it)."""
+
+
+def server_error(status: int = 500, code: str | None = "server_error",
+                 headers: list[tuple[str, str]] | None = None) -> APIError:
     """The real API's 500 for a failure on the server's side (a bug, never the client's
-    input): the answer to any exception between dispatch and the last byte."""
-    return APIError(500, "The server had an error while processing your request. Sorry about "
-                    "that!", type="server_error", code="server_error")
+    input): the answer to any exception between dispatch and the last byte; with another
+    ``status``/``code``/``headers``, the same wording for an injected 5xx."""
+    return APIError(status, SERVER_ERROR_MESSAGE, type="server_error", code=code,
+                    headers=headers)

@@ -185,8 +185,7 @@ async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
         if protocol.upgraded is not None:
             protocol.force_close()
             return None
-        return error_result(APIError(500, "The server had an error while processing your "
-                                     "request. Sorry about that!"))
+        return error_result(server_error(code=None))
 
 
 def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:

@@ -21,7 +21,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, missing
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
 from ..sim import text as txt
@@ -149,8 +149,7 @@ def _check_messages(messages: list[Any]) -> None:
                            code="invalid_type")
         role = m.get("role")
         if role is None:
-            raise APIError(400, f"Missing required parameter: '{p}.role'.", param=f"{p}.role",
-                           code="missing_required_parameter")
+            raise missing(f"{p}.role")
         if role not in ROLES:
             raise APIError(400, f"Invalid value: '{role}'. Supported values are: 'system', "
                            "'assistant', 'user', 'function', 'tool', and 'developer'.",
@@ -161,38 +160,31 @@ def _check_messages(messages: list[Any]) -> None:
                                         or "content" in m):
                 pass
             elif role == "assistant":
-                raise APIError(400, f"Missing required parameter: '{p}.content'.",
-                               param=f"{p}.content", code="missing_required_parameter")
+                raise missing(f"{p}.content")
             else:
-                raise APIError(400, f"Missing required parameter: '{p}.content'.",
-                               param=f"{p}.content", code="missing_required_parameter")
+                raise missing(f"{p}.content")
         elif isinstance(content, list):
             allowed = USER_PARTS if role == "user" else ("text", "refusal")
             for j, part in enumerate(content):
                 pp = f"{p}.content[{j}]"
                 if not isinstance(part, dict) or "type" not in part:
-                    raise APIError(400, f"Missing required parameter: '{pp}.type'.",
-                                   param=f"{pp}.type", code="missing_required_parameter")
+                    raise missing(f"{pp}.type")
                 if part["type"] not in allowed:
                     opts = ", ".join(f"'{a}'" for a in allowed)
                     raise APIError(400, f"Invalid value: '{part['type']}'. Supported values "
                                    f"are: {opts}.", param=f"{pp}.type", code="invalid_value")
                 if part["type"] == "text" and not isinstance(part.get("text"), str):
-                    raise APIError(400, f"Missing required parameter: '{pp}.text'.",
-                                   param=f"{pp}.text", code="missing_required_parameter")
+                    raise missing(f"{pp}.text")
                 if part["type"] == "image_url":
                     iu = part.get("image_url")
                     if not isinstance(iu, dict) or not isinstance(iu.get("url"), str):
-                        raise APIError(400, f"Missing required parameter: '{pp}.image_url.url'.",
-                                       param=f"{pp}.image_url.url",
-                                       code="missing_required_parameter")
+                        raise missing(f"{pp}.image_url.url")
         elif not isinstance(content, str):
             raise APIError(400, f"Invalid type for '{p}.content': expected one of a string or "
                            f"array of objects, but got {got(content)} instead.", param=f"{p}.content",
                            code="invalid_type")
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            raise APIError(400, f"Missing required parameter: '{p}.tool_call_id'.",
-                           param=f"{p}.tool_call_id", code="missing_required_parameter")
+            raise missing(f"{p}.tool_call_id")
         tcs = m.get("tool_calls")
         if tcs is not None:
             if role != "assistant" or not isinstance(tcs, list):
@@ -241,8 +233,7 @@ def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
         if ttype == "custom":
             c = t.get("custom")
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-                raise APIError(400, f"Missing required parameter: '{p}.custom.name'.",
-                               param=f"{p}.custom.name", code="missing_required_parameter")
+                raise missing(f"{p}.custom.name")
             out.append(t)
             continue
         if ttype != "function":
@@ -250,12 +241,10 @@ def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
                            "and 'custom'.", param=f"{p}.type", code="invalid_value")
         fn = t.get("function")
         if not isinstance(fn, dict):
-            raise APIError(400, f"Missing required parameter: '{p}.function'.",
-                           param=f"{p}.function", code="missing_required_parameter")
+            raise missing(f"{p}.function")
         name = fn.get("name")
         if not isinstance(name, str):
-            raise APIError(400, f"Missing required parameter: '{p}.function.name'.",
-                           param=f"{p}.function.name", code="missing_required_parameter")
+            raise missing(f"{p}.function.name")
         if not FUNCTION_NAME.match(name):
             raise APIError(400, f"Invalid '{p}.function.name': string does not match pattern. "
                            "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
@@ -279,8 +268,7 @@ def _check_allowed_tools(at: Any) -> None:
     """`tool_choice: {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`."""
     p = "tool_choice.allowed_tools"
     if not isinstance(at, dict):
-        raise APIError(400, f"Missing required parameter: '{p}'.", param=p,
-                       code="missing_required_parameter")
+        raise missing(p)
     mode = at.get("mode")
     if mode not in ("auto", "required"):
         raise APIError(400, f"Invalid value: '{mode}'. Supported values are: 'auto' and "
@@ -293,9 +281,7 @@ def _check_allowed_tools(at: Any) -> None:
         kind = t.get("type", "function") if isinstance(t, dict) else None
         inner = t.get(kind) if kind in ("function", "custom") else None  # type: ignore[union-attr]
         if not isinstance(inner, dict) or not isinstance(inner.get("name"), str):
-            raise APIError(400, f"Missing required parameter: '{p}.tools[{i}].function.name'.",
-                           param=f"{p}.tools[{i}].function.name",
-                           code="missing_required_parameter")
+            raise missing(f"{p}.tools[{i}].function.name")
 
 
 # Every body field of the SDK's CompletionCreateParams (openai 3.52); anything else is the
@@ -350,8 +336,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
     model = body["model"]
     messages = v.list("messages", max_len=app.config.max_input_items)
     if messages is None:
-        raise APIError(400, "Missing required parameter: 'messages'.", param="messages",
-                       code="missing_required_parameter")
+        raise missing("messages")
     if not messages:
         raise APIError(400, "Invalid 'messages': empty array. Expected an array with minimum "
                        "length 1, but got an empty array instead.", param="messages",
@@ -428,9 +413,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
             if tool_choice.get("type") == "allowed_tools":
                 _check_allowed_tools(tool_choice.get("allowed_tools"))
             elif not isinstance(name, str):
-                raise APIError(400, "Missing required parameter: 'tool_choice.function.name'.",
-                               param="tool_choice.function.name",
-                               code="missing_required_parameter")
+                raise missing("tool_choice.function.name")
             elif name not in names:
                 raise APIError(400, f"Invalid value for 'tool_choice': function '{name}' not "
                                "found in 'tools'.", param="tool_choice", code="invalid_value")

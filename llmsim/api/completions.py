@@ -33,7 +33,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, missing
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import text as txt
 from ..sim import tokens as tok
@@ -141,8 +141,7 @@ def text_or_tokens(body: dict[str, Any], key: str, limit_items: int, encoding: s
     empty strings are allowed, an empty list is the real API's ``empty_array``)."""
     p = body.get(key)
     if p is None:
-        raise APIError(400, f"Missing required parameter: '{key}'.", param=key,
-                       code="missing_required_parameter")
+        raise missing(key)
     vocab = vocab_size(encoding)
     if isinstance(p, str):
         if not p and empty is not None:

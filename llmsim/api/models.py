@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from ..errors import APIError
+from ..errors import APIError, missing
 from ..messages import JSONResponse, Request
 from ..sim import tokens as tok
 from ..sim.prompt import content_text
@@ -53,8 +53,7 @@ async def tokenize(req: Request, app: App) -> JSONResponse:
     else:
         text = v.str("prompt")  # type: ignore[assignment]
         if text is None:
-            raise APIError(400, "Missing required parameter: 'prompt'.", param="prompt",
-                           code="missing_required_parameter")
+            raise missing("prompt")
     count = await paced(tok.count_tokens_steps(text, enc, cap=profile.context_window))
     if count > profile.context_window:
         raise APIError(400, f"This model's maximum context length is {profile.context_window} "
@@ -77,8 +76,7 @@ async def detokenize(req: Request, app: App) -> JSONResponse:
     profile = app.model(body.get("model"))
     ids = V(body).list("tokens", max_len=MAX_DETOKENIZE)
     if ids is None:
-        raise APIError(400, "Missing required parameter: 'tokens'.", param="tokens",
-                       code="missing_required_parameter")
+        raise missing("tokens")
     token_array(ids, "tokens", vocab_size(profile.encoding))
     if tok.get_encoding(profile.encoding) is None:
         raise APIError(501, "Detokenizing needs the exact tokenizer: install llmsim's "

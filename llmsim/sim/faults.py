@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
-from ..errors import APIError
+from ..errors import APIError, server_error
 from ..stream import DISCONNECT, STOP, PlanItem
 
 if TYPE_CHECKING:
@@ -229,8 +229,7 @@ def fault_error(fault: Fault, model: str | None, retry_after_ms: float,
         return rate_limit_error(model, "requests", 500, 500, 1, ra / 1000)
     retry = [("x-should-retry", "true")]
     if status == 500:
-        return APIError(500, "The server had an error while processing your request. Sorry "
-                        "about that!", type="server_error", code=None, headers=retry)
+        return server_error(500, None, retry)
     if status == 502:
         return APIError(502, "Bad gateway.", type="server_error", code=None, headers=retry)
     if status == 503:
@@ -244,8 +243,7 @@ def fault_error(fault: Fault, model: str | None, retry_after_ms: float,
         return APIError(529, "The server is currently overloaded, please try again later.",
                         type="overloaded_error", code="overloaded", headers=retry)
     if status >= 500:
-        return APIError(status, "The server had an error while processing your request. Sorry "
-                        "about that!", type="server_error", code=None, headers=retry)
+        return server_error(status, None, retry)
     return APIError(status, f"Injected fault: HTTP {status}.", code="injected_fault")
 
 
@@ -588,6 +586,5 @@ def mid_stream_error(status: int) -> APIError:
         return APIError(status, "The server is currently overloaded, please try again later.",
                         type="server_error", code="server_error")
     if status >= 500:
-        return APIError(status, "The server had an error while processing your request. Sorry "
-                        "about that!", type="server_error", code="server_error")
+        return server_error(status)
     return APIError(status, f"Injected fault: HTTP {status}.", code="injected_fault")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import encode
 from ...dialect import Dialect
-from ...errors import APIError
+from ...errors import APIError, missing
 from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
@@ -567,8 +567,7 @@ async def conv_update(req: Request, app: App) -> JSONResponse:
     body = req.json_object()
     md = V(body).metadata()
     if md is None:
-        raise APIError(400, "Missing required parameter: 'metadata'.", param="metadata",
-                       code="missing_required_parameter")
+        raise missing("metadata")
     conv.metadata = md
     return JSONResponse(conv.json())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import APIError
+from ...errors import APIError, missing
 from ...sim import schema as sch
 from ...sim.decide import TEXT, TOOL_CHOICES, Ask, Output, Tool, ToolChoice
 from ...sim.models import ModelProfile
@@ -107,8 +107,7 @@ def _err(param: str, msg: str, code: str | None = "invalid_value") -> APIError:
 
 
 def _missing(param: str) -> APIError:
-    return APIError(400, f"Missing required parameter: '{param}'.", param=param,
-                    code="missing_required_parameter")
+    return missing(param)
 
 
 def _bad_value(param: str, value: Any, allowed: tuple[str, ...]) -> APIError:
