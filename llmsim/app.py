@@ -20,6 +20,7 @@ from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
 from .sim.script import Script, decision_of, load_script
+from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
 
 __all__ = ["App"]
@@ -68,6 +69,8 @@ class App:
         self.after: list[AfterHook] = []
         self.stream_hooks: list[StreamHook] = []
         self.abort_hooks: list[AbortHook] = []
+        # shared state across replicas (--state redis://...): None = embedded (the default)
+        self.shared_state: SharedState | None = open_shared_state(self.config.state)
         self.extensions: dict[str, Any] = {}  # per-feature state (stores, fault engine, ...)
         self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
         from .api import register_all

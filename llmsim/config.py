@@ -408,6 +408,13 @@ class Config(_Checked):
                               metavar="BYTES")
     max_header_bytes: int = opt(32 * 1024, "Largest accepted request head (431 above).",
                                 metavar="BYTES")
+    state: str | None = opt(None, "Shared state for several replicas behind a load balancer: "
+                            "redis://HOST:PORT/DB (needs the redis extra). Stored responses, "
+                            "conversations, background status, rate-limit buckets, fault-rule "
+                            "counters and script cursors then live in Redis; if Redis is down, "
+                            "requests that need it get a 503 and others keep working. Unset "
+                            "(default): in memory (sqlite across --workers on one machine).",
+                            metavar="URL")
     max_pipelined: int = opt(32, "Most pipelined requests buffered per connection before the "
                              "server stops reading from it.", metavar="N")
     max_input_items: int = opt(2048, "Most items one request may carry in chat 'messages' or "
@@ -670,6 +677,9 @@ def _check(cfg: Config) -> None:
     if len(cfg.served_model_name) > 256 or any(
             not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
         raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")
+    if cfg.state is not None and not cfg.state.startswith(("redis://", "rediss://",
+                                                           "unix://")):
+        raise ConfigError("state: a redis://HOST:PORT/DB URL (or rediss://, unix://)")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError("port: must be between 0 and 65535")
     w = str(cfg.workers).strip().lower()
