@@ -15,18 +15,37 @@ other's keys and nothing else.
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..errors import APIError
 
-__all__ = ["SharedState", "open_shared_state", "unavailable", "TIMEOUT_S"]
+__all__ = ["SharedState", "open_shared_state", "unavailable", "TIMEOUT_S", "SYNC_TIMEOUT_S",
+           "HEARTBEAT_S", "OWNER_TTL_S"]
 
 T = TypeVar("T")
 
 TIMEOUT_S = 2.0
 """Connect and per-command timeout: a request that needs shared state waits at most this long
 for Redis before it is answered 503."""
+
+SYNC_TIMEOUT_S = 0.25
+"""Timeout of the blocking client the stores use (:meth:`SharedState.call`): it runs on the
+event loop, as the sqlite store of ``--workers`` does, so a Redis that stops answering may
+stall every connection of this replica this long (a loopback or LAN Redis answers in well
+under a millisecond). After a failure the client is not tried again for :data:`RETRY_S`."""
+
+RETRY_S = 1.0  # after a failed command, answer 503 at once for this long (the retry-after)
+
+HEARTBEAT_S = 1.0
+"""How often each replica renews its liveness key (:meth:`SharedState.alive`)."""
+
+OWNER_TTL_S = 5.0
+"""A replica whose liveness key is this old is dead: the others fail the unfinished
+background responses it owned (a GC pause or a busy loop shorter than this is no death)."""
 
 
 def unavailable(reason: str) -> APIError:
@@ -43,6 +62,13 @@ class SharedState:
         self.url = url
         self.prefix = prefix
         self._client: Any = None
+        self._sync: Any = None
+        self._down_until = 0.0  # monotonic time before which call() fails fast
+        self._down_reason = ""
+        # this replica's name in owner fields and its liveness key (random per process)
+        self.replica = "r" + secrets.token_hex(8)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.on_heartbeat: list[Callable[[], None]] = []  # run after each renewal (sync)
 
     @property
     def client(self) -> Any:
@@ -57,6 +83,65 @@ class SharedState:
                 self.url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
                 health_check_interval=0, decode_responses=False)
         return self._client
+
+    @property
+    def sync_client(self) -> Any:
+        """A blocking ``redis.Redis`` client for the stores (see :data:`SYNC_TIMEOUT_S`)."""
+        if self._sync is None:
+            import redis
+
+            self._sync = redis.Redis.from_url(
+                self.url, socket_timeout=SYNC_TIMEOUT_S,
+                socket_connect_timeout=SYNC_TIMEOUT_S, health_check_interval=0,
+                decode_responses=False)
+        return self._sync
+
+    def call(self, op: Callable[[Any], T]) -> T:
+        """``op(sync_client)`` now, on the caller's thread; a Redis connection or timeout
+        error becomes a 503 (:func:`unavailable`), and for :data:`RETRY_S` afterwards every
+        call fails the same way at once instead of waiting for the timeout again."""
+        from redis.exceptions import ConnectionError as RConnErr
+        from redis.exceptions import TimeoutError as RTimeout
+
+        if self._down_until and time.monotonic() < self._down_until:
+            raise unavailable(self._down_reason)
+        try:
+            result = op(self.sync_client)
+        except (RConnErr, RTimeout, OSError) as e:
+            self._down_reason = type(e).__name__
+            self._down_until = time.monotonic() + RETRY_S
+            raise unavailable(self._down_reason) from None
+        self._down_until = 0.0
+        return result
+
+    # -- replica liveness ------------------------------------------------------------------
+    def alive(self, replica: str) -> bool:
+        """Whether ``replica`` renewed its liveness key in the last :data:`OWNER_TTL_S`."""
+        if replica == self.replica:
+            return True
+        return bool(self.call(lambda r: r.exists(self.key("replica", replica))))
+
+    def start_heartbeat(self) -> None:
+        """Renew this replica's liveness key every :data:`HEARTBEAT_S` (on the running loop)
+        until :meth:`close`; Redis being down only skips beats."""
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        key = self.key("replica", self.replica)
+        ms = int(OWNER_TTL_S * 1000)
+        while True:
+            try:
+                await self.run(lambda r: r.set(key, b"1", px=ms))
+            except APIError:
+                pass
+            else:
+                for hook in list(self.on_heartbeat):
+                    try:
+                        hook()
+                    except APIError:
+                        break
+            await asyncio.sleep(HEARTBEAT_S)
 
     def key(self, *parts: str) -> str:
         """A key in this deployment's namespace: ``key("resp", id)`` → ``llmsim:resp:<id>``."""
@@ -74,6 +159,12 @@ class SharedState:
             raise unavailable(type(e).__name__) from None
 
     async def close(self) -> None:
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            beat.cancel()
+        if self._sync is not None:
+            sync, self._sync = self._sync, None
+            sync.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()

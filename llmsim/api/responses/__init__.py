@@ -258,6 +258,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cfg = app.config.responses
     if p.conversation is not None:  # the input joins the conversation: it must fit there
         st.conversation_item_sizes(p.input_items, "input")
+    if rr.store and st.shared is not None:
+        st.shared.check()  # --state redis: 503 now if Redis is down (it must be stored there)
     if rr.background:
         if not st.store.enabled:
             raise APIError(400, "Background mode requires stored responses, which are "
@@ -332,7 +334,10 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
         def check() -> None:
             nonlocal watch
             watch = None
-            cmd = sh.command(rec.id)
+            try:
+                cmd = sh.command(rec.id)
+            except APIError:  # --state redis and Redis is down: look again later
+                cmd = None
             if cmd == DELETED:  # deleted or evicted through another worker
                 _forget(st, rec)
             elif cmd == CANCEL:
@@ -409,10 +414,10 @@ async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
         if type(rec) is Snapshot:
             if not rec.terminal:
                 raise APIError(400, f"Response '{rec.id}' is still {rec.status} on another "
-                               "llmsim worker: its events can be followed live only on the "
-                               "worker that runs it (use --workers 1 to follow running "
-                               "responses from any connection). Once it has finished, the "
-                               "whole stream can be replayed from any worker.",
+                               "llmsim worker or replica: its events can be followed live "
+                               "only on the one that runs it (with --workers 1 and no --state, "
+                               "from any connection). Once it has finished, the whole stream "
+                               "can be replayed from any of them.",
                                param="stream", code="invalid_value")
             rec = rec.replay(app)
         assert type(rec) is Record
@@ -569,6 +574,7 @@ async def conv_update(req: Request, app: App) -> JSONResponse:
     if md is None:
         raise missing("metadata")
     conv.metadata = md
+    conv.save()
     return JSONResponse(conv.json())
 
 
@@ -592,16 +598,25 @@ async def conv_add_items(req: Request, app: App) -> JSONResponse:
                          "last_id": items[-1]["id"] if items else None, "has_more": False})
 
 
+async def _on_start(app: App) -> None:
+    """--state redis: this replica's liveness key (others fail its orphans once it stops)."""
+    if app.shared_state is not None:
+        app.shared_state.start_heartbeat()
+
+
 async def _on_stop(app: App) -> None:
     """Server shutdown: stop every running background response (no timer outlives it)."""
     for rec in list(state(app).store.values()):
         if rec.pump is not None:
             rec.cancel()
+    if app.shared_state is not None:
+        await app.shared_state.close()
 
 
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
+    app.extensions.setdefault("on_start", []).append(_on_start)
     app.extensions.setdefault("on_stop", []).append(_on_stop)
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)

@@ -22,20 +22,29 @@ alike; a deleted response stays there as a hidden link of its descendants' chain
 deleted record does in memory). When a worker dies, the supervisor marks the unfinished
 responses it owned ``failed`` (:meth:`SharedResponses.fail_owner`), so every worker answers
 the same for them. With one process none of this exists (``ResponsesState.shared is None``).
+
+With ``--state redis://...`` the same two shared tables live in Redis
+(:class:`~llmsim.state.redis_store.RedisStore`), shared by replicas on any machine, and so do
+conversations (:class:`RedisConversations`). A snapshot's owner is then the replica's name
+(:attr:`SharedState.replica`); a replica finds a dead owner by its expired liveness key when it
+reads an unfinished snapshot, and marks it failed there (there is no supervisor). A
+publication that fails while Redis is down is retried after each heartbeat.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from ...errors import APIError, invalid
 from ...state import shared
+from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream, numbered
 from . import render
@@ -45,9 +54,11 @@ if TYPE_CHECKING:
     from ...app import App
     from ...config import ResponsesConfig
     from ...flow import Pump
+    from ...state.redisconn import SharedState
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
-           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex"]
+           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex",
+           "RedisConversations", "value_limit"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -320,7 +331,7 @@ class Snapshot:
                  "background", "warmup", "echo", "out", "cancel_seq", "failed_event", "owner",
                  "deleted", "source")
 
-    def __init__(self, rec: Record, owner: int, max_depth: int) -> None:
+    def __init__(self, rec: Record, owner: int | str, max_depth: int) -> None:
         self.id = rec.id
         self.response = rec.response()
         self.input_items = rec.input_items
@@ -341,7 +352,7 @@ class Snapshot:
         self.out = rec.out
         self.cancel_seq = rec.cancel_seq
         self.failed_event = rec.failed_event
-        self.owner: int | None = None if rec.terminal else owner
+        self.owner: int | str | None = None if rec.terminal else owner
         self.deleted = False
         self.source: SharedResponses | None = None
 
@@ -436,17 +447,59 @@ class SharedResponses:
     """
 
     def __init__(self, max_entries: int, ttl: float, max_depth: int, max_bytes: int = 0, *,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, redis: SharedState | None = None,
+                 max_value: int = 0) -> None:
         now = time.time
         self.max_depth = max_depth
-        self.owner = os.getpid()
-        self.snapshots: Any = shared.open_store("responses", max_entries, ttl, now,
-                                                max_bytes=max_bytes, state_dir=state_dir)
-        self.control: Any = shared.open_store("responses_ctl", max_entries, ttl, now,
-                                              state_dir=state_dir)
+        self.redis = redis
+        self.owner: int | str = os.getpid()
+        # publications that failed while Redis was down (retried after each heartbeat)
+        self.pending: dict[str, Record] = {}
+        self.max_pending = max(1, max_entries)
+        if redis is not None:
+            self.owner = redis.replica
+            self.snapshots: Any = RedisStore(redis, "responses", max_entries, ttl,
+                                             max_bytes=max_bytes, max_value=max_value)
+            self.control: Any = RedisStore(redis, "responses_ctl", max_entries, ttl)
+            redis.on_heartbeat.append(self.retry_pending)
+            return
+        self.snapshots = shared.open_store("responses", max_entries, ttl, now,
+                                           max_bytes=max_bytes, state_dir=state_dir)
+        self.control = shared.open_store("responses_ctl", max_entries, ttl, now,
+                                         state_dir=state_dir)
+
+    def check(self) -> None:
+        """Redis mode: raise the 503 now if Redis cannot be reached (a create that would be
+        stored asks before it starts, instead of losing its publications)."""
+        if self.redis is not None:
+            self.redis.call(lambda r: r.ping())
 
     def publish(self, rec: Record) -> bool:
-        """Write ``rec``'s snapshot; False (and hidden) when it was deleted meanwhile."""
+        """Write ``rec``'s snapshot; False (and hidden) when it was deleted meanwhile. With
+        Redis down the publication is kept for :meth:`retry_pending` (the live record still
+        answers on this replica; the others see the last state published)."""
+        if self.redis is None:
+            return self._publish(rec)
+        try:
+            return self._publish(rec)
+        except APIError as e:
+            if e.status != 503:
+                raise
+            self.pending.pop(rec.id, None)
+            self.pending[rec.id] = rec
+            while len(self.pending) > self.max_pending:  # oldest first
+                del self.pending[next(iter(self.pending))]
+            return True
+
+    def retry_pending(self) -> None:
+        """Publish again what failed while Redis was down (oldest first; stops at the first
+        failure, raising its 503)."""
+        while self.pending:
+            rid, rec = next(iter(self.pending.items()))
+            self._publish(rec)
+            self.pending.pop(rid, None)
+
+    def _publish(self, rec: Record) -> bool:
         snap = Snapshot(rec, self.owner, self.max_depth)
         self.snapshots.put(rec.id, snap, snap.owner)
         if self.control.get(rec.id) == DELETED:
@@ -462,8 +515,16 @@ class SharedResponses:
     def link(self, rid: str) -> Snapshot | None:
         """The snapshot of ``rid`` as a link of a chain (a deleted one too)."""
         snap = self.snapshots.get(rid)
-        if snap is not None:
-            snap.source = self
+        if snap is None:
+            return None
+        snap.source = self
+        red = self.redis
+        if red is not None and snap.owner is not None and not snap.terminal and \
+                not red.alive(str(snap.owner)):
+            # the replica running it is gone (no heartbeat for OWNER_TTL_S): nobody will
+            # finish it, so it is failed for everyone (as the supervisor does for workers)
+            snap.orphaned()
+            self.snapshots.update(rid, snap)
         return snap  # type: ignore[no-any-return]
 
     def turns(self, rid: str, max_depth: int) -> list[list[Item]]:
@@ -511,7 +572,7 @@ class SharedResponses:
         if self.control.get(rid) != DELETED:
             self.control.put(rid, CANCEL)
 
-    def fail_owner(self, owner: int) -> int:
+    def fail_owner(self, owner: int | str) -> int:
         """The worker ``owner`` died (supervisor): mark its unfinished responses ``failed``
         (:meth:`Snapshot.orphaned`); returns how many."""
         return int(self.snapshots.update_owned(owner, Snapshot.orphaned))
@@ -534,6 +595,10 @@ def fail_orphans(cfg: ResponsesConfig, state_dir: str, owner: int) -> int:
         sh.close()
 
 
+class _Resizable(Protocol):
+    def resize(self, key: str, nbytes: int) -> None: ...
+
+
 class Conversation:
     """An in-memory conversation transcript, bounded to ``max_items`` and ``max_bytes`` of
     items (oldest dropped first; an item bigger than ``max_bytes`` alone is not kept: client
@@ -545,7 +610,7 @@ class Conversation:
 
     def __init__(self, cid: str, created_at: int, metadata: dict[str, str],
                  max_items: int, max_bytes: int = 0,
-                 store: BoundedStore[Conversation] | None = None) -> None:
+                 store: _Resizable | None = None) -> None:
         self.id = cid
         self.created_at = created_at
         self.metadata = metadata
@@ -569,12 +634,82 @@ class Conversation:
         while self.items and (len(self.items) > self.max_items or (cap and self.nbytes > cap)):
             self.items.popleft()
             self.nbytes -= self.sizes.popleft()
+        self.save()
+
+    def save(self) -> None:
+        """Tell the store the conversation changed (re-accounted; written back to Redis)."""
         if self.store is not None:
             self.store.resize(self.id, self.nbytes)
 
     def json(self) -> dict[str, Any]:
         return {"id": self.id, "object": "conversation", "created_at": self.created_at,
                 "metadata": self.metadata}
+
+
+class _SavedIn:
+    """The store of a conversation read from Redis: a change writes it back in place."""
+
+    __slots__ = ("store", "conv")
+
+    def __init__(self, store: RedisStore[Conversation], conv: Conversation) -> None:
+        self.store = store
+        self.conv = conv
+
+    def resize(self, key: str, nbytes: int) -> None:
+        self.store.update(key, self.conv)
+
+
+class RedisConversations:
+    """Conversations in Redis (``--state``), with the interface ``ResponsesState`` uses of
+    its in-memory store. A conversation is read at the start of a request and written back
+    whole when it changes (the last writer wins if two requests extend it at once)."""
+
+    def __init__(self, redis: SharedState, max_entries: int, ttl: float, max_bytes: int,
+                 max_value: int) -> None:
+        self.store: RedisStore[Conversation] = RedisStore(
+            redis, "conversations", max_entries, ttl, max_bytes=max_bytes,
+            max_value=max_value, dumps=self._dumps, loads=self._loads)
+
+    @property
+    def enabled(self) -> bool:
+        return self.store.enabled
+
+    @staticmethod
+    def _dumps(c: Conversation) -> bytes:
+        return pickle.dumps((c.id, c.created_at, c.metadata, list(c.items), list(c.sizes),
+                             c.nbytes, c.max_items, c.max_bytes), pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def _loads(blob: bytes) -> Conversation:
+        cid, created_at, metadata, items, sizes, nbytes, max_items, max_bytes = \
+            pickle.loads(blob)
+        conv = Conversation(cid, created_at, metadata, max_items, max_bytes)
+        conv.items.extend(items)
+        conv.sizes.extend(sizes)
+        conv.nbytes = nbytes
+        return conv
+
+    def get(self, cid: str) -> Conversation | None:
+        conv = self.store.get(cid)
+        if conv is not None:
+            conv.store = _SavedIn(self.store, conv)
+        return conv
+
+    def put(self, cid: str, conv: Conversation, *, nbytes: int = 0) -> bool:
+        conv.store = _SavedIn(self.store, conv)
+        return self.store.put(cid, conv)
+
+    def pop(self, cid: str) -> Conversation | None:
+        return self.store.pop(cid)
+
+    def resize(self, key: str, nbytes: int) -> None:
+        """A new conversation changed before it was first stored: :meth:`put` writes it."""
+
+
+def value_limit(app: App) -> int:
+    """The largest value one entry may write to Redis: a stored response holds one request's
+    items (at most the body limit) and its output; twice the body limit bounds both."""
+    return 2 * app.config.max_body_bytes
 
 
 def _min_bound(*caps: int) -> int:
@@ -646,9 +781,16 @@ class ResponsesState:
         self.store: BoundedStore[Record] = BoundedStore(
             cfg.store_max_entries, cfg.store_ttl_s, now, on_evict=self._evicted,
             max_bytes=cfg.store_max_bytes, on_remove=self._removed)
-        self.conversations: BoundedStore[Conversation] = BoundedStore(
-            cfg.conversations_max_entries, cfg.conversation_ttl_s, now,
-            max_bytes=cfg.conversations_max_bytes)
+        self.conversations: BoundedStore[Conversation] | RedisConversations
+        redis = app.shared_state
+        if redis is not None:  # --state redis://: shared by every replica
+            self.conversations = RedisConversations(
+                redis, cfg.conversations_max_entries, cfg.conversation_ttl_s,
+                cfg.conversations_max_bytes, value_limit(app))
+        else:
+            self.conversations = BoundedStore(
+                cfg.conversations_max_entries, cfg.conversation_ttl_s, now,
+                max_bytes=cfg.conversations_max_bytes)
         # a chain or a conversation bigger than its store could never be kept whole
         self.chain_max_bytes = _min_bound(cfg.chain_max_bytes, cfg.store_max_bytes)
         self.conversation_max_bytes = _min_bound(
@@ -660,7 +802,11 @@ class ResponsesState:
         self.active_background = 0
         self.items = ItemIndex()  # item_reference lookups
         self.shared: SharedResponses | None = None
-        if shared.shared_dir() is not None and cfg.store_max_entries > 0:
+        if redis is not None and cfg.store_max_entries > 0:
+            self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
+                                          cfg.max_chain_depth, cfg.store_max_bytes,
+                                          redis=redis, max_value=value_limit(app))
+        elif shared.shared_dir() is not None and cfg.store_max_entries > 0:
             self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
                                           cfg.max_chain_depth, cfg.shared_store_max_bytes)
 
