@@ -250,3 +250,30 @@ def test_redis_down_then_back(make_server: Any, own_redis: Any) -> None:
         wait_for(lambda c=c: recovered(c), 10, "recovery")  # type: ignore[misc]
     r2 = b.responses.create(model="gpt-4o", input="after, on b")
     assert a.responses.retrieve(r2.id).id == r2.id
+
+
+def test_publication_lost_while_redis_down_is_retried(make_server: Any, own_redis: Any) -> None:
+    """A background response that finishes while Redis is down is published when it is back
+    (the owner retries after its heartbeat), so the other replica does not see it running
+    forever."""
+    rs: RedisServer = own_redis()
+    slow = {"state": rs.url(), "latency": "realistic", "ttft_ms": 1500, "itl_ms": 1}
+    s1, s2 = make_server(**slow), make_server(**slow)
+    a, b = sdk(s1), sdk(s2)
+    r = a.responses.create(model="gpt-4o", input="x", background=True,
+                           max_output_tokens=16)
+    wait_for(lambda: b.responses.retrieve(r.id).status == "in_progress", 10, "in_progress")
+    rs.stop()
+    sh = state(s1.app).shared
+    assert sh is not None
+    wait_for(lambda: sh.pending, 10, "a failed publication")
+    rs.start()
+    wait_for(lambda: not sh.pending, 10, "retried")
+
+    def finished() -> bool:
+        try:
+            return b.responses.retrieve(r.id).status == "incomplete"  # (max_output_tokens)
+        except openai.InternalServerError:
+            return False
+
+    wait_for(finished, 10, "finished on b")
