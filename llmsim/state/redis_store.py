@@ -122,21 +122,35 @@ class RedisStore(Generic[V]):
     def _vkey(self, key: str) -> str:
         return self._p + "v:" + key
 
-    def _run_write(self, key: str, value: V, mode: str) -> bool:
+    def _run_write(self, key: str, value: V, mode: str,
+                   then_get: tuple[RedisStore[Any], str] | None = None) -> tuple[bool, Any]:
+        """The write script, and (``then_get``) a read of another store's key after it in
+        the same round trip; returns (written, that value or None)."""
         blob = self._dumps(value)
         if self.max_value and len(blob) > self.max_value:
             self.refused += 1
-            return False
+            blob = b""
+        if not blob:  # refused: only the read, if any
+            if then_get is None:
+                return False, None
+            return False, then_get[0].get(then_get[1])
 
         def op(r: Any) -> Any:
             if self._write is None:
                 self._write = r.register_script(_WRITE)
-            return self._write(args=[self._p, key, blob, self.max_entries, self.max_bytes,
-                                     int(self.ttl * 1000), mode])
+            pipe = r.pipeline(transaction=False)
+            self._write(args=[self._p, key, blob, self.max_entries, self.max_bytes,
+                              int(self.ttl * 1000), mode], client=pipe)
+            if then_get is not None:
+                pipe.get(then_get[0]._vkey(then_get[1]))
+            return pipe.execute()
 
-        done, evicted = self.shared.call(op)
+        res = self.shared.call(op)
+        done, evicted = res[0]
         self.evicted += int(evicted)
-        return bool(done)
+        if then_get is None or res[1] is None:
+            return bool(done), None
+        return bool(done), then_get[0]._loads(res[1])
 
     def put(self, key: str, value: V, owner: object = None) -> bool:
         """Insert or replace ``key`` as the newest entry; False when not kept (disabled, or
@@ -145,12 +159,18 @@ class RedisStore(Generic[V]):
         expired liveness key, :meth:`SharedState.alive`)."""
         if self.max_entries <= 0:
             return False
-        return self._run_write(key, value, "put")
+        return self._run_write(key, value, "put")[0]
+
+    def put_then_get(self, key: str, value: V, other: RedisStore[Any], other_key: str) -> Any:
+        """:meth:`put`, then ``other.get(other_key)`` after it, in one round trip."""
+        if self.max_entries <= 0:
+            return other.get(other_key)
+        return self._run_write(key, value, "put", (other, other_key))[1]
 
     def update(self, key: str, value: V, owner: object = None) -> bool:
         """Replace the value of ``key`` in place (same age, rank and TTL); False if absent.
         Other entries are evicted if the new size breaks ``max_bytes``."""
-        return self._run_write(key, value, "update")
+        return self._run_write(key, value, "update")[0]
 
     def resize(self, key: str, nbytes: int, value: V | None = None) -> None:
         """(:class:`~llmsim.state.store.BoundedStore` interface) ``value`` grew or shrank:
@@ -161,6 +181,17 @@ class RedisStore(Generic[V]):
     def get(self, key: str) -> V | None:
         blob = self.shared.call(lambda r: r.get(self._vkey(key)))
         return None if blob is None else self._loads(blob)
+
+    def get_and_has(self, key: str, other: RedisStore[Any], other_key: str) -> tuple[V | None, bool]:
+        """``(get(key), other.has(other_key))`` in one round trip."""
+        def op(r: Any) -> Any:
+            pipe = r.pipeline(transaction=False)
+            pipe.get(self._vkey(key))
+            pipe.exists(other._vkey(other_key))
+            return pipe.execute()
+
+        blob, n = self.shared.call(op)
+        return (None if blob is None else self._loads(blob)), bool(n)
 
     def has(self, key: str) -> bool:
         return bool(self.shared.call(lambda r: r.exists(self._vkey(key))))

@@ -501,8 +501,12 @@ class SharedResponses:
 
     def _publish(self, rec: Record) -> bool:
         snap = Snapshot(rec, self.owner, self.max_depth)
-        self.snapshots.put(rec.id, snap, snap.owner)
-        if self.control.get(rec.id) == DELETED:
+        if self.redis is not None:  # the write, then the tombstone check: one round trip
+            cmd = self.snapshots.put_then_get(rec.id, snap, self.control, rec.id)
+        else:
+            self.snapshots.put(rec.id, snap, snap.owner)
+            cmd = self.control.get(rec.id)
+        if cmd == DELETED:
             self._hide(snap)
             return False
         return True
@@ -539,10 +543,18 @@ class SharedResponses:
             return None
         return snap
 
+    def _command_and_has(self, rid: str) -> tuple[str | None, bool]:
+        """``rid``'s control entry and whether its snapshot is stored (Redis: one round
+        trip)."""
+        if self.redis is not None:
+            return self.control.get_and_has(rid, self.snapshots, rid)  # type: ignore[no-any-return]
+        return self.control.get(rid), self.snapshots.has(rid)
+
     def gone(self, rid: str) -> bool:
         """``rid`` (published by this worker) was deleted or evicted from the shared store:
         no worker can answer for it any more, so its owner must not either."""
-        return self.control.get(rid) == DELETED or not self.snapshots.has(rid)
+        cmd, has = self._command_and_has(rid)
+        return cmd == DELETED or not has
 
     def deleted(self, rid: str) -> bool:
         return bool(self.control.get(rid) == DELETED)
@@ -550,10 +562,10 @@ class SharedResponses:
     def command(self, rid: str) -> str | None:
         """The pending control entry of ``rid`` (``"deleted"``, ``"cancel"`` or None); an
         entry evicted from the shared store reads as ``"deleted"``."""
-        cmd = self.control.get(rid)
-        if cmd is None and not self.snapshots.has(rid):
+        cmd, has = self._command_and_has(rid)
+        if cmd is None and not has:
             return DELETED
-        return cmd  # type: ignore[no-any-return]
+        return cmd
 
     def delete(self, rid: str, known: bool) -> bool:
         """Tombstone ``rid`` everywhere (``known``: this worker has it); True if it was
