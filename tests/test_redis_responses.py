@@ -277,3 +277,19 @@ def test_publication_lost_while_redis_down_is_retried(make_server: Any, own_redi
             return False
 
     wait_for(finished, 10, "finished on b")
+
+
+def test_liveness_is_judged_only_after_a_full_ttl_of_own_beats(redis_server: RedisServer) -> None:
+    """After an outage (or at start) another replica may not have beaten yet: it is taken
+    as alive until this replica's own beats have reached Redis for OWNER_TTL_S."""
+    import time
+
+    from llmsim.state.redisconn import OWNER_TTL_S
+
+    redis_server.flushall()
+    sh = SharedState(redis_server.url())
+    assert sh.alive("r-unknown")  # no beat of its own yet: cannot judge
+    sh._up_since = time.monotonic() - OWNER_TTL_S - 1
+    assert not sh.alive("r-unknown") and sh.alive(sh.replica)
+    sh.call(lambda r: r.set(sh.key("replica", "r-live"), b"1"))
+    assert sh.alive("r-live")

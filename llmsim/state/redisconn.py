@@ -11,6 +11,12 @@ The ``redis`` package is an optional extra (``pip install 'llmsim[redis]'``); it
 only when ``--state`` names a Redis URL. Every key this server writes starts with
 :attr:`SharedState.prefix` (``llmsim:`` by default) so replicas of one deployment find each
 other's keys and nothing else.
+
+Two clients share the URL: the asyncio one (:meth:`SharedState.run`) for code that can await,
+and a blocking one (:meth:`SharedState.call`) for the stores of stored responses and
+conversations, whose interface is synchronous (as the sqlite store of ``--workers`` is). Each
+replica also renews a liveness key (:meth:`SharedState.start_heartbeat`) so the others can
+tell when it died (:meth:`SharedState.alive`).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class SharedState:
         # this replica's name in owner fields and its liveness key (random per process)
         self.replica = "r" + secrets.token_hex(8)
         self._heartbeat: asyncio.Task[None] | None = None
+        self._up_since: float | None = None  # monotonic time of the first beat of this run
         self.on_heartbeat: list[Callable[[], None]] = []  # run after each renewal (sync)
 
     @property
@@ -116,8 +123,14 @@ class SharedState:
 
     # -- replica liveness ------------------------------------------------------------------
     def alive(self, replica: str) -> bool:
-        """Whether ``replica`` renewed its liveness key in the last :data:`OWNER_TTL_S`."""
+        """Whether ``replica`` renewed its liveness key in the last :data:`OWNER_TTL_S`. Until
+        this replica's own beats have reached Redis for that long without a miss, every
+        replica is taken as alive: after an outage (or at start) the others may not have
+        beaten yet, and a live replica's responses must not be failed."""
         if replica == self.replica:
+            return True
+        up = self._up_since
+        if up is None or time.monotonic() - up < OWNER_TTL_S:
             return True
         return bool(self.call(lambda r: r.exists(self.key("replica", replica))))
 
@@ -134,8 +147,10 @@ class SharedState:
             try:
                 await self.run(lambda r: r.set(key, b"1", px=ms))
             except APIError:
-                pass
+                self._up_since = None
             else:
+                if self._up_since is None:
+                    self._up_since = time.monotonic()
                 for hook in list(self.on_heartbeat):
                     try:
                         hook()
