@@ -182,16 +182,26 @@ class RedisStore(Generic[V]):
         blob = self.shared.call(lambda r: r.get(self._vkey(key)))
         return None if blob is None else self._loads(blob)
 
-    def get_and_has(self, key: str, other: RedisStore[Any], other_key: str) -> tuple[V | None, bool]:
-        """``(get(key), other.has(other_key))`` in one round trip."""
+    def _two(self, key: str, other: RedisStore[Any], other_key: str, exists: bool) -> Any:
         def op(r: Any) -> Any:
             pipe = r.pipeline(transaction=False)
             pipe.get(self._vkey(key))
-            pipe.exists(other._vkey(other_key))
+            (pipe.exists if exists else pipe.get)(other._vkey(other_key))
             return pipe.execute()
 
-        blob, n = self.shared.call(op)
+        return self.shared.call(op)
+
+    def get_and_has(self, key: str, other: RedisStore[Any],
+                    other_key: str) -> tuple[V | None, bool]:
+        """``(get(key), other.has(other_key))`` in one round trip."""
+        blob, n = self._two(key, other, other_key, True)
         return (None if blob is None else self._loads(blob)), bool(n)
+
+    def get_with(self, key: str, other: RedisStore[Any], other_key: str) -> tuple[V | None, Any]:
+        """``(get(key), other.get(other_key))`` in one round trip."""
+        blob, oblob = self._two(key, other, other_key, False)
+        return ((None if blob is None else self._loads(blob)),
+                (None if oblob is None else other._loads(oblob)))
 
     def has(self, key: str) -> bool:
         return bool(self.shared.call(lambda r: r.exists(self._vkey(key))))

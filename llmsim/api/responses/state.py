@@ -516,10 +516,12 @@ class SharedResponses:
         snap.owner = None
         self.snapshots.update(snap.id, snap)
 
-    def link(self, rid: str) -> Snapshot | None:
-        """The snapshot of ``rid`` as a link of a chain (a deleted one too)."""
-        snap = self.snapshots.get(rid)
-        if snap is None:
+    def link(self, rid: str, snap: Snapshot | None | bool = True) -> Snapshot | None:
+        """The snapshot of ``rid`` as a link of a chain (a deleted one too); ``snap``: the
+        value already read (None: not stored), else it is read here."""
+        if snap is True:
+            snap = self.snapshots.get(rid)
+        if not isinstance(snap, Snapshot):
             return None
         snap.source = self
         red = self.redis
@@ -529,7 +531,7 @@ class SharedResponses:
             # finish it, so it is failed for everyone (as the supervisor does for workers)
             snap.orphaned()
             self.snapshots.update(rid, snap)
-        return snap  # type: ignore[no-any-return]
+        return snap
 
     def turns(self, rid: str, max_depth: int) -> list[list[Item]]:
         """The turns of ``rid``'s chain (:meth:`Snapshot.turns`); none if it is not stored."""
@@ -538,8 +540,13 @@ class SharedResponses:
 
     def get(self, rid: str) -> Snapshot | None:
         """The published snapshot of ``rid`` (None if unknown or deleted)."""
-        snap = self.link(rid)
-        if snap is None or snap.deleted or self.control.get(rid) == DELETED:
+        if self.redis is not None:  # the snapshot and its control entry in one round trip
+            got, cmd = self.snapshots.get_with(rid, self.control, rid)
+            snap = self.link(rid, got)
+        else:
+            snap = self.link(rid)
+            cmd = None if snap is None or snap.deleted else self.control.get(rid)
+        if snap is None or snap.deleted or cmd == DELETED:
             return None
         return snap
 
@@ -547,7 +554,7 @@ class SharedResponses:
         """``rid``'s control entry and whether its snapshot is stored (Redis: one round
         trip)."""
         if self.redis is not None:
-            return self.control.get_and_has(rid, self.snapshots, rid)  # type: ignore[no-any-return]
+            return self.control.get_and_has(rid, self.snapshots, rid)
         return self.control.get(rid), self.snapshots.has(rid)
 
     def gone(self, rid: str) -> bool:
