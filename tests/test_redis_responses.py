@@ -293,3 +293,25 @@ def test_liveness_is_judged_only_after_a_full_ttl_of_own_beats(redis_server: Red
     assert not sh.alive("r-unknown") and sh.alive(sh.replica)
     sh.call(lambda r: r.set(sh.key("replica", "r-live"), b"1"))
     assert sh.alive("r-live")
+
+
+def test_values_are_bounded_by_the_body_limit(make_server: Any, redis_url: str) -> None:
+    kw = {"state": redis_url, "max_body_bytes": 64 * 1024}
+    s1 = make_server(**kw)
+    a, b = sdk(s1), sdk(make_server(**kw))
+    conv = a.conversations.create()
+    big = "x " * 9000  # ~18 KB an item: a conversation keeps at most 64 KiB of them here
+    for _ in range(3):
+        a.conversations.items.create(conv.id, items=[
+            {"type": "message", "role": "user", "content": big}] * 3)
+    items = b.conversations.items.list(conv.id, limit=100).data
+    assert 0 < len(items) < 9  # the oldest were dropped, the newest are shared
+    # a stored response bigger than 2x the body limit is answered but not shared (a later
+    # GET is a 404 everywhere, as for an evicted response)
+    r = a.responses.create(model="gpt-4o", input="x", max_output_tokens=16000)
+    assert r.status == "incomplete" and r.usage is not None and r.usage.output_tokens == 16000
+    sh = state(s1.app).shared
+    assert sh is not None and sh.snapshots.refused == 1
+    for c in (a, b):
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(r.id)

@@ -816,6 +816,9 @@ class ResponsesState:
             cfg.conversation_max_bytes,
             cfg.conversations_max_bytes - CONVERSATION_BYTES if cfg.conversations_max_bytes
             else 0)
+        if redis is not None:  # a conversation is one Redis value: within its bound
+            self.conversation_max_bytes = _min_bound(self.conversation_max_bytes,
+                                                     value_limit(app) // 2)
         self._max_items = cfg.conversation_max_items
         self.unstored = 0  # responses too big to store on their own (answered, not kept)
         self.active_background = 0
