@@ -166,7 +166,7 @@ def replica_process(redis_url: str) -> Iterator[Callable[[], tuple[str, subproce
 
     def start() -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
-        env = dict(os.environ, PYTHONPATH=os.getcwd())
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         p = subprocess.Popen(
             [sys.executable, "-m", "llmsim", "--port", str(port), "--state", redis_url,
              "--latency", "realistic", "--ttft-ms", "60000", "--quiet"],
