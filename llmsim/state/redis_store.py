@@ -19,6 +19,7 @@ can run code in every replica that reads it (so Redis must be private to the dep
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -82,6 +83,8 @@ end
 return {1, evicted}
 """
 
+_WRITE_SHA = hashlib.sha1(_WRITE.encode()).hexdigest()
+
 _POP = """
 local p, k = ARGV[1], ARGV[2]
 local v = redis.call('GET', p .. 'v:' .. k)
@@ -112,7 +115,6 @@ class RedisStore(Generic[V]):
         self._p = shared.key(name) + ":"
         self._dumps = dumps or (lambda v: pickle.dumps(v, pickle.HIGHEST_PROTOCOL))
         self._loads: Callable[[bytes], V] = loads or pickle.loads
-        self._write: Any = None
         self._pop: Any = None
 
     @property
@@ -135,15 +137,27 @@ class RedisStore(Generic[V]):
                 return False, None
             return False, then_get[0].get(then_get[1])
 
+        args = [self._p, key, blob, self.max_entries, self.max_bytes, int(self.ttl * 1000),
+                mode]
+
         def op(r: Any) -> Any:
-            if self._write is None:
-                self._write = r.register_script(_WRITE)
-            pipe = r.pipeline(transaction=False)
-            self._write(args=[self._p, key, blob, self.max_entries, self.max_bytes,
-                              int(self.ttl * 1000), mode], client=pipe)
-            if then_get is not None:
-                pipe.get(then_get[0]._vkey(then_get[1]))
-            return pipe.execute()
+            # EVALSHA in a plain pipeline: one round trip (redis-py's Script objects make a
+            # pipeline ask SCRIPT EXISTS first); a Redis that lost the script (restarted)
+            # gets it loaded once and the pipeline sent again (the read is idempotent)
+            from redis.exceptions import NoScriptError
+
+            for attempt in (0, 1):
+                pipe = r.pipeline(transaction=False)
+                pipe.evalsha(_WRITE_SHA, 0, *args)
+                if then_get is not None:
+                    pipe.get(then_get[0]._vkey(then_get[1]))
+                try:
+                    return pipe.execute()
+                except NoScriptError:
+                    if attempt:
+                        raise
+                    r.script_load(_WRITE)
+            raise AssertionError("unreachable")  # pragma: no cover
 
         res = self.shared.call(op)
         done, evicted = res[0]
