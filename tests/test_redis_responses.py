@@ -260,8 +260,9 @@ def test_publication_lost_while_redis_down_is_retried(make_server: Any, own_redi
     slow = {"state": rs.url(), "latency": "realistic", "ttft_ms": 1500, "itl_ms": 1}
     s1, s2 = make_server(**slow), make_server(**slow)
     a, b = sdk(s1), sdk(s2)
+    conv = a.conversations.create()  # its write at the end fails too: the response still ends
     r = a.responses.create(model="gpt-4o", input="x", background=True,
-                           max_output_tokens=16)
+                           max_output_tokens=16, conversation=conv.id)
     wait_for(lambda: b.responses.retrieve(r.id).status == "in_progress", 10, "in_progress")
     rs.stop()
     sh = state(s1.app).shared

@@ -241,7 +241,10 @@ class Record:
         # conversation (up to conversation_max_bytes) alive outside its store's budget
         conv, self.conversation = self.conversation, None
         if conv is not None and self.status != "cancelled":
-            conv.extend(self.input_items + self.output_items())
+            try:
+                conv.extend(self.input_items + self.output_items())
+            except APIError:  # --state redis and Redis went down since the request read
+                pass  # the conversation: this turn is not added (the response still ends)
         ctx = self.ws_context
         if ctx is not None and self.status in ("completed", "incomplete"):
             cache = getattr(ctx, "cache_response", None)
