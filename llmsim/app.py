@@ -27,6 +27,7 @@ from .state.stats import Stats
 if TYPE_CHECKING:
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
+    from .protocol import HTTPProtocol
     from .websocket import WebSocketState
 
 __all__ = ["App"]
@@ -46,6 +47,8 @@ StreamHook = Callable[[Request, Route, StreamResponse], None]
 AbortHook = Callable[[Request], None]
 # A server lifecycle hook (start, stop), awaited with the app.
 LifecycleHook = Callable[["App"], Awaitable[None]]
+# The WebSocket upgrade: takes over the connection, or returns the HTTP answer to send.
+WSHandler = Callable[["HTTPProtocol", Request], Awaitable[Result | None]]
 
 
 def cors_preflight(req: Request) -> RawResponse:
@@ -92,7 +95,7 @@ class App:
         self.authenticate: Callable[[Request], None] | None = None
         self.responses: ResponsesState | None = None  # stored responses (api/responses)
         self.websocket: WebSocketState | None = None  # live sessions (websocket.py)
-        self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
+        self.ws_handler: WSHandler | None = None  # set by the WebSocket module
         # set by the transport: close the connections of these departed clients (a count)
         self.drop_departed: Callable[[Collection[str]], int] | None = None
         # --workers > 1 (workers.py): every worker's statistics, and their reset
