@@ -157,3 +157,21 @@ async def test_the_queue_watch_runs_on_the_app_clock() -> None:
         if not cap.engine("gpt-4o").waiting and cap.engine("gpt-4o").active == 0:
             break
     assert cap.engine("gpt-4o").active == 0
+
+
+def test_forked_workers_never_repeat_request_ids() -> None:
+    """The x-request-id stream is reseeded in a forked worker (it was module state copied by
+    fork: every worker handed out the supervisor's next ids)."""
+    import os
+
+    from llmsim.protocol import new_request_id
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(w, new_request_id().encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 100).decode()
+    os.waitpid(pid, 0)
+    assert child.startswith("req_") and len(child) == 36 and child != new_request_id()
