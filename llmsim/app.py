@@ -72,7 +72,7 @@ class App:
         # mode of the request's context (sim.tokens), so apps in one process never share it
         self.tokenizer: str = self.config.tokenizer
         # --workers > 1: the directory every worker's shared stores live in (None: one process)
-        self.state_dir: str | None = state_dir
+        self.state_dir: str | None = state_dir or None
         self.registry = Registry(self.config.models, strict=self.config.strict_models,
                                  first=self.config.default_model,
                                  served=self.config.served_model_name)

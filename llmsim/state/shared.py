@@ -41,7 +41,7 @@ def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float]
     """A :class:`BoundedStore` (one process: ``state_dir`` None) or a :class:`SharedStore` in
     ``state_dir`` (``--workers > 1``: the app's ``state_dir``, or the supervisor's own view).
     ``max_bytes`` bounds a shared store only."""
-    if state_dir is None:
+    if not state_dir:
         return BoundedStore(max_entries, ttl, now, on_evict)
     return SharedStore(os.path.join(state_dir, "store.sqlite3"), name, max_entries, ttl,
                        on_evict, max_bytes=max_bytes)
