@@ -298,6 +298,11 @@ class Rule:
                 "retry_after_ms": self.fault.retry_after_ms}
 
 
+def too_many_rules() -> OverflowError:
+    """The refusal of a rule beyond :data:`MAX_RULES` (answered 429 ``too_many_rules``)."""
+    return OverflowError(f"too many fault rules (limit {MAX_RULES}); delete some first")
+
+
 class RuleError(ValueError):
     """An invalid scenario rule; ``param`` names the rule field at fault (None: the rule)."""
 
@@ -396,7 +401,7 @@ class FaultEngine:
     # -- rules ---------------------------------------------------------------------------
     def add_rule(self, body: Any, now: float) -> Rule:
         if len(self.rules) >= MAX_RULES:
-            raise OverflowError(f"too many fault rules (limit {MAX_RULES}); delete some first")
+            raise too_many_rules()
         rule = build_rule(body, f"fault_{self._next_id}", now)
         self._next_id += 1
         self.rules.append(rule)
@@ -440,21 +445,21 @@ class FaultEngine:
         request content (method, path, body) for reproducible draws."""
         if header is not None and self.config.header:
             hf = parse_spec(header, source="header")
-            self._count(hf)
+            self.count(hf)
             return hf
         if self.rules:
             f = self._from_rules(model, endpoint, path, api_key, transport, now, key)
             if f is not None:
-                self._count(f)
+                self.count(f)
                 return f
         if self.has_random:
             f = self._draw(model, endpoint, key)
             if f is not None:
-                self._count(f)
+                self.count(f)
             return f
         return None
 
-    def _count(self, f: Fault) -> None:
+    def count(self, f: Fault) -> None:
         k = f.spec().split(":")[0]
         if len(self.fired) < 64 or k in self.fired:
             self.fired[k] = self.fired.get(k, 0) + 1
@@ -470,14 +475,18 @@ class FaultEngine:
             rule.seen += 1
             if rule.seen % rule.every:
                 continue
-            if rule.probability < 1.0 and self.rng(key + rule.id.encode()).random() \
-                    >= rule.probability:
+            if not self.draw(rule, key):
                 continue
             rule.fired += 1
             if rule.exhausted:
                 self.rules.remove(rule)
             return rule.fault
         return None
+
+    def draw(self, rule: Rule, key: bytes) -> bool:
+        """Whether a due ``rule`` fires by its ``probability`` (reproducible with a seed)."""
+        return rule.probability >= 1.0 or \
+            self.rng(key + rule.id.encode()).random() < rule.probability
 
     def rates(self, model: str | None, endpoint: str) -> dict[str, float]:
         """Effective probabilities: model table > endpoint table > global."""
