@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -216,3 +217,65 @@ def test_redis_down_then_back(make_server: Any, own_redis: Callable[[], RedisSer
     assert _until(lambda: httpx.post(plain.url + "/v1/chat/completions",
                                      json={"model": "gpt-4o-mini", "messages": MSG}),
                   200).status_code == 200
+
+
+def test_late_token_charge_and_anthropic_headers(make_server: Any, redis_url: str) -> None:
+    a, b = _pair(make_server, redis_url, ratelimit=RateLimitConfig(rpm=10, tpm=1000))
+    r1 = _chat(a)  # no max_tokens: charged its output afterwards (in the background)
+    used = r1.json()["usage"]["completion_tokens"]
+    assert r1.headers["x-ratelimit-remaining-tokens"] == "996"  # the prompt estimate only
+    with redis.Redis.from_url(redis_url) as r:
+        (tk,) = _keys(redis_url, "llmsim:rl:*:t")
+        for _ in range(500):  # the charge lands soon after the answer; wait for it
+            if float(r.hget(tk, "l") or 0) < 996 - used + 1:
+                break
+            time.sleep(0.01)
+        assert float(r.hget(tk, "l") or 0) < 996 - used + 1
+    msg = httpx.post(b.url + "/anthropic/v1/messages",
+                     json={"model": "gpt-4o", "max_tokens": 50, "messages": MSG},
+                     headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert msg.status_code == 200
+    assert msg.headers["anthropic-ratelimit-requests-limit"] == "10"
+    assert msg.headers["anthropic-ratelimit-requests-remaining"] == "8"  # A's request counts
+
+
+def test_previous_response_id_link_is_shared(make_server: Any, redis_url: str) -> None:
+    a, b = _pair(make_server, redis_url)
+    script = {"rules": [{"reply": [{"text": "first"}, {"text": "second"}]}]}
+    for s in (a, b):
+        httpx.post(s.url + "/llmsim/scripts", json=script)
+    with _sdk(a) as ca, _sdk(b) as cb:
+        tagged = ca.with_options(default_headers={"X-LLMSim-Session": "agent-7"})
+        r1 = tagged.responses.create(model="gpt-4o", input="a")
+        assert r1.output_text == "first"
+        assert _keys(redis_url, f"llmsim:script:*:chain:{r1.id}")  # the link is in Redis
+        r2 = ca.responses.create(model="gpt-4o", input="b", previous_response_id=r1.id)
+        assert r2.output_text == "second"  # agent-7's session, through the link
+        assert cb.responses.create(model="gpt-4o", input="c").output_text == "first"
+
+
+def test_rule_windows_expire_for_all(make_server: Any, redis_url: str) -> None:
+    a, b = _pair(make_server, redis_url)
+    past = httpx.post(a.url + "/llmsim/faults",
+                      json={"fault": "500", "start": 1_000_000_000, "end": 1_000_000_001})
+    assert past.status_code == 200
+    assert _chat(b).status_code == 200  # its window has passed: it never fires
+    assert httpx.get(b.url + "/llmsim/faults").json()["data"] == []  # and is removed
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.hlen("llmsim:faults:rules") == 0
+
+
+def test_scripted_request_with_redis_down(make_server: Any,
+                                          own_redis: Callable[[], RedisServer]) -> None:
+    rs = own_redis()
+    srv = make_server(state=rs.url())
+    httpx.post(srv.url + "/llmsim/scripts", json=SCRIPT)
+    assert _said(_chat(srv)) == "first turn"
+    rs.stop()
+    r = _chat(srv)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shared_state_unavailable"
+    emb = httpx.post(srv.url + "/v1/embeddings", json={"model": "text-embedding-3-small",
+                                                       "input": "x"})
+    assert emb.status_code == 200  # not scripted, no limits: served
+    rs.start()
+    assert _said(_until(lambda: _chat(srv), 200)) == "first turn"  # an empty Redis: start over
