@@ -279,3 +279,14 @@ def test_scripted_request_with_redis_down(make_server: Any,
     assert emb.status_code == 200  # not scripted, no limits: served
     rs.start()
     assert _said(_until(lambda: _chat(srv), 200)) == "first turn"  # an empty Redis: start over
+
+
+def test_oversized_rule_fields_are_refused(make_server: Any, redis_url: str) -> None:
+    a = make_server(state=redis_url)
+    for field, value in (("model", "m" * 5000), ("fault", "5" * 5000),
+                         ("api_key", "k" * 5000)):
+        r = httpx.post(a.url + "/llmsim/faults", json={"fault": "500", field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
+        assert "at most 1024 characters" in r.json()["error"]["message"]
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.hlen("llmsim:faults:rules") == 0

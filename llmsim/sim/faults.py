@@ -43,6 +43,7 @@ __all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "inject"
 MID_STREAM = frozenset({"disconnect", "stall", "error", "truncate"})
 STATUSES = (429, 500, 502, 503, 504, 529)
 MAX_RULES = 256  # installed scenario rules; a scripted test never needs more
+MAX_RULE_STR = 1024  # characters of a rule's string field (model, api_key, fault spec, ...)
 MAX_OCCURRENCES = 65536  # distinct request contents remembered for occurrence counting
 EPOCH_THRESHOLD = 1_000_000_000  # rule times at or above this are epoch seconds
 SPEC_HELP = ("one of 429, 429:tokens, 429:quota, 500, 502, 503, 504, 529, reset, hang:MS, "
@@ -315,6 +316,8 @@ def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     v = body.get(key)
     if v is not None and (not isinstance(v, str) or not v):
         raise RuleError(key, f"'{key}' must be a non-empty string")
+    if v is not None and len(v) > MAX_RULE_STR:
+        raise RuleError(key, f"'{key}' must be at most {MAX_RULE_STR} characters")
     return v
 
 
@@ -340,6 +343,8 @@ def build_rule(body: Any, rule_id: str, now: float) -> Rule:
     spec = body.get("fault")
     if spec is None:
         raise RuleError("fault", "'fault' is required")
+    if isinstance(spec, str) and len(spec) > MAX_RULE_STR:
+        raise RuleError("fault", f"'fault' must be at most {MAX_RULE_STR} characters")
     try:
         fault = parse_spec(spec, source=rule_id)
     except ValueError as exc:

@@ -19,7 +19,8 @@ the simulation that count:
 Bounds: bucket keys expire :data:`BUCKET_TTL_S` after their last take (a bucket refills in a
 minute, so nothing is lost), cursors and links :data:`CURSOR_TTL_S` after their last use,
 rules are at most :data:`llmsim.sim.faults.MAX_RULES` (checked in the same script that adds
-one). API keys, models and session names enter keys only as fixed-size digests.
+one, each field at most :data:`llmsim.sim.faults.MAX_RULE_STR` characters). API keys, models
+and session names enter keys only as fixed-size digests.
 
 Redis down: a rate-limited request or a scripted one is answered 503
 ``shared_state_unavailable`` (:func:`llmsim.state.redisconn.unavailable`), never let through
@@ -57,6 +58,7 @@ log = logging.getLogger("llmsim")
 
 BUCKET_TTL_S = 180  # a few windows: an idle bucket is full again after one minute
 CURSOR_TTL_S = 3600  # a script session's cursor and response links, after last use
+EPOCH_TTL_S = 7 * 86400  # a script's restart counter (one key per script installed by POST)
 MAX_PENDING_CHARGES = 10_000  # late token charges in flight to Redis (more are dropped)
 UNAVAILABLE = "shared_state_unavailable"
 
@@ -399,4 +401,9 @@ class SharedCursors:
     async def restart(self, script: Script) -> None:
         """Start this script's cursors over on every replica (a new install)."""
         key = self._ns(script) + "epoch"
-        await self.shared.run(lambda c: c.incr(key))
+
+        async def bump(c: Any) -> None:
+            await c.incr(key)
+            await c.expire(key, EPOCH_TTL_S)
+
+        await self.shared.run(bump)
