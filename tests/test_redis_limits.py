@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -68,6 +69,18 @@ def test_rpm_limit_holds_for_the_pair(make_server: Any, redis_url: str) -> None:
     assert len(keys) == 2 and not any(b"sk-" in k for k in keys)
     with redis.Redis.from_url(redis_url) as r:
         assert all(0 < r.ttl(k) <= redis_limits.BUCKET_TTL_S for k in keys)
+
+
+def test_concurrent_takes_are_atomic(make_server: Any, redis_url: str) -> None:
+    """20 requests at once, half on each replica, against rpm = 10: exactly the bucket's 10
+    pass (plus what it refilled meanwhile: one per 6 s), however the takes interleave."""
+    a, b = _pair(make_server, redis_url, ratelimit=RateLimitConfig(rpm=10))
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(20) as pool:
+        got = list(pool.map(lambda i: _chat(a if i % 2 else b).status_code, range(20)))
+    refilled = int((time.monotonic() - t0) * 10 / 60)
+    assert sorted(set(got)) == [200, 429]
+    assert 10 <= got.count(200) <= 10 + refilled, (got, refilled)
 
 
 def test_tpm_refusals_match_one_server(make_server: Any, redis_url: str) -> None:
