@@ -5,7 +5,9 @@ through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults
 ``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
 plans and renders headers. Hook order (``app.before``): admin-key auth → API-key auth → fault
 injection → rate limit → capacity, so a refused or faulted request never takes a rate-limit
-token or a sequence.
+token or a sequence. With ``--state redis://...`` the scenario rules, their counters and the
+rate-limit buckets are shared by the replicas (``llmsim.state.redis_limits``); the header,
+the probabilities and capacity stay per replica.
 
 Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated with the
 API keys, faulted, limited and queued. ``/health`` and ``/llmsim/*`` are never faulted.
@@ -206,7 +208,7 @@ class Faults:
             "path": req.path.removeprefix("/openai"), "api_key": req.api_key,
             "transport": req.transport, "now": app.clock.time(), "key": self._key(req)}
         if self.shared is not None and (header is None or not eng.config.header):
-            fault = await self.shared.decide(**where)  # the shared rules (the header first)
+            fault = await self.shared.decide(**where)  # the shared rules, unless the header
             if fault is not None:
                 eng.count(fault)
         if fault is None:
