@@ -303,3 +303,25 @@ def test_oversized_rule_fields_are_refused(make_server: Any, redis_url: str) -> 
         assert "at most 1024 characters" in r.json()["error"]["message"]
     with redis.Redis.from_url(redis_url) as r:
         assert r.hlen("llmsim:faults:rules") == 0
+
+
+def test_ws_rule_installed_on_one_fires_once_on_the_other(make_server: Any,
+                                                          redis_url: str) -> None:
+    from .test_faults_responses import TERMINALS
+    from .test_websocket_raw import RawWS
+
+    a, b = _pair(make_server, redis_url)
+    httpx.post(a.url + "/llmsim/faults", json={"fault": "503", "transport": "ws", "count": 1})
+    assert _chat(b).status_code == 200  # an HTTP request does not match a ws rule
+    ws = RawWS(b.url)
+    try:
+        for want in ("error", "response.completed"):  # fires once, then the rule is spent
+            ws.send_json({"type": "response.create", "model": "gpt-4o", "input": "Hello"})
+            while (ev := ws.recv_json())["type"] not in TERMINALS | {"error"}:
+                pass
+            assert ev["type"] == want, ev
+            if want == "error":
+                assert ev["status"] == 503
+    finally:
+        ws.close()
+    assert httpx.get(a.url + "/llmsim/faults").json()["data"] == []
