@@ -167,8 +167,8 @@ class Exchange:
     """One request and its response on a connection: created with the request head (or for a
     protocol error before any), dropped when the response's last byte is written."""
 
-    __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "body",
-                 "body_len",
+    __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "headers",
+                 "body", "body_len",
                  "endpoint", "counted", "framing", "status", "written", "req", "track",
                  "on_close")
 
@@ -182,6 +182,7 @@ class Exchange:
         self.ambiguous = False  # framed by both Content-Length and Transfer-Encoding
         self.rid = rid
         self.t0 = t0  # perf_counter at the head (0: none parsed, no processing time)
+        self.headers: dict[str, str] = {}  # lower-case names, repeats joined with ", "
         self.body: list[bytes] = []
         self.body_len = 0
         self.endpoint = ""  # route name (stats label)
@@ -410,27 +411,30 @@ class HTTPProtocol(asyncio.Protocol):
         self.phase = Phase.READING
         # h11 only caps a head that arrives incomplete; a complete one in one read is
         # measured here so the limit holds however the bytes were split
+        # (one pass over the headers: the size, the framing headers, the Request's dict)
         size = len(ev.target) + 16
+        headers = ex.headers
+        te = cl = False
+        length = b""
         for name, value in ev.headers:
             size += len(name) + len(value) + 4
-        if size > self.cfg.max_header_bytes:
-            self._protocol_error(h11.RemoteProtocolError("headers too large",
-                                                         error_status_hint=431))
-            return
-        te = cl = False
-        for name, value in ev.headers:
+            k = name.decode("latin-1")
+            v = value.decode("latin-1")
+            headers[k] = headers[k] + ", " + v if k in headers else v
             if name == b"content-length":
                 cl = True
-                try:
-                    if int(value) > self.cfg.max_body_bytes:
-                        self._too_large()
-                        return
-                except ValueError:
-                    pass
+                length = value
             elif name == b"transfer-encoding":
                 te = True
             elif name == b"connection" and b"close" in value.lower():
                 ex.keep_alive = False
+        if size > self.cfg.max_header_bytes:
+            self._protocol_error(h11.RemoteProtocolError("headers too large",
+                                                         error_status_hint=431))
+            return
+        if cl and length.isdigit() and int(length) > self.cfg.max_body_bytes:
+            self._too_large()
+            return
         # RFC 9112 §6.1: h11 reads the body by Transfer-Encoding; the server MUST close the
         # connection after answering (a front end may have framed it by Content-Length)
         if cl and te:
@@ -467,11 +471,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._heads = 0
         target = ev.target.decode("latin-1")
         path, _, qs = target.partition("?")
-        headers: dict[str, str] = {}
-        for name, value in ev.headers:
-            k = name.decode("latin-1")
-            v = value.decode("latin-1")
-            headers[k] = headers[k] + ", " + v if k in headers else v
+        headers = ex.headers
         parts = ex.body
         body = b"".join(parts) if len(parts) != 1 else parts[0]
         ex.body = []
