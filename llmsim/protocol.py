@@ -660,9 +660,11 @@ class HTTPProtocol(asyncio.Protocol):
         if tr is None or ex is None or self.phase is Phase.CLOSED:
             return False
         if status:
+            line = _status_line(status)  # (an invalid status raises before anything)
             if status < 200:  # informational: 100 Continue, 101 Switching Protocols
-                tr.write(_CONTINUE if status == 100 else _status_line(status) + headers
-                         + b"\r\n")
+                if end or data or length >= 0:
+                    raise ValueError(f"{status} cannot be a final response")
+                tr.write(_CONTINUE if status == 100 else line + headers + b"\r\n")
                 return False
             if ex.framing != _UNSENT:
                 raise RuntimeError("a second response head for one request")
@@ -683,7 +685,7 @@ class HTTPProtocol(asyncio.Protocol):
                 headers += b"connection: close\r\n"
             ex.framing = framing
             ex.status = status
-            head = [_status_line(status), b"date: ", http_date(), b"\r\n", _COMMON,
+            head = [line, b"date: ", http_date(), b"\r\n", _COMMON,
                     b"x-request-id: ", ex.rid.encode(), b"\r\n"]
             if ex.t0:  # a request head was parsed (none for a malformed request)
                 head.append(b"openai-processing-ms: %d\r\n"

@@ -291,3 +291,29 @@ def _health_req() -> Any:
 
     return Request(method="GET", path="/health", query={}, headers={}, body=b"",
                    request_id="req_x")
+
+
+@pytest.mark.parametrize("status", [101, 1000, 42])
+async def test_a_handler_status_that_cannot_be_sent_becomes_a_500(status: int) -> None:
+    from llmsim.messages import RawResponse
+
+    server = mem_server()
+    app = server.app
+
+    async def bad(req: Any, app: Any) -> RawResponse:
+        return RawResponse(b"x", status)
+
+    route, _ = app.resolve(_health_req())
+    original = route.handler
+    object.__setattr__(route, "handler", bad)
+    try:
+        proto, tr = connect(server)
+        proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        for _ in range(5):
+            await asyncio.sleep(0)
+    finally:
+        object.__setattr__(route, "handler", original)
+    out = bytes(tr.out)
+    assert out.startswith(b"HTTP/1.1 500 ") and out.count(b"HTTP/1.1") == 1
+    assert not tr.closed and proto.phase is Phase.IDLE
+    assert server.app.stats.active_requests == 0
