@@ -683,8 +683,6 @@ class HTTPProtocol(asyncio.Protocol):
                 framing = _NOBODY
             if not ex.keep_alive or self._shutdown:
                 headers += b"connection: close\r\n"
-            ex.framing = framing
-            ex.status = status
             head = [line, b"date: ", http_date(), b"\r\n", _COMMON,
                     b"x-request-id: ", ex.rid.encode(), b"\r\n"]
             if ex.t0:  # a request head was parsed (none for a malformed request)
@@ -698,6 +696,8 @@ class HTTPProtocol(asyncio.Protocol):
                 ex.written += len(data)
             if end and framing is _CHUNKED:
                 head.append(b"0\r\n\r\n")
+            ex.framing = framing  # (set with the write: a failure above is answered 500)
+            ex.status = status
             tr.write(b"".join(head))
         else:
             framing = ex.framing
