@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import random
 import socket
 import struct
 import time
@@ -71,6 +70,7 @@ from . import encode
 from .errors import APIError, server_error
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .sim.rng import new_request_id
 from .state import accounting
 
 if TYPE_CHECKING:
@@ -93,11 +93,6 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-_RID_RNG = random.Random()
-
-
-def new_request_id() -> str:
-    return f"req_{_RID_RNG.getrandbits(128):032x}"
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
