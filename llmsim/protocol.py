@@ -93,8 +93,6 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-
-
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _REASONS[529] = b"Site Overloaded"
 
