@@ -581,6 +581,8 @@ class HTTPProtocol(asyncio.Protocol):
         ex = self.exchange
         if ex is None or ex.rid != req.request_id:
             return  # (the connection moved on: nothing of this request may be written)
+        if not 200 <= res.status <= 999:  # (before any accounting: the failure path answers)
+            raise ValueError(f"{res.status} cannot be a final response")
         if type(res) is StreamResponse:
             self._start_stream(ex, req, res)  # type: ignore[arg-type]
             return

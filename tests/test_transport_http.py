@@ -316,4 +316,6 @@ async def test_a_handler_status_that_cannot_be_sent_becomes_a_500(status: int) -
     out = bytes(tr.out)
     assert out.startswith(b"HTTP/1.1 500 ") and out.count(b"HTTP/1.1") == 1
     assert not tr.closed and proto.phase is Phase.IDLE
-    assert server.app.stats.active_requests == 0
+    st = server.app.stats
+    assert st.active_requests == 0 and st.requests_n == 1  # counted once, as the 500
+    assert [k[3] for k in st.requests] == [500]
