@@ -693,9 +693,13 @@ class HTTPProtocol(asyncio.Protocol):
                 head.append(b"0\r\n\r\n")
             ex.framing = framing  # (set with the write: a failure above is answered 500)
             ex.status = status
+            if end:  # released before the last byte leaves: a client that has it sees it
+                self._release_request(ex)
             tr.write(b"".join(head))
         else:
             framing = ex.framing
+            if end:
+                self._release_request(ex)
             if data and framing is not _NOBODY:
                 ex.written += len(data)
                 if framing is _CHUNKED:
