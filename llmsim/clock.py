@@ -26,6 +26,10 @@ from typing import Any
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
 
 
+def _noop() -> None:
+    pass
+
+
 class Timer:
     """A scheduled callback; ``cancel()`` is O(1) (lazy deletion from the heap)."""
 
@@ -38,6 +42,7 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.callback = _noop  # the heap keeps the entry until its deadline, not the closure
 
 
 class Clock:

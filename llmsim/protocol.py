@@ -1,42 +1,60 @@
-"""One asyncio protocol object per TCP connection, owning an ``h11.Connection``.
+"""One asyncio protocol object per TCP connection: h11 reads requests, one function writes.
 
 Theory of operation. Bytes come in through ``data_received`` → ``h11.receive_data``; events
 come out of ``next_event()`` until h11 says ``NEED_DATA`` (wait for bytes) or ``PAUSED`` (a
 request is in flight; pipelined bytes stay in h11's buffer). A complete request becomes a
-frozen :class:`Request` and runs as one task; its Result goes out through ``_send``, the only
-caller of ``transport.write`` for HTTP. Complete responses go through h11 in one write. Streams
-send their head through h11, then chunked frames written by hand (h11 framing costs ~1.7 µs a
-token, ``b"%x\\r\\n…\\r\\n"`` ~0.1 µs), and end through h11 so its state stays right.
+frozen :class:`Request` and runs as one task; its Result goes out through :meth:`_out`.
+
+The connection is in one :class:`Phase` (``IDLE`` → ``READING`` → ``HANDLING`` →
+[``STREAMING``] → ``IDLE`` …, or ``UPGRADED`` / ``CLOSED``), and what belongs to the request
+in flight (its head, id, keep-alive, framing, gauges) is one :class:`Exchange`, dropped when
+its response ends.
+
+One outbound function. Every byte of an HTTP response (an informational head, a response
+head, a fixed body, a stream's frames with their chunk framing, the last chunk) is written by
+:meth:`HTTPProtocol._out`, which decides in one place, when the head goes out: the framing
+(Content-Length for a complete body; chunked for a stream on HTTP/1.1; on HTTP/1.0, which has
+no chunked encoding, a body delimited by closing the connection), ``connection: close``
+(HTTP/1.0, a client's ``Connection: close``, a Content-Length + Transfer-Encoding request,
+shutdown), and whether a body may follow at all: never to ``HEAD`` (which still gets the head
+GET would get, Content-Length included) nor with 1xx/204/304 (RFC 9110 §9.3.2, §15). The
+head is assembled from precomputed bytes (status lines, the constant headers, the Date of the
+current second) instead of being validated header by header by h11; headers that handlers
+add are checked for CR/LF/NUL once. Stream frames are framed by hand
+(``b"%x\\r\\n…\\r\\n"``, ~0.1 µs; h11's framing costs ~1.7 µs a token). h11 keeps the reading
+side: after each response a fresh ``h11.Connection`` takes over the bytes that arrived behind
+the request (pipelining), so h11's writer state never has to be kept in step.
 
 Limits and timeouts: the request head is capped (431), bodies are capped (413, decided from
 Content-Length before reading when possible), pipelined input is bounded (reading pauses while
 a request is in flight and more than ``PIPELINE_BUFFER`` bytes or ``--max-pipelined`` request
-heads wait), a connection that does not
-deliver a request head within ``header_timeout_s`` or stays idle for ``idle_timeout_s`` is
-closed. Backpressure: ``pause_writing`` marks the protocol paused, the stream's pump stops
-pulling events; ``resume_writing`` restarts it. A client that stays paused (reads nothing) for
-``write_stall_timeout_s`` is cut: the connection is aborted (a graceful close would wait for the
-unread buffer forever) and its stream, request and connection counters are released.
-``connection_lost`` cancels the handler task and the pump, releasing every counter exactly once.
+heads wait), a connection that does not deliver a request head within ``header_timeout_s`` or
+stays idle for ``idle_timeout_s`` is closed. The deadlines are times on the app's clock
+(``app.clock``), checked by one periodic sweep per server (``Server._sweep``): arming one is a
+float store and a closed connection leaves no timer behind. Backpressure: ``pause_writing``
+marks the protocol paused, the stream's pump stops pulling events; ``resume_writing`` restarts
+it. A client that stays paused (reads nothing) for ``write_stall_timeout_s`` is cut: the
+connection is aborted (a graceful close would wait for the unread buffer forever) and its
+stream, request and connection counters are released. ``connection_lost`` cancels the handler
+task and the pump, releasing every counter exactly once.
 
 Failures. Any exception between dispatch and the last byte (rendering, JSON encoding, a
 broken hook) is caught in ``_run``/``_upgrade`` (both the eager first step and the Task) and in
 the stream's pump (``flow.Pump``): before the head it becomes the OpenAI 500 envelope, after
 it a terminal error event and a clean end; the connection never stays busy with no answer.
 
-HTTP hygiene: a request carrying both Content-Length and Transfer-Encoding (the request
-smuggling shape, RFC 9112 §6.1) is answered with ``connection: close`` and the connection is
-closed; whether a response may carry a body (not to HEAD, not 1xx/204/304) is decided in
-``_body_allowed`` and applied to complete responses and streams alike.
+A request carrying both Content-Length and Transfer-Encoding (the request smuggling shape,
+RFC 9112 §6.1) is answered with ``connection: close`` and the connection is closed.
 
 A WebSocket upgrade (``GET /v1/responses`` with ``Upgrade: websocket``) is handed to
-``app.ws_handler``, which answers 101 through h11 via :meth:`switch_protocol` and then receives
-all further bytes, starting with h11's trailing data.
+``app.ws_handler``, which answers 101 via :meth:`switch_protocol` and then receives all
+further bytes, starting with h11's trailing data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import socket
 import struct
@@ -58,7 +76,7 @@ from .state import accounting
 if TYPE_CHECKING:
     from .server import Server
 
-__all__ = ["HTTPProtocol"]
+__all__ = ["HTTPProtocol", "Phase", "Exchange"]
 
 log = logging.getLogger("llmsim")
 _INF = float("inf")
@@ -75,9 +93,6 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-
-
-_JSON = (b"content-type", b"application/json")
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _REASONS[529] = b"Site Overloaded"
 
@@ -85,11 +100,92 @@ _REASONS[529] = b"Site Overloaded"
 def reason(status: int) -> bytes:
     return _REASONS.get(status, b"")
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        if not 100 <= status <= 999:
+            raise ValueError(f"invalid HTTP status {status}")
+        line = b"HTTP/1.1 %d %s\r\n" % (status, reason(status))
+        if len(_STATUS_LINES) < 1000:  # (bounded: statuses are three digits)
+            _STATUS_LINES[status] = line
+    return line
+
+
+_JSON_CT = b"content-type: application/json\r\n"
+_SSE_HEADERS = (b"content-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\n"
+                b"x-accel-buffering: no\r\n")
 # access-control-allow-origin: the real API allows browser callers (dangerouslyAllowBrowser)
-_COMMON = [(b"server", b"llmsim"), (b"openai-version", b"2020-10-01"),
-           (b"access-control-allow-origin", b"*")]
+_COMMON = b"server: llmsim\r\nopenai-version: 2020-10-01\r\naccess-control-allow-origin: *\r\n"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def header_bytes(headers: list[tuple[str, str]]) -> bytes:
+    """``name: value\\r\\n`` lines for headers a handler added; a name or value that would
+    split the head (CR, LF, NUL) or a name with a colon is refused (ValueError → the 500)."""
+    if not headers:
+        return b""
+    text = "".join([f"{k}: {v}\r\n" for k, v in headers])
+    n = len(headers)
+    if (text.count("\n") != n or text.count("\r") != n or "\0" in text
+            or any(":" in k or not k for k, _ in headers)):
+        raise ValueError(f"invalid response header in {headers!r:.200}")
+    return text.encode("latin-1")
+
+
+# response framing, decided once per response in HTTPProtocol._out
+_UNSENT = 0  # no head written yet
+_LENGTH = 1  # Content-Length
+_CHUNKED = 2  # Transfer-Encoding: chunked (HTTP/1.1 streams)
+_CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
+_NOBODY = 4  # HEAD, 204, 304: the head alone
+
+
+class Phase(enum.Enum):
+    """Where a connection is; every transition is in :class:`HTTPProtocol`."""
+
+    IDLE = "idle"  # waiting for a request head (header / idle timeout armed)
+    READING = "reading"  # a head arrived, its body is arriving (body timeout armed)
+    HANDLING = "handling"  # a complete request is with its handler, nothing sent yet
+    STREAMING = "streaming"  # the response head is out, the stream's body is being written
+    CLOSING = "closing"  # the last response is written, the transport is closing
+    UPGRADED = "upgraded"  # a WebSocket session owns the connection
+    CLOSED = "closed"  # connection_lost ran
+
+
+class Exchange:
+    """One request and its response on a connection: created with the request head (or for a
+    protocol error before any), dropped when the response's last byte is written."""
+
+    __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "headers",
+                 "body", "body_len",
+                 "endpoint", "counted", "framing", "status", "written", "req", "track",
+                 "on_close")
+
+    def __init__(self, head: h11.Request | None, rid: str, t0: float) -> None:
+        self.head = head
+        self.method = head.method if head is not None else b""
+        self.http11 = head is None or head.http_version == b"1.1"
+        # HTTP/1.0 has no keep-alive here (as in h11); "Connection: close" ends it too;
+        # a head that did not parse is answered and closed
+        self.keep_alive = self.http11 and head is not None
+        self.ambiguous = False  # framed by both Content-Length and Transfer-Encoding
+        self.rid = rid
+        self.t0 = t0  # perf_counter at the head (0: none parsed, no processing time)
+        self.headers: dict[str, str] = {}  # lower-case names, repeats joined with ", "
+        self.body: list[bytes] = []
+        self.body_len = 0
+        self.endpoint = ""  # route name (stats label)
+        self.counted = False  # the request gauge is open (app.stats.request_open)
+        self.framing = _UNSENT
+        self.status = 0
+        self.written = 0  # body bytes handed to the transport
+        self.req: Request | None = None  # the request whose stream is being written
+        self.track: Any = None  # its StreamTrack while the stream gauges are open
+        self.on_close: Any = None  # its StreamResponse.on_close, until released
 
 
 class _Resume:
@@ -135,36 +231,30 @@ class HTTPProtocol(asyncio.Protocol):
         self.app = server.app
         self.cfg = server.app.config
         self.transport: asyncio.Transport | None = None
-        self.conn = h11.Connection(h11.SERVER,
-                                   max_incomplete_event_size=self.cfg.max_header_bytes)
+        self.conn = self._new_conn()
+        self.phase = Phase.IDLE
+        self.exchange: Exchange | None = None  # the request in flight (None between them)
         self.paused = False  # write side (backpressure from the client)
-        self._reading_paused = False
-        self._busy = False  # a request is being handled
-        self._closing = False  # graceful shutdown requested
-        self._closed = False
-        self._request: h11.Request | None = None
-        self._body: list[bytes] = []
-        self._body_len = 0
-        self._buffered = 0
-        self._heads = 0
+        self._reading_paused = False  # mirrors transport.pause_reading()
+        self._shutdown = False  # graceful shutdown: no request after the one in flight
+        self._buffered = 0  # pipelined bytes received while a request is in flight
+        self._heads = 0  # … and the request heads among them (approximately)
         self._task: asyncio.Task[None] | None = None
         self._pump: Pump | None = None
-        self._deadline = _INF  # loop time when the current timeout fires (see Server sweep)
+        self._deadline = _INF  # clock time when the current timeout fires (see Server sweep)
         self._timer_kind: str | None = None
-        self._stall_deadline = _INF  # loop time when a client that stopped reading is cut
-        self._close_after = False  # close after this response (Content-Length + TE request)
-        self._chunked = True
-        self._request_open = False
-        self._stream_open = False
-        self._rid = ""
-        self._t0 = 0.0
-        self._endpoint = ""  # route name of the request in flight (stats label)
-        self._req: Request | None = None  # the request whose stream is being written
-        self._track: Any = None  # its StreamTrack (latency at the socket write)
-        self._on_stream_close: Any = None  # its StreamResponse.on_close, until released
+        self._stall_deadline = _INF  # clock time when a client that stopped reading is cut
         self.upgraded: Any = None  # the WebSocket session after a 101
         self._eager = False  # inside the synchronous first step of a handler
         self.peer = ""
+
+    def _new_conn(self) -> h11.Connection:
+        return h11.Connection(h11.SERVER, max_incomplete_event_size=self.cfg.max_header_bytes)
+
+    @property
+    def _busy(self) -> bool:
+        """A request is being answered: input waits in h11's buffer."""
+        return self.phase is Phase.HANDLING or self.phase is Phase.STREAMING
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -182,18 +272,20 @@ class HTTPProtocol(asyncio.Protocol):
         self._arm("header", self.cfg.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._closed:
+        if self.phase is Phase.CLOSED:
             return
-        self._closed = True
+        self.phase = Phase.CLOSED
         self._cancel_timer()
         if self.upgraded is not None:
             self.upgraded.connection_lost(exc)
         if self._pump is not None:
             self._pump.cancel()  # → _stream_done("cancelled") releases the stream gauge
-        self._release_stream("cancelled")  # (a no-op unless a stream never got its pump)
+        ex = self.exchange
+        if ex is not None:
+            self._release_stream(ex, "cancelled")  # (a no-op unless no pump got the stream)
+            self._release_request(ex)
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self._release_request()
         self.server.connections.discard(self)
         self.app.stats.conn_close()
         self.server._conn_closed()
@@ -245,8 +337,8 @@ class HTTPProtocol(asyncio.Protocol):
             self._pump.resume()
 
     # ------------------------------------------------------------------ timers
-    # Timeouts are a deadline per connection checked by the server's periodic sweep
-    # (Server._sweep), not a loop timer per request: arming one is a float store.
+    # Timeouts are a deadline per connection on the app's clock, checked by the server's
+    # periodic sweep (Server._sweep), not a timer per request: arming one is a float store.
     def _arm(self, kind: str, seconds: float) -> None:
         self._timer_kind = kind
         self._deadline = self.server.loop_time() + seconds if seconds > 0 else _INF
@@ -256,11 +348,11 @@ class HTTPProtocol(asyncio.Protocol):
         self._timer_kind = None
 
     def _on_timeout(self) -> None:
+        """The header, body or idle deadline passed: close (a request being answered is
+        never timed out here; a stalled reader is, by ``_on_write_stall``)."""
         self._deadline = _INF
         if self._busy or self.transport is None:
             return
-        if self._timer_kind == "header" and self.conn.their_state is h11.SEND_BODY:
-            pass  # body still arriving: give up the same way
         self._close()
 
     def _on_write_stall(self) -> None:
@@ -268,7 +360,7 @@ class HTTPProtocol(asyncio.Protocol):
         paused): cut it, so a client that never reads cannot hold a stream, its capacity slot
         and its buffered bytes. Abort, not close: close() waits for the unread buffer."""
         self._stall_deadline = _INF
-        if self._closed or not self.paused or self.transport is None:
+        if self.phase is Phase.CLOSED or not self.paused or self.transport is None:
             return
         log.info("cutting %s: it read nothing for %gs", self.peer or "a client",
                  self.cfg.write_stall_timeout_s)
@@ -281,10 +373,9 @@ class HTTPProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ request parsing
     def _process(self) -> None:
-        conn = self.conn
-        while not self._busy and not self._closed and self.upgraded is None:
-            try:
-                ev = conn.next_event()
+        while self.phase is Phase.IDLE or self.phase is Phase.READING:
+            try:  # (self.conn: a response finished in this loop starts a fresh one)
+                ev = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
@@ -294,11 +385,13 @@ class HTTPProtocol(asyncio.Protocol):
             if t is h11.Request:
                 self._on_request(ev)  # type: ignore[arg-type]
             elif t is h11.Data:
-                self._body_len += len(ev.data)  # type: ignore[union-attr]
-                if self._body_len > self.cfg.max_body_bytes:
+                ex = self.exchange
+                assert ex is not None
+                ex.body_len += len(ev.data)  # type: ignore[union-attr]
+                if ex.body_len > self.cfg.max_body_bytes:
                     self._too_large()
                     return
-                self._body.append(ev.data)  # type: ignore[union-attr]
+                ex.body.append(ev.data)  # type: ignore[union-attr]
             elif t is h11.EndOfMessage:
                 self._dispatch()
             elif t is h11.ConnectionClosed:
@@ -307,41 +400,44 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _on_request(self, ev: h11.Request) -> None:
         self._cancel_timer()
-        self._request = ev
-        self._body = []
-        self._body_len = 0
-        self._rid = new_request_id()
-        self._t0 = time.perf_counter()
+        ex = self.exchange = Exchange(ev, new_request_id(), time.perf_counter())
+        self.phase = Phase.READING
         # h11 only caps a head that arrives incomplete; a complete one in one read is
         # measured here so the limit holds however the bytes were split
+        # (one pass over the headers: the size, the framing headers, the Request's dict)
         size = len(ev.target) + 16
+        headers = ex.headers
+        te = cl = False
+        length = b""
         for name, value in ev.headers:
             size += len(name) + len(value) + 4
+            k = name.decode("latin-1")
+            v = value.decode("latin-1")
+            headers[k] = headers[k] + ", " + v if k in headers else v
+            if name == b"content-length":
+                cl = True
+                length = value
+            elif name == b"transfer-encoding":
+                te = True
+            elif name == b"connection" and b"close" in value.lower():
+                ex.keep_alive = False
         if size > self.cfg.max_header_bytes:
             self._protocol_error(h11.RemoteProtocolError("headers too large",
                                                          error_status_hint=431))
             return
-        te = cl = False
-        for name, value in ev.headers:
-            if name == b"content-length":
-                cl = True
-                try:
-                    if int(value) > self.cfg.max_body_bytes:
-                        self._too_large()
-                        return
-                except ValueError:
-                    pass
-            elif name == b"transfer-encoding":
-                te = True
+        if cl and length.isdigit() and int(length) > self.cfg.max_body_bytes:
+            self._too_large()
+            return
         # RFC 9112 §6.1: h11 reads the body by Transfer-Encoding; the server MUST close the
         # connection after answering (a front end may have framed it by Content-Length)
-        self._close_after = cl and te
+        if cl and te:
+            ex.keep_alive = False
+            ex.ambiguous = True
         if self.conn.they_are_waiting_for_100_continue:
-            self._write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+            self._out(status=100)
         self._arm("body", self.cfg.header_timeout_s)
 
     def _too_large(self) -> None:
-        self._busy = True
         err = APIError(413, f"Request body too large: the limit is {self.cfg.max_body_bytes} "
                        "bytes.", type="invalid_request_error", code="request_too_large")
         self._send_error(err, close=True)
@@ -355,40 +451,36 @@ class HTTPProtocol(asyncio.Protocol):
         else:
             msg = f"Malformed HTTP request: {exc}."
             code = "bad_request"
-        self._busy = True
         self._send_error(APIError(status, msg, type="invalid_request_error", code=code),
                          close=True)
 
     def _dispatch(self) -> None:
-        ev = self._request
-        assert ev is not None
+        ex = self.exchange
+        assert ex is not None and ex.head is not None
+        ev = ex.head
         self._cancel_timer()
-        self._busy = True
+        self.phase = Phase.HANDLING
         self._buffered = 0
         self._heads = 0
         target = ev.target.decode("latin-1")
         path, _, qs = target.partition("?")
-        headers: dict[str, str] = {}
-        for name, value in ev.headers:
-            k = name.decode("latin-1")
-            v = value.decode("latin-1")
-            headers[k] = headers[k] + ", " + v if k in headers else v
-        body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
-        self._body = []
-        self._chunked = ev.http_version == b"1.1"
+        headers = ex.headers
+        parts = ex.body
+        body = b"".join(parts) if len(parts) != 1 else parts[0]
+        ex.body = []
         req = Request(method=ev.method.decode("ascii"), path=path,
                       query=parse_qs(qs, keep_blank_values=True) if qs else {},
-                      headers=headers, body=body, request_id=self._rid, client=self.peer,
+                      headers=headers, body=body, request_id=ex.rid, client=self.peer,
                       received_at=self.app.clock.now())
         self.app.stats.request_open()
-        self._request_open = True
-        if headers.get("upgrade", "").lower() == "websocket" and not self._close_after:
+        ex.counted = True
+        if headers.get("upgrade", "").lower() == "websocket" and not ex.ambiguous:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
         # Run the handler eagerly: most answers (instant latency, no waiting hook) complete
         # without ever suspending, and then need no Task and no extra loop pass. Only a
         # handler that really waits continues in a Task (see _resume).
-        coro = self._run(req)
+        coro = self._run(req, ex)
         self._eager = True
         try:
             awaited = coro.send(None)
@@ -396,12 +488,12 @@ class HTTPProtocol(asyncio.Protocol):
             return
         finally:
             self._eager = False
-        if not self._closed and self._busy:
+        if self.exchange is ex and self.phase is not Phase.CLOSED:
             self._task = asyncio.get_running_loop().create_task(_resume(coro, awaited))
         else:
             coro.close()
 
-    async def _run(self, req: Request) -> None:
+    async def _run(self, req: Request, ex: Exchange) -> None:
         app = self.app
         try:
             try:  # resolve here (not in dispatch) to know the endpoint for stats
@@ -411,14 +503,14 @@ class HTTPProtocol(asyncio.Protocol):
             else:
                 if params:
                     object.__setattr__(req, "params", params)
-            self._endpoint = route.name if route is not None else "unmatched"
+            ex.endpoint = route.name if route is not None else "unmatched"
             try:
                 res = await app.dispatch(req, route)
             except asyncio.CancelledError:
-                accounting.request_gone(app, req, self._endpoint)
+                accounting.request_gone(app, req, ex.endpoint)
                 return
-            if self._closed:
-                accounting.request_gone(app, req, self._endpoint)
+            if self.phase is Phase.CLOSED:
+                accounting.request_gone(app, req, ex.endpoint)
                 if type(res) is StreamResponse and res.on_close is not None:
                     res.on_close("cancelled")  # never pumped: still release what it holds
                 return
@@ -437,7 +529,7 @@ class HTTPProtocol(asyncio.Protocol):
                 res = await handler(self, req)
             except asyncio.CancelledError:
                 return
-            if res is not None and not self._closed:
+            if res is not None and self.phase is not Phase.CLOSED:
                 self._send(req, res)
         except Exception:
             self._failed(req)
@@ -448,12 +540,13 @@ class HTTPProtocol(asyncio.Protocol):
         already sent (streams end their own failures in the pump; this is anything else):
         release the stream and drop the connection. The counters are released either way."""
         log.exception("request failed after dispatch: %s %s", req.method, req.path)
-        if self._closed:
+        if self.phase is Phase.CLOSED:
             return  # connection_lost released everything
+        ex = self.exchange
         try:
-            if (self.upgraded is None and self._rid == req.request_id
-                    and self.conn.our_state is h11.SEND_RESPONSE):
-                self._release_stream("error")  # a stream whose head could not be sent
+            if (self.upgraded is None and ex is not None and ex.rid == req.request_id
+                    and ex.framing == _UNSENT):
+                self._release_stream(ex, "error")  # a stream whose head could not be sent
                 self._send(req, RawResponse(server_error().body(), 500,
                                             content_type="application/json"))
                 return
@@ -461,19 +554,22 @@ class HTTPProtocol(asyncio.Protocol):
             log.exception("cannot answer the failed request")
         if self._pump is not None:
             self._pump.cancel("error")
-        self._release_stream("error")
+        if ex is not None:
+            self._release_stream(ex, "error")
         self.force_close()
 
     def switch_protocol(self, headers: list[tuple[bytes, bytes]], session: Any) -> bytes:
-        """Answer 101 through h11, hand the connection to ``session``; returns the bytes that
-        arrived behind the upgrade request (feed them to the session first)."""
-        self._write(self.conn.send(h11.InformationalResponse(
-            status_code=101, reason=b"Switching Protocols", headers=[(b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
-                                      *headers])))
+        """Answer 101, hand the connection to ``session``; returns the bytes that arrived
+        behind the upgrade request (feed them to the session first)."""
+        extra = header_bytes([(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
+        self._out(status=101, headers=b"upgrade: websocket\r\nconnection: Upgrade\r\n" + extra)
         self.upgraded = session
-        self._busy = False
+        self.phase = Phase.UPGRADED
         self._cancel_timer()
-        self._release_request()
+        ex = self.exchange
+        if ex is not None:
+            self._release_request(ex)
+            self.exchange = None
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
@@ -481,99 +577,60 @@ class HTTPProtocol(asyncio.Protocol):
         return bytes(trailing)
 
     # ------------------------------------------------------------------ responses
-    def _headers(self, extra: list[tuple[str, str]],
-                 close: bool = False) -> list[tuple[bytes, bytes]]:
-        hs = [(b"date", http_date()), *_COMMON, (b"x-request-id", self._rid.encode())]
-        if self._t0:  # a request head was parsed (none for a malformed request)
-            hs.append((b"openai-processing-ms",
-                       str(int((time.perf_counter() - self._t0) * 1000)).encode()))
-        for k, v in extra:
-            hs.append((k.encode("latin-1"), v.encode("latin-1")))
-        if close or self._closing or self._close_after:
-            hs.append((b"connection", b"close"))
-        return hs
-
-    def _body_allowed(self, status: int) -> bool:
-        """Whether this response may carry content: never for a HEAD request, nor with
-        1xx/204/304 (RFC 9110 §9.3.2, §15). The one place that decides it, for complete
-        responses (``_complete``) and streams (``_start_stream``) alike."""
-        if status < 200 or status == 204 or status == 304:
-            return False
-        ev = self._request
-        return ev is None or ev.method != b"HEAD"
-
     def _send(self, req: Request, res: Result) -> None:
+        ex = self.exchange
+        if ex is None or ex.rid != req.request_id:
+            return  # (the connection moved on: nothing of this request may be written)
+        if not 200 <= res.status <= 999:  # (before any accounting: the failure path answers)
+            raise ValueError(f"{res.status} cannot be a final response")
         if type(res) is StreamResponse:
-            self._start_stream(req, res)  # type: ignore[arg-type]
+            self._start_stream(ex, req, res)  # type: ignore[arg-type]
             return
         if type(res) is JSONResponse:
             body = encode._dumps(res.data)  # type: ignore[union-attr]
-            ctype = _JSON
+            hs = header_bytes(res.headers) + _JSON_CT  # type: ignore[union-attr]
         else:
             assert isinstance(res, RawResponse)
             if res.abort:
-                accounting.response_sent(self.app, req, self._endpoint, 0, res)
+                accounting.response_sent(self.app, req, ex.endpoint, 0, res)
                 self.reset()
                 return
             body = res.body
-            ctype = (b"content-type", res.content_type.encode())
-        hs = self._headers(res.headers)
-        hs.append(ctype)
-        accounting.response_sent(self.app, req, self._endpoint, res.status, res)
-        self._complete(res.status, hs, body)
+            hs = header_bytes([*res.headers, ("content-type", res.content_type)])
+        accounting.response_sent(self.app, req, ex.endpoint, res.status, res)
+        self._out(body, status=res.status, headers=hs, length=len(body), end=True)
 
     def _send_error(self, err: APIError, close: bool = False) -> None:
-        if self._rid == "":
-            self._rid = new_request_id()
-        hs = self._headers(err.headers, close)
-        hs.append(_JSON)
-        self.app.stats.record("invalid", None, "http", err.status,
-                              err.code or err.type)
-        self._complete(err.status, hs, err.body())
+        """Answer a transport-level error (413, 431, 400 for a malformed request, a refused
+        upgrade); ``close``: and close the connection after it."""
+        ex = self.exchange
+        if ex is None:  # nothing parsed yet: an exchange for the answer alone
+            ex = self.exchange = Exchange(None, new_request_id(), 0.0)
+        if close:
+            ex.keep_alive = False
+        self.phase = Phase.HANDLING
+        body = err.body()
+        self.app.stats.record("invalid", None, "http", err.status, err.code or err.type)
+        self._out(body, status=err.status, headers=header_bytes(err.headers) + _JSON_CT,
+                  length=len(body), end=True)
 
-    def _complete(self, status: int, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> None:
-        """Send a complete response: head (with Content-Length), body unless not allowed."""
-        conn = self.conn
-        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            self._close()
-            return
-        if status >= 200 and status != 204:  # (1xx and 204 carry no Content-Length)
-            headers.append((b"content-length", str(len(body)).encode()))
-        try:
-            out = conn.send(h11.Response(status_code=status, headers=headers,
-                                          reason=reason(status)))
-            if body and self._body_allowed(status):
-                out += conn.send(h11.Data(data=body))
-            out += conn.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            log.exception("cannot send response")
-            self._close()
-            return
-        self._write(out)
-        self._end_cycle()
-
-    def _start_stream(self, req: Request, res: StreamResponse) -> None:
-        self._req = req
-        self._on_stream_close = res.on_close  # released by _release_stream on every path
-        hs = self._headers(res.headers)
-        hs.extend(_SSE_HEADERS)
-        if self._chunked:
-            hs.append((b"transfer-encoding", b"chunked"))
-        self._write(self.conn.send(h11.Response(status_code=res.status, headers=hs,
-                                               reason=reason(res.status))))
+    def _start_stream(self, ex: Exchange, req: Request, res: StreamResponse) -> None:
+        ex.req = req
+        ex.on_close = res.on_close  # released by _release_stream on every path
         stream = res.stream
-        if not self._body_allowed(res.status):  # HEAD: the head GET would send, no events
+        if not self._out(status=res.status, headers=header_bytes(res.headers) + _SSE_HEADERS):
+            # HEAD: the head GET would get, no events
             stream.close()
-            accounting.response_sent(self.app, req, self._endpoint, res.status, res)
-            self._stream_done("completed")
+            accounting.response_sent(self.app, req, ex.endpoint, res.status, res)
+            self._release_stream(ex, "completed")
+            self._out(end=True)
             return
+        self.phase = Phase.STREAMING
         dialect = stream.dialect
         try:
-            self._track = accounting.stream_started(self.app, req, self._endpoint, res)
-            self._stream_open = True
+            ex.track = accounting.stream_started(self.app, req, ex.endpoint, res)
             self._pump = Pump(stream, self.app.clock, dialect.sse, self, self._stream_done,
-                              self._track.observe, dialect.sse_error)
+                              ex.track.observe, dialect.sse_error)
         except Exception:  # the head is out: a terminal error event and a clean end
             log.exception("cannot start the stream")
             stream.close()
@@ -582,12 +639,83 @@ class HTTPProtocol(asyncio.Protocol):
             return
         self._pump.start()  # never raises: the pump ends its own failures (flow.Pump)
 
+    def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
+             length: int = -1, end: bool = False) -> bool:
+        """THE outbound path of HTTP: every byte of a response is written here.
+
+        ``status`` (with ``headers``: the response's own header lines) starts a response: a
+        1xx is written alone; otherwise this decides, once, the framing (``length`` ≥ 0:
+        Content-Length; else chunked on HTTP/1.1, close-delimited on HTTP/1.0), whether a
+        body may follow at all (not to HEAD, not with 204/304), and ``connection: close``.
+        ``data`` is body bytes, framed accordingly (or dropped when no body is allowed);
+        ``end`` finishes the response (the last chunk) and the exchange. Returns whether
+        the response carries a body."""
+        tr = self.transport
+        ex = self.exchange
+        if tr is None or ex is None or self.phase is Phase.CLOSED:
+            return False
+        if status:
+            line = _status_line(status)  # (an invalid status raises before anything)
+            if status < 200:  # informational: 100 Continue, 101 Switching Protocols
+                if end or data or length >= 0:
+                    raise ValueError(f"{status} cannot be a final response")
+                tr.write(_CONTINUE if status == 100 else line + headers + b"\r\n")
+                return False
+            if ex.framing != _UNSENT:
+                raise RuntimeError("a second response head for one request")
+            no_body = status == 204 or status == 304
+            if length >= 0:
+                framing = _LENGTH
+                if not no_body:  # (HEAD too: the length GET would get)
+                    headers += b"content-length: %d\r\n" % length
+            elif ex.http11:
+                framing = _CHUNKED
+                headers += b"transfer-encoding: chunked\r\n"
+            else:  # HTTP/1.0 has no chunked encoding: the body ends with the connection
+                framing = _CLOSE
+                ex.keep_alive = False
+            if no_body or ex.method == b"HEAD":
+                framing = _NOBODY
+            if not ex.keep_alive or self._shutdown:
+                headers += b"connection: close\r\n"
+            head = [line, b"date: ", http_date(), b"\r\n", _COMMON,
+                    b"x-request-id: ", ex.rid.encode(), b"\r\n"]
+            if ex.t0:  # a request head was parsed (none for a malformed request)
+                head.append(b"openai-processing-ms: %d\r\n"
+                            % int((time.perf_counter() - ex.t0) * 1000))
+            head.append(headers)
+            head.append(b"\r\n")
+            if data and framing is not _NOBODY:
+                head.append(data if framing is not _CHUNKED
+                            else b"%x\r\n%b\r\n" % (len(data), data))
+                ex.written += len(data)
+            if end and framing is _CHUNKED:
+                head.append(b"0\r\n\r\n")
+            ex.framing = framing  # (set with the write: a failure above is answered 500)
+            ex.status = status
+            if end:  # released before the last byte leaves: a client that has it sees it
+                self._release_request(ex)
+            tr.write(b"".join(head))
+        else:
+            framing = ex.framing
+            if end:
+                self._release_request(ex)
+            if data and framing is not _NOBODY:
+                ex.written += len(data)
+                if framing is _CHUNKED:
+                    data = b"%x\r\n%b\r\n" % (len(data), data)
+                    if end:
+                        data += b"0\r\n\r\n"
+                tr.write(data)
+            elif end and framing is _CHUNKED:
+                tr.write(b"0\r\n\r\n")
+        if end:
+            self._end_cycle(ex)
+        return framing is not _NOBODY
+
     # Sink interface for the pump
     def write_events(self, frames: list[bytes]) -> None:
-        payload = frames[0] if len(frames) == 1 else b"".join(frames)
-        if self._chunked:
-            payload = b"%x\r\n%b\r\n" % (len(payload), payload)
-        self.transport.write(payload)  # type: ignore[union-attr]
+        self._out(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -595,62 +723,57 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _stream_done(self, reason: str) -> None:
         self._pump = None
-        self._release_stream(reason)
-        if reason in ("completed", "stopped", "error") and not self._closed:
-            try:
-                self._write(self.conn.send(h11.EndOfMessage()))
-            except h11.LocalProtocolError:
-                log.exception("cannot end the stream")
-                self.force_close()
-                return
-            self._end_cycle()
+        ex = self.exchange
+        if ex is None:
+            return
+        self._release_stream(ex, reason)
+        if reason in ("completed", "stopped", "error") and self.phase is not Phase.CLOSED:
+            self._out(end=True)
 
-    def _release_stream(self, reason: str) -> None:
+    def _release_stream(self, ex: Exchange, reason: str) -> None:
         """Close the stream's gauges and run its ``on_close`` (capacity, rate-limit charge):
         exactly once, whatever ended it (idempotent)."""
-        if self._stream_open:
-            self._stream_open = False
+        track = ex.track
+        if track is not None:
+            ex.track = None
             try:
-                accounting.stream_ended(self.app, self._req,  # type: ignore[arg-type]
-                                        self._track, reason)
+                accounting.stream_ended(self.app, ex.req, track, reason)  # type: ignore[arg-type]
             except Exception:
                 log.exception("stream accounting failed")
-            self._track = None
-        self._req = None
-        cb = self._on_stream_close
+        ex.req = None
+        cb = ex.on_close
         if cb is not None:
-            self._on_stream_close = None
+            ex.on_close = None
             try:
                 cb(reason)
             except Exception:
                 log.exception("stream close callback failed")
 
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closed:
-            self.transport.write(data)
-
-    def _release_request(self) -> None:
-        if self._request_open:
-            self._request_open = False
+    def _release_request(self, ex: Exchange) -> None:
+        if ex.counted:
+            ex.counted = False
             self.app.stats.request_close()
 
-    def _end_cycle(self) -> None:
-        self._busy = False
+    def _end_cycle(self, ex: Exchange) -> None:
+        """The response's last byte is written: release the request, then close (no
+        keep-alive, shutdown, a body h11 did not finish reading) or start the next cycle on
+        a fresh h11 connection fed the bytes that arrived behind this request."""
+        self.exchange = None
         self._task = None
-        self._t0 = 0.0  # (a protocol error before the next head has no processing time)
-        self._rid = ""
-        self._request = None
-        self._release_request()
+        self._release_request(ex)
         conn = self.conn
-        if (self._closing or conn.our_state is not h11.DONE
-                or conn.their_state is not h11.DONE):
+        if (not ex.keep_alive or self._shutdown
+                or conn.their_state not in (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)):
+            self.phase = Phase.CLOSING
             self._close()
             return
-        try:
-            conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            self._close()
-            return
+        trailing, closed = conn.trailing_data
+        conn = self.conn = self._new_conn()
+        if trailing:
+            conn.receive_data(bytes(trailing))
+        if closed:
+            conn.receive_data(b"")
+        self.phase = Phase.IDLE
         self._buffered = 0
         self._heads = 0
         if self._reading_paused:
@@ -667,7 +790,7 @@ class HTTPProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         """Graceful: close now if idle, else after the in-flight response."""
-        self._closing = True
+        self._shutdown = True
         if self.upgraded is not None:
             self.upgraded.shutdown()
         elif not self._busy:
@@ -675,7 +798,7 @@ class HTTPProtocol(asyncio.Protocol):
 
     def reset(self) -> None:
         """Drop the connection with a TCP RST (fault injection: "connection reset by peer")."""
-        if self.transport is None or self._closed:
+        if self.transport is None or self.phase is Phase.CLOSED:
             return
         sock = self.transport.get_extra_info("socket")
         if sock is not None:

@@ -42,7 +42,8 @@ class Server:
         self._idle: asyncio.Event | None = None  # created on start (needs a loop)
         self.host = self.config.host
         self.port = self.config.port
-        self._loop_time = _loop_time
+        # connection deadlines (header, idle, write stall) are times on the app's clock
+        self._loop_time = self.app.clock.now
         self._sweeper: asyncio.TimerHandle | None = None
         c = self.config
         # check deadlines often enough that a timeout fires at most ~50% late (≥ 20 ms)
@@ -77,7 +78,8 @@ class Server:
         if self.config.tokenizer == "auto":
             for enc in ("o200k_base", "cl100k_base"):
                 loop.run_in_executor(None, tokens.get_encoding, enc)
-        self._loop_time = loop.time
+        # the sweep is polled by one loop timer, not put on the app clock's heap: a FakeClock
+        # would jump to it whenever the loop is idle, and the heap must hold stream timers only
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         s = self._server.sockets[0]
         addr = s.getsockname()
@@ -87,11 +89,13 @@ class Server:
         return self
 
     def loop_time(self) -> float:
+        """Now on the app's clock: what connection deadlines are measured in."""
         return self._loop_time()
 
     def _sweep(self) -> None:
         """Close connections whose header/idle deadline has passed and cut those that have
-        read nothing for the write-stall timeout (one timer per server)."""
+        read nothing for the write-stall timeout (one timer per server; the deadlines are on
+        the app's clock, so a FakeClock test moves them with ``clock.advance``)."""
         now = self._loop_time()
         for c in [c for c in self.connections
                   if c._deadline <= now or c._stall_deadline <= now]:
@@ -243,10 +247,6 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
 
 
 async def _call(fn: Any, *args: Any) -> Any:

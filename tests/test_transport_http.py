@@ -1,0 +1,321 @@
+"""The HTTP transport's one outbound path (protocol._out): HEAD and no-body statuses, HTTP/1.0
+framing, pipelining through the per-request Exchange, timers on the app's clock, no leaks.
+
+Tier 3 (real sockets on port 0, raw h11 clients: h11 knows a HEAD answer has no body, so a
+body the server sent anyway would be read as a malformed next response) and tier 2 (the
+in-memory transport, on a FakeClock where time is the subject)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import weakref
+from typing import Any
+
+import h11
+import orjson
+import pytest
+
+from llmsim.clock import FakeClock
+from llmsim.protocol import Phase, header_bytes
+
+from . import rawhttp
+from .memtransport import connect, mem_server
+
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+RESP = {"model": "gpt-4o", "input": "hi", "max_output_tokens": 16}
+
+
+def _events(sock: Any, conn: h11.Connection) -> tuple[h11.Response, bytes]:
+    """Read one whole response with the h11 client: its head and its body bytes."""
+    head: h11.Response | None = None
+    body = b""
+    while True:
+        ev = conn.next_event()
+        if ev is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+            continue
+        if isinstance(ev, h11.Response):
+            head = ev
+        elif isinstance(ev, h11.Data):
+            body += bytes(ev.data)
+        elif isinstance(ev, h11.EndOfMessage):
+            assert head is not None
+            conn.start_next_cycle()
+            return head, body
+        else:
+            raise AssertionError(f"unexpected {ev!r}")
+
+
+def _send(conn: h11.Connection, method: str, path: str, body: Any = None) -> bytes:
+    raw = b"" if body is None else orjson.dumps(body)
+    hs = [("host", "x"), ("content-type", "application/json"),
+          ("content-length", str(len(raw)))]
+    return (conn.send(h11.Request(method=method, target=path, headers=hs))
+            + conn.send(h11.Data(data=raw)) + conn.send(h11.EndOfMessage()))
+
+
+def _hdrs(head: h11.Response) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in head.headers}
+
+
+def test_head_on_a_streaming_chat_request_sends_no_body_and_keeps_the_connection(srv: Any) -> None:
+    s = rawhttp.connect(srv.url)
+    c = h11.Connection(h11.CLIENT)
+    s.sendall(_send(c, "HEAD", "/v1/chat/completions", {**CHAT, "stream": True}))
+    head, body = _events(s, c)
+    assert head.status_code == 405 and body == b""
+    hs = _hdrs(head)
+    assert int(hs["content-length"]) > 0  # the length GET would get, no bytes
+    assert "connection" not in hs
+    # the same connection goes on: a streaming POST, then a plain one
+    s.sendall(_send(c, "POST", "/v1/chat/completions", {**CHAT, "stream": True}))
+    head, body = _events(s, c)
+    assert head.status_code == 200 and body.endswith(b"data: [DONE]\n\n")
+    s.sendall(_send(c, "POST", "/v1/chat/completions", CHAT))
+    head, body = _events(s, c)
+    assert head.status_code == 200 and orjson.loads(body)["object"] == "chat.completion"
+    s.close()
+    assert srv.app.stats.connections_total == 1
+
+
+def test_head_on_a_stream_and_a_complete_response_then_keep_alive(srv: Any) -> None:
+    s = rawhttp.connect(srv.url)
+    c = h11.Connection(h11.CLIENT)
+    s.sendall(_send(c, "POST", "/v1/responses", RESP))
+    head, body = _events(s, c)
+    rid = orjson.loads(body)["id"]
+    # GET /v1/responses/{id}?stream=true is a stream: HEAD gets its head, no event
+    s.sendall(_send(c, "HEAD", f"/v1/responses/{rid}?stream=true"))
+    head, body = _events(s, c)
+    hs = _hdrs(head)
+    assert head.status_code == 200 and body == b""
+    assert hs["content-type"].startswith("text/event-stream")
+    assert hs["transfer-encoding"] == "chunked" and "connection" not in hs
+    # a complete response: HEAD gets the Content-Length of the GET body, and no body
+    s.sendall(_send(c, "GET", f"/v1/responses/{rid}"))
+    _, get_body = _events(s, c)
+    s.sendall(_send(c, "HEAD", f"/v1/responses/{rid}"))
+    head, body = _events(s, c)
+    assert head.status_code == 200 and body == b""
+    assert int(_hdrs(head)["content-length"]) == len(get_body)
+    s.sendall(_send(c, "GET", "/health"))
+    head, body = _events(s, c)
+    assert head.status_code == 200 and body.startswith(b'{"status"')
+    s.close()
+    st = srv.app.stats
+    assert st.connections_total == 1
+    assert st.active_streams == 0 and st.active_requests <= 1
+
+
+def test_pipelined_mixed_requests_answered_in_order(srv: Any) -> None:
+    s = rawhttp.connect(srv.url)
+    c = h11.Connection(h11.CLIENT)
+    # h11's client sends one request at a time: write the pipeline by hand
+    out = b""
+    for method, path, body in [("POST", "/v1/chat/completions", {**CHAT, "stream": True}),
+                               ("HEAD", "/health", None),
+                               ("POST", "/v1/chat/completions", CHAT),
+                               ("GET", "/nope", None),
+                               ("GET", "/health", None)]:
+        tmp = h11.Connection(h11.CLIENT)
+        out += _send(tmp, method, path, body)
+    s.sendall(out)
+    # read them with one client connection that expects the same sequence
+    seen = []
+    for method, path in [("POST", "/v1/chat/completions"), ("HEAD", "/health"),
+                         ("POST", "/v1/chat/completions"), ("GET", "/nope"),
+                         ("GET", "/health")]:
+        c.send(h11.Request(method=method, target=path, headers=[("host", "x"),
+                                                                ("content-length", "0")]))
+        c.send(h11.EndOfMessage())
+        head, body = _events(s, c)
+        seen.append((head.status_code, body[:14]))
+    s.close()
+    assert [st for st, _ in seen] == [200, 200, 200, 404, 200]
+    assert seen[0][1].startswith(b"data: {") and seen[1][1] == b""
+    assert seen[2][1].startswith(b'{"id":"chatcmp') and seen[4][1].startswith(b'{"status"')
+
+
+def test_http10_answers_are_close_delimited_or_sized_then_closed(srv: Any) -> None:
+    body = orjson.dumps({**CHAT, "stream": True})
+    out = rawhttp.raw(srv.url, b"POST /v1/chat/completions HTTP/1.0\r\ncontent-length: %d\r\n"
+                      b"\r\n%s" % (len(body), body))
+    head, _, rest = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"transfer-encoding" not in head.lower() and b"content-length" not in head.lower()
+    assert b"\r\nconnection: close" in head.lower()
+    assert rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+    assert b"\r\n0\r\n" not in rest  # no chunk framing inside the body
+    # a complete answer on HTTP/1.0: sized, and the connection closed after it
+    body = orjson.dumps(CHAT)
+    out = rawhttp.raw(srv.url, b"POST /v1/chat/completions HTTP/1.0\r\ncontent-length: %d\r\n"
+                      b"\r\n%s" % (len(body), body))
+    head, _, rest = out.partition(b"\r\n\r\n")
+    m = re.search(rb"content-length: (\d+)", head)
+    assert m is not None and int(m.group(1)) == len(rest)
+    assert b"connection: close" in head.lower()
+
+
+def test_connection_close_from_the_client_is_honoured(srv: Any) -> None:
+    out = rawhttp.raw(srv.url, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                      b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert out.count(b"HTTP/1.1 200 ") == 1  # the second request is never read
+    assert b"connection: close" in out.lower()
+
+
+async def test_phases_and_exchange_follow_the_request() -> None:
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=50, itl_ms=10)
+    proto, tr = connect(server)
+    assert proto.phase is Phase.IDLE and proto.exchange is None
+    body = orjson.dumps({**CHAT, "stream": True})
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+    proto.data_received(head)
+    assert proto.phase is Phase.READING and proto.exchange is not None
+    proto.data_received(body)
+    for _ in range(20000):
+        await asyncio.sleep(0)
+        if proto.phase is Phase.STREAMING:
+            break
+    assert proto.phase is Phase.STREAMING
+    for _ in range(20000):
+        await asyncio.sleep(0)
+        if proto.phase is Phase.IDLE:
+            break
+    assert proto.phase is Phase.IDLE and proto.exchange is None
+    assert bytes(tr.out).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    st = server.app.stats
+    assert (st.active_streams, st.active_requests, st.active_connections) == (0, 0, 1)
+    proto.connection_lost(None)
+    assert proto.phase is Phase.CLOSED and st.active_connections == 0
+
+
+async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, header_timeout_s=10, idle_timeout_s=75)
+    proto, tr = connect(server)
+    clock.advance(9.9)
+    server._sweep()
+    assert not tr.closed  # the loop's own time is irrelevant: only the app's clock counts
+    clock.advance(0.2)
+    server._sweep()
+    assert tr.closed
+    await asyncio.sleep(0)
+    # idle keep-alive: measured from the end of the last response, on the same clock
+    proto, tr = connect(server)
+    proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
+    clock.advance(74)
+    server._sweep()
+    assert not tr.closed
+    clock.advance(2)
+    server._sweep()
+    assert tr.closed
+    await asyncio.sleep(0)
+    assert server.app.stats.active_connections == 0 and not server.connections
+
+
+async def test_thousands_of_connections_leave_no_timer_and_no_protocol_behind() -> None:
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock)
+    refs = []
+    for i in range(2000):
+        proto, tr = connect(server)
+        if i % 2:
+            proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        refs.append(weakref.ref(proto))
+        tr.close()
+        del proto, tr
+    for _ in range(3):
+        await asyncio.sleep(0)
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+    assert clock.pending == 0 and not server.connections
+    assert server.app.stats.active_connections == 0
+
+
+async def test_a_cancelled_clock_timer_drops_its_callback() -> None:
+    clock = FakeClock(start=0.0)
+
+    class Owner:
+        def cb(self) -> None:
+            raise AssertionError("cancelled")
+
+    owner = Owner()
+    ref = weakref.ref(owner)
+    t = clock.call_at(3600.0, owner.cb)  # far away: the heap keeps the entry until then
+    t.cancel()
+    del owner
+    gc.collect()
+    assert ref() is None and clock.pending == 0
+
+
+def test_handler_headers_cannot_split_the_head() -> None:
+    assert header_bytes([("retry-after", "1"), ("x-a", "b: c")]) == \
+        b"retry-after: 1\r\nx-a: b: c\r\n"
+    for bad in [("x-a", "1\r\nset-cookie: evil"), ("x-a", "1\nx: y"), ("x\r\ny", "1"),
+                ("x-a:", "1"), ("", "1"), ("x-a", "a\0b")]:
+        with pytest.raises(ValueError):
+            header_bytes([bad])
+
+
+async def test_a_handler_header_that_would_split_the_head_becomes_a_500() -> None:
+    from llmsim.messages import JSONResponse
+
+    server = mem_server()
+    app = server.app
+
+    async def bad(req: Any, app: Any) -> JSONResponse:
+        return JSONResponse({"ok": True}, headers=[("x-echo", "a\r\nset-cookie: evil=1")])
+
+    route, _ = app.resolve(_health_req())
+    original = route.handler
+    object.__setattr__(route, "handler", bad)
+    try:
+        proto, tr = connect(server)
+        proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+                            b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        for _ in range(5):
+            await asyncio.sleep(0)
+    finally:
+        object.__setattr__(route, "handler", original)
+    out = bytes(tr.out)
+    assert out.count(b"HTTP/1.1 500 ") == 2 and b"set-cookie" not in out.lower()
+    assert not tr.closed  # the 500 is a complete answer: the connection goes on
+
+
+def _health_req() -> Any:
+    from llmsim.messages import Request
+
+    return Request(method="GET", path="/health", query={}, headers={}, body=b"",
+                   request_id="req_x")
+
+
+@pytest.mark.parametrize("status", [101, 1000, 42])
+async def test_a_handler_status_that_cannot_be_sent_becomes_a_500(status: int) -> None:
+    from llmsim.messages import RawResponse
+
+    server = mem_server()
+    app = server.app
+
+    async def bad(req: Any, app: Any) -> RawResponse:
+        return RawResponse(b"x", status)
+
+    route, _ = app.resolve(_health_req())
+    original = route.handler
+    object.__setattr__(route, "handler", bad)
+    try:
+        proto, tr = connect(server)
+        proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        for _ in range(5):
+            await asyncio.sleep(0)
+    finally:
+        object.__setattr__(route, "handler", original)
+    out = bytes(tr.out)
+    assert out.startswith(b"HTTP/1.1 500 ") and out.count(b"HTTP/1.1") == 1
+    assert not tr.closed and proto.phase is Phase.IDLE
+    st = server.app.stats
+    assert st.active_requests == 0 and st.requests_n == 1  # counted once, as the 500
+    assert [k[3] for k in st.requests] == [500]
