@@ -132,7 +132,7 @@ def _values(**over: Any) -> dict[str, Any]:
 
 Objects = dict[tuple[str, str], dict[str, Any]]  # (kind, metadata.name) -> object
 SCHEMAS = json.loads((ROOT / "tests" / "data" / "k8s-schemas.json").read_text())
-OPTIONAL = {"redis.yaml"}  # static manifests applied only when wanted
+OPTIONAL = STATIC / "optional"  # applied only when wanted (not by `kubectl apply -f deploy/k8s/`)
 
 
 def _docs(text: str) -> Objects:
@@ -154,9 +154,8 @@ def _chart(values: dict[str, Any]) -> Objects:
 
 def _static(*optional: str) -> Objects:
     out: Objects = {}
-    for f in sorted(STATIC.glob("*.yaml")):
-        if f.name not in OPTIONAL or f.name in optional:
-            out.update(_docs(f.read_text()))
+    for f in [*sorted(STATIC.glob("*.yaml")), *(OPTIONAL / name for name in optional)]:
+        out.update(_docs(f.read_text()))
     return out
 
 
@@ -189,7 +188,7 @@ def test_chart_with_redis_renders_the_static_manifests_plus_redis_yaml() -> None
     want = _static("redis.yaml")
     assert set(objs) == set(want) == set(_static()) | {("Deployment", "llmsim-redis"),
                                                         ("Service", "llmsim-redis")}
-    # the only difference from the static files: the env line redis.yaml tells to `set env`
+    # the only difference from the static files: the env line redis.yaml says to `set env`
     env = _env(objs)
     assert env.pop("LLMSIM_STATE") == "redis://llmsim-redis:6379/0"
     assert env == _env(want)
@@ -197,7 +196,7 @@ def test_chart_with_redis_renders_the_static_manifests_plus_redis_yaml() -> None
         e for e in objs["Deployment", "llmsim"]["spec"]["template"]["spec"]["containers"][0][
             "env"] if e["name"] != "LLMSIM_STATE"]
     assert objs == want
-    assert "redis://llmsim-redis:6379/0" in (STATIC / "redis.yaml").read_text()
+    assert "LLMSIM_STATE=redis://llmsim-redis:6379/0" in (OPTIONAL / "redis.yaml").read_text()
     svc = want["Service", "llmsim-redis"]
     assert svc["spec"]["ports"][0]["port"] == 6379
     assert svc["spec"]["selector"] == want["Deployment", "llmsim-redis"]["spec"]["selector"][
