@@ -5,17 +5,14 @@ unreachable replica is shown as such, bad and surplus URLs are ignored with a vi
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
-import tempfile
 import threading
-import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from . import rawhttp
-from .test_observability_browser import CDP, _launch, _num, _page_ws
+from .test_observability_browser import _num, browse
 from .test_observability_browser import pytestmark as needs_chromium
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
@@ -42,37 +39,9 @@ def _closed_port() -> int:
     return port
 
 
-def _browse(url: str, ready: Any, timeout: float = 40.0) -> tuple[dict[str, Any], list[str]]:
-    """Open ``url`` in headless chromium, evaluate STATE_JS until ``ready(state)`` (or the
-    timeout); returns the last state and the page's console errors."""
-    profile = tempfile.mkdtemp(prefix="llmsim-chromium-")
-    proc = cdp = None
-    state: dict[str, Any] = {}
-    try:
-        proc, browser_ws = _launch(profile)
-        cdp = CDP(_page_ws(browser_ws))
-        cdp.call("Runtime.enable")
-        cdp.call("Log.enable")
-        cdp.call("Page.enable")
-        cdp.call("Page.navigate", url=url)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = cdp.eval(STATE_JS) or {}
-            if state and ready(state):
-                break
-            time.sleep(0.2)
-        errors = cdp.errors()
-    finally:
-        if cdp is not None:
-            cdp.close()
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(profile, ignore_errors=True)
-    return state, errors
+def _browse(url: str, ready: Callable[[dict[str, Any]], bool]) -> tuple[dict[str, Any],
+                                                                       list[str]]:
+    return browse(url, STATE_JS, ready, timeout=40.0)
 
 
 def _traffic(urls: list[str], stop: threading.Event) -> threading.Thread:
