@@ -1,34 +1,54 @@
 #!/usr/bin/env bash
-# Smoke-test the image: build it (deploy/build-image.sh), run it with docker or podman on a
-# free local port, wait for GET /health to answer 200 from outside (at most 60 s) and from
-# inside (the HEALTHCHECK's view), check it runs as non-root; the container is removed
-# whatever happens.
-#   deploy/image-smoke.sh [TAG] [EXTRAS]
-# Needs the python:3.12-slim base image (Docker Hub or a mirror of it): not run by CI.
+# Smoke-test the image: build it (deploy/build-image.sh), then inside it, as its own user and
+# with its own environment, start the entrypoint's `python -m llmsim`, wait for GET /health
+# (at most 30 s) and check: not root, LLMSIM_HOST=0.0.0.0, the extras import, /health and a
+# chat completion answer. Runs the image with buildah (chroot: no OCI runtime or daemon
+# needed), else docker or podman.
+#   deploy/image-smoke.sh [TAG] [EXTRAS]        (PYTHON=... as for build-image.sh)
+# Needs the python:3.12-slim base (Docker Hub or a mirror of it): not run by CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-llmsim:smoke}"
-runner=""
-for tool in docker podman; do
-  if command -v "$tool" >/dev/null && { [ "$tool" != docker ] || docker info >/dev/null 2>&1; }; then runner="$tool"; break; fi
-done
-if [ -z "$runner" ]; then
-  echo "image-smoke: needs docker or podman to run the image" >&2
-  exit 2
-fi
 deploy/build-image.sh "$tag" "${@:2}" >&2 || { echo "image-smoke: build failed" >&2; exit 1; }
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-cid="$("$runner" run -d -p "127.0.0.1:$port:8080" "$tag" --latency instant)"
-trap '"$runner" rm -f "$cid" >/dev/null 2>&1 || true' EXIT
-for _ in $(seq 1 60); do
-  if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then
-    "$runner" exec "$cid" python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/health', timeout=2)"
-    [ "$("$runner" exec "$cid" id -u)" != 0 ] || { echo "image-smoke: runs as root" >&2; exit 1; }
-    echo "image-smoke: $tag answers /health on 127.0.0.1:$port (non-root)"
-    exit 0
+check='
+import json, os, subprocess, sys, time, urllib.request
+assert os.getuid() != 0, "runs as root"
+assert os.environ["LLMSIM_HOST"] == "0.0.0.0", os.environ.get("LLMSIM_HOST")
+for extra in filter(None, sys.argv[1].split(",")):
+    __import__({"fast": "uvloop", "tokens": "tiktoken"}.get(extra, extra))
+port = "18080"
+p = subprocess.Popen([sys.executable, "-m", "llmsim", "--latency", "instant", "--port", port])
+base = "http://127.0.0.1:" + port
+try:
+    for _ in range(60):
+        try:
+            health = urllib.request.urlopen(base + "/health", timeout=2).read()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        raise SystemExit("/health did not answer within 30 s")
+    req = urllib.request.Request(base + "/v1/chat/completions", method="POST",
+        data=json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"content-type": "application/json"})
+    chat = json.loads(urllib.request.urlopen(req, timeout=5).read())
+    assert chat["object"] == "chat.completion", chat
+    print("image-smoke: ok:", health.decode(), "uid", os.getuid(), "extras", sys.argv[1] or "-")
+finally:
+    p.terminate()
+    p.wait(10)
+'
+extras="${2-redis}"
+if command -v buildah >/dev/null; then
+  ctr="$(buildah from "$tag")"
+  trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+  buildah run --isolation chroot "$ctr" -- python -c "$check" "$extras"
+  exit 0
+fi
+for tool in docker podman; do
+  if command -v "$tool" >/dev/null && { [ "$tool" != docker ] || docker info >/dev/null 2>&1; }; then
+    exec "$tool" run --rm --entrypoint python "$tag" -c "$check" "$extras"
   fi
-  sleep 1
 done
-echo "image-smoke: /health did not answer within 60 s; logs:" >&2
-"$runner" logs "$cid" >&2 || true
-exit 1
+echo "image-smoke: needs buildah, docker or podman to run the image" >&2
+exit 2

@@ -328,3 +328,5 @@ def test_deploy_scripts_lint(script: str) -> None:
         assert r.returncode == 0, r.stdout
     text = path.read_text()
     assert "set -euo pipefail" in text and "docker info" in text  # a CLI without a daemon
+    if script == "build-image.sh":  # buildah/podman default to OCI format, which drops
+        assert "--format docker" in text  # the HEALTHCHECK
