@@ -209,6 +209,7 @@ def test_chart_with_redis_renders_the_static_manifests_plus_redis_yaml() -> None
 def test_external_state_url_and_the_conflict() -> None:
     v = _values()
     v["state"] = {"url": "redis://redis.example:6379/2"}
+    assert _values_errors(v) == []
     objs = _chart(v)
     assert _env(objs)["LLMSIM_STATE"] == "redis://redis.example:6379/2"
     assert ("Deployment", "llmsim-redis") not in objs
@@ -230,6 +231,36 @@ def test_every_object_matches_the_kubernetes_schema(redis: bool) -> None:
     bad["spec"]["replicas"] = "2"
     errs = _schema_errors(bad)
     assert len(errs) == 2 and "'pth' was unexpected" in " ".join(errs)  # the check can fail
+
+
+def _values_errors(v: dict[str, Any]) -> list[str]:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    return [f"{e.json_path}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(v)]
+
+
+def _set(v: dict[str, Any], path: str, x: Any) -> dict[str, Any]:
+    v = copy.deepcopy(v)
+    *head, last = path.split(".")
+    cur = v
+    for k in head:
+        cur = cur[k]
+    cur[last] = x
+    return v
+
+
+@pytest.mark.parametrize(("path", "bad"), [
+    ("replicas", -1), ("replicas", "2"), ("replicas", 10**6), ("service.port", 0),
+    ("service.port", 70000), ("service.type", "Ingress"), ("name", "Bad_Name"),
+    ("name", "x" * 58), ("image.pullPolicy", "Sometimes"), ("image.tag", "a b"),
+    ("resources.limits.memory", "lots"), ("resources.requests.cpu", -1),
+    ("redis.enabled", "yes"), ("redis.enable", True), ("redis.maxmemory", "256 MB"),
+    ("redis.maxmemory", "0"), ("state.url", "r" * 2049), ("state", "redis://x:6379/0"),
+    ("config", 3), ("config", "x" * 1_000_001), ("replica", 2),
+])
+def test_values_schema_bounds_every_value(path: str, bad: Any) -> None:
+    """values.schema.json: helm refuses these before rendering (a typo'd key included)."""
+    assert _values_errors(_values()) == [] and _values_errors(_redis_values()) == []
+    assert _values_errors(_set(_values(), path, bad)), (path, bad)
 
 
 def test_every_object_is_well_formed_and_probes_hit_health() -> None:
@@ -271,6 +302,7 @@ def test_values_change_the_rendering() -> None:
     v = _values(replicas=7, config='latency = "instant"\nseed = 3\n', name="sim")
     v["service"] = {**v["service"], "port": 9000}
     v["redis"] = {**v["redis"], "enabled": True, "maxmemory": "1gb"}
+    assert _values_errors(v) == []
     objs = _chart(v)
     assert objs["Deployment", "sim"]["spec"]["replicas"] == 7
     c = objs["Deployment", "sim"]["spec"]["template"]["spec"]["containers"][0]
