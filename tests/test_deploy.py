@@ -12,7 +12,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -148,7 +150,9 @@ def _docs(text: str) -> Objects:
 def _chart(values: dict[str, Any]) -> Objects:
     out: Objects = {}
     for t in sorted((CHART / "templates").glob("*.yaml")):
-        out.update(_docs(render(t.read_text(), values)))
+        docs = _docs(render(t.read_text(), values))
+        assert not set(docs) & set(out), f"{t.name} redefines {set(docs) & set(out)}"
+        out.update(docs)
     return out
 
 
@@ -204,6 +208,43 @@ def test_chart_with_redis_renders_the_static_manifests_plus_redis_yaml() -> None
     args = want["Deployment", "llmsim-redis"]["spec"]["template"]["spec"]["containers"][0][
         "args"]
     assert args[:4] == ["--save", "", "--appendonly", "no"]  # no persistence
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is absent")
+def test_redis_accepts_the_rendered_arguments(tmp_path: Path) -> None:
+    """The chart's Redis command line, run by a real redis-server: no persistence, the
+    memory cap applied."""
+    c = _chart(_redis_values())["Deployment", "llmsim-redis"]["spec"]["template"]["spec"][
+        "containers"][0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", *c["args"], "--port", str(port), "--bind",
+                             "127.0.0.1", "--dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[0]  # refused its arguments
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        with conn:
+            conn.sendall(b"CONFIG GET maxmemory\r\nCONFIG GET save\r\nCONFIG GET appendonly\r\n")
+            buf = b""
+            while buf.count(b"\r\n") < 15:
+                chunk = conn.recv(4096)
+                assert chunk, buf
+                buf += chunk
+        lines = buf.decode().split("\r\n")[:-1]  # RESP: *2, then $len + value per word
+        words = [w for w in lines if not w.startswith(("*", "$"))]
+        assert words == ["maxmemory", str(256 * 1024 * 1024), "save", "", "appendonly", "no"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_external_state_url_and_the_conflict() -> None:
