@@ -1,6 +1,7 @@
 # llmsim container image: slim Python, non-root, `python -m llmsim` as the entrypoint.
-#   docker build -t llmsim .                        # runtime deps only (h11, wsproto, orjson)
-#   docker build --build-arg EXTRAS=fast,tokens -t llmsim .   # + uvloop, exact tokenizer
+#   docker build -t llmsim .               # runtime deps + the redis client (--state redis://)
+#   docker build --build-arg EXTRAS=fast,redis,tokens -t llmsim .   # + uvloop, exact tokenizer
+#   docker build --build-arg EXTRAS= -t llmsim .   # runtime deps only (h11, wsproto, orjson)
 #   docker run -p 8080:8080 llmsim --latency instant --seed 1
 ARG PYTHON=3.12-slim
 
@@ -8,7 +9,7 @@ FROM python:${PYTHON} AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY llmsim ./llmsim
-ARG EXTRAS=""
+ARG EXTRAS="redis"
 RUN pip install --no-cache-dir --prefix=/install ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:${PYTHON}

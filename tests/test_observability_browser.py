@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -96,6 +97,39 @@ def _page_ws(browser_ws: str) -> str:
     return next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
 
 
+def browse(url: str, state_js: str, ready: Callable[[dict[str, Any]], bool],
+           timeout: float = 30.0) -> tuple[dict[str, Any], list[str]]:
+    """Open ``url`` in a fresh headless chromium and evaluate ``state_js`` until
+    ``ready(state)`` or the timeout: the last state and the page's console errors."""
+    profile = tempfile.mkdtemp(prefix="llmsim-chromium-")
+    proc = cdp = None
+    state: dict[str, Any] = {}
+    try:
+        proc, browser_ws = _launch(profile)
+        cdp = CDP(_page_ws(browser_ws))
+        cdp.call("Runtime.enable")
+        cdp.call("Log.enable")
+        cdp.call("Page.enable")
+        cdp.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = cdp.eval(state_js) or {}
+            if state and ready(state):
+                break
+            time.sleep(0.2)
+        return state, cdp.errors()
+    finally:
+        if cdp is not None:
+            cdp.close()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def _num(text: str) -> float:
     m = re.match(r"([\d.]+)([kM]?)", text.strip())
     if not m:
@@ -119,46 +153,24 @@ def test_dashboard_renders_live_figures_without_console_errors(make_server):
 
     bg = threading.Thread(target=traffic, daemon=True)
     bg.start()
-    profile = tempfile.mkdtemp(prefix="llmsim-chromium-")
-    proc = None
-    cdp = None
+    state_js = """(() => ({
+        status: document.getElementById('status').textContent,
+        requests: document.getElementById('kpi-requests').textContent,
+        tokens: document.getElementById('kpi-tokens').textContent,
+        ttft: document.getElementById('kpi-ttft-s').textContent,
+        errors: document.getElementById('kpi-errors').textContent,
+        models: document.getElementById('models').textContent,
+        errkinds: document.getElementById('errors').textContent,
+        points: Number(document.getElementById('c-rps').dataset.points || 0),
+        tpsPoints: Number(document.getElementById('c-tps').dataset.points || 0),
+        title: document.title }))()"""
     try:
-        proc, browser_ws = _launch(profile)
-        cdp = CDP(_page_ws(browser_ws))
-        cdp.call("Runtime.enable")
-        cdp.call("Log.enable")
-        cdp.call("Page.enable")
-        cdp.call("Page.navigate", url=url + "/llmsim/dashboard?interval=300")
-        deadline = time.monotonic() + 30
-        state: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            state = cdp.eval("""(() => ({
-                status: document.getElementById('status').textContent,
-                requests: document.getElementById('kpi-requests').textContent,
-                tokens: document.getElementById('kpi-tokens').textContent,
-                ttft: document.getElementById('kpi-ttft-s').textContent,
-                errors: document.getElementById('kpi-errors').textContent,
-                models: document.getElementById('models').textContent,
-                errkinds: document.getElementById('errors').textContent,
-                points: Number(document.getElementById('c-rps').dataset.points || 0),
-                tpsPoints: Number(document.getElementById('c-tps').dataset.points || 0),
-                title: document.title }))()""") or {}
-            if state.get("points", 0) >= 3 and _num(state.get("requests", "0")) > 0:
-                break
-            time.sleep(0.2)
-        errors = cdp.errors()
+        state, errors = browse(
+            url + "/llmsim/dashboard?interval=300", state_js,
+            lambda st: st.get("points", 0) >= 3 and _num(st.get("requests", "0")) > 0)
     finally:
         stop.set()
         bg.join(5)
-        if cdp is not None:
-            cdp.close()
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(profile, ignore_errors=True)
     assert errors == []
     assert state["title"] == "llmsim dashboard"
     assert state["status"] == "live"
