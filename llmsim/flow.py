@@ -1,8 +1,10 @@
 """Pacing and backpressure: drive an EventStream on the shared clock into a sink.
 
 Theory of operation. A :class:`Pump` owns one stream. Each time the clock fires it, it pulls
-every event whose deadline has come (coalescing events that fall due together into one write),
-encodes them and hands the bytes to its sink, then arms one timer for the next deadline. No
+the event whose deadline has come, encodes it and hands the bytes to its sink, then arms one
+timer for the next deadline. Events share a write only when they are due at the same instant
+or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing rule, see
+:class:`~llmsim.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
@@ -168,10 +170,13 @@ class Pump:
             return
         clock = self.clock
         now = clock.now()
-        limit = now + clock.coalesce
+        same = clock.coalesce
+        limit = now + same
+        behind = now - clock.catch_up  # an event due before this is late: catch up
         stream = self.stream
         encode = self.encode
         observer = self.observer
+        last = None  # deadline of the last event encoded in this pass
         while True:
             ev = self._pending
             if ev is None:
@@ -181,15 +186,20 @@ class Pump:
                     self._finish("completed")
                     return
                 self._pending = ev  # until written (a failure reports its number)
-            deadline, etype, data = ev
-            if deadline > limit:
+            deadline = ev[0]
+            # the coalescing rule (Clock.catch_up): a later event joins this write only
+            # when it is due at the same instant as the last one or already late
+            if deadline > limit or (last is not None and deadline - last > same
+                                    and deadline >= behind):
                 self._flush(frames)
                 if not self._done:
                     self._timer = clock.call_at(deadline, self._tick)
                 return
+            etype = ev[1]
             if etype[0] == "_":
                 self._pending = None
                 self._flush(frames)
+                frames.clear()
                 if etype == DISCONNECT:
                     sink.abort()
                     self._finish("disconnect")
@@ -198,8 +208,10 @@ class Pump:
                 if self._done:
                     return
                 continue  # unknown control items are ignored
+            data = ev[2]
             frames.append(encode(etype, data))
             self._pending = None
+            last = deadline
             if observer is not None:
                 observer(etype, data, now)
             if len(frames) >= MAX_BATCH:
