@@ -77,6 +77,19 @@ class Clock:
             self._arm()  # new earliest deadline (inside _run_due the pass re-arms once)
         return t
 
+    def recall(self, timer: Timer, deadline: float) -> Timer:
+        """Arm ``timer`` again for ``deadline`` with the same callback: ``call_at`` without
+        allocating, for a callback that re-arms its own timer once per event (the pump).
+        Only for a timer that has FIRED (its heap entry is gone); a timer cancelled before
+        firing still has its entry in the heap and must not be reused."""
+        timer.deadline = deadline
+        timer.cancelled = False
+        heap = self._heap
+        _heappush(heap, (deadline, next(self._counter), timer))
+        if heap[0][2] is timer and not self._running:
+            self._arm()
+        return timer
+
     def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
         return self.call_at(self.now() + delay, callback)
 

@@ -82,3 +82,46 @@ async def test_behind_by_more_than_catch_up_writes_the_due_batch_once() -> None:
     writes = await pump(5, 0.12 + 2 * Clock.catch_up + 0.001)
     assert [n for _, n in writes] == [4, 1, 3]
     assert [round(t, 6) for t, _ in writes][1:] == [0.13, 0.14]
+
+
+def test_per_write_observation_equals_per_event_observation() -> None:
+    """The pump observes tokens once per write (``observe.per_write``): the histograms and
+    counters are those of one ``observe`` call per token event."""
+    from llmsim.state.stats import Stats
+
+    def run(batched: bool) -> tuple[object, ...]:
+        st = Stats()
+        t = st.track("m", 0.0, "sse", lambda e, d: e == "tok", 3)
+        assert t.observe is not None
+        for now, n in [(0.1, 2), (0.11, 1), (0.125, 3), (0.3, 1)]:
+            if batched:
+                t.observe.per_write(n, now)  # type: ignore[attr-defined]
+            else:
+                for _ in range(n):
+                    t.observe("tok", None, now)
+                t.observe("other", None, now)  # not a token: not counted
+        t.finish("completed", 0.4)
+        raw = st.raw()
+        return t.tokens, t.ttft, raw["counters"]["tokens_delivered"], repr(st._hist("m"))
+
+    assert run(True) == run(False)
+    assert run(True)[0] == 7
+
+
+@pytest.mark.asyncio
+async def test_pump_counts_tokens_per_write() -> None:
+    """A StreamTrack observer gets one per_write call per write, with its token count."""
+    clock = FakeClock(start=0.0)
+    sink = WriteLog(clock)
+    calls: list[tuple[int, float]] = []
+
+    def observe(etype: str, data: object, now: float) -> None:
+        raise AssertionError("per-event observation used")
+
+    observe.per_write = lambda n, now: calls.append((n, now))  # type: ignore[attr-defined]
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    Pump(EventStream(iter(plan(3)), CHAT), clock, encode.sse_chat, sink,
+         on_done=done.set_result, observer=observe).start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    # role+token 0 (one token), token 1, token 2 + finish + [DONE] (one token)
+    assert [n for n, _ in calls] == [1, 1, 1]
