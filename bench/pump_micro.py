@@ -4,7 +4,9 @@ In-process: N chat (or Responses) streams are decided by the real App, driven by
 Pump on the shared timer heap (a manual clock jumps from deadline to deadline, so no time is
 spent waiting), and written into a sink that frames each write as an HTTP chunk (what the
 transport does) and drops it. Prints CPU microseconds per written event, end to end (request
-dispatch included) and for the pump path alone. ``--profile`` prints the top of cProfile.
+dispatch included) and for the pump path alone, beside the same measurement of the bare
+anchor's pacing (``baseline_h11.Pacer``: heap, json.dumps, chunk framing, one write per due
+event). ``--profile`` prints the top of cProfile.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 
@@ -84,6 +88,8 @@ async def main(n: int, tokens: int, kind: str, profile: bool) -> None:
     raw = orjson.dumps(body)
     sink = Sink()
     prof = cProfile.Profile() if profile else None
+    # warm-up: the first request loads the tokenizer (not a per-request cost)
+    await app.dispatch(Request("POST", path, {}, {}, raw, "req_w", received_at=clock.now()))
     c0 = time.process_time()
     pumps = []
     for _ in range(n):
@@ -112,6 +118,65 @@ async def main(n: int, tokens: int, kind: str, profile: bool) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
+class _Handle:
+    def __init__(self, loop: _AnchorLoop, when: float, cb: Any) -> None:
+        self.loop, self.when, self.cb = loop, when, cb
+
+    def cancel(self) -> None:
+        if self.loop.handle is self:
+            self.loop.handle = None
+
+
+class _AnchorLoop:
+    """What the anchor's Pacer needs of a loop: ``time`` and one ``call_at`` at a time."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.handle: _Handle | None = None
+
+    def time(self) -> float:
+        return self.t
+
+    def call_at(self, when: float, cb: Any) -> _Handle:
+        self.handle = _Handle(self, when, cb)
+        return self.handle
+
+
+class _AnchorConn:
+    """The anchor's connection as its Stream sees it: a transport, h11 for the end."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.t = self
+        self.sink = sink
+
+    def write(self, data: bytes) -> None:
+        self.sink.writes += 1
+        self.sink.bytes += len(data)
+
+    def end_stream(self) -> None:
+        pass
+
+
+def anchor(n: int, tokens: int) -> None:
+    """The same measurement for the bare anchor's pacing (bench/baseline_h11.py)."""
+    import baseline_h11 as b  # bench/ is on sys.path when run as a script
+
+    loop = _AnchorLoop()
+    pacer = b.Pacer(loop)  # type: ignore[arg-type]
+    sink = Sink()
+    c0 = time.process_time()
+    for _ in range(n):
+        pacer.push(loop.t + 0.1, b.Stream(_AnchorConn(sink), tokens, 0.01))  # type: ignore[arg-type]
+    while loop.handle is not None:
+        h = loop.handle
+        loop.handle = None
+        loop.t = max(loop.t, h.when)
+        h.cb()
+    c1 = time.process_time()
+    print(f"anchor: {n} streams x {tokens} tokens, {sink.writes} writes, {sink.bytes} bytes")
+    print(f"  pacing    {1e6 * (c1 - c0) / sink.writes:8.2f} us per write")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-n", type=int, default=500)
@@ -119,4 +184,5 @@ if __name__ == "__main__":
     ap.add_argument("--kind", choices=["chat", "responses"], default="chat")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
+    anchor(a.n, a.tokens)
     asyncio.run(main(a.n, a.tokens, a.kind, a.profile))
