@@ -201,11 +201,8 @@ class Pump:
                     ev = stream.pull()
                     if ev is None:
                         if frames:
-                            sink.write_events(frames)
-                            frames.clear()
-                            if tokens:
-                                per_write(tokens, now)  # type: ignore[misc]
-                                tokens = 0
+                            self._write(frames, tokens, now)
+                            tokens = 0
                         self._finish("completed")
                         return
                     self._pending = ev  # until written (a failure reports its number)
@@ -215,11 +212,8 @@ class Pump:
                 if deadline > limit or (last is not None and deadline - last > same
                                         and deadline >= behind):
                     if frames:
-                        sink.write_events(frames)
-                        frames.clear()
-                        if tokens:
-                            per_write(tokens, now)  # type: ignore[misc]
-                            tokens = 0
+                        self._write(frames, tokens, now)
+                        tokens = 0
                     if not self._done:
                         self._timer = (clock.call_at(deadline, self._tick)
                                        if fired is None or not fired.cancelled
@@ -229,11 +223,8 @@ class Pump:
                 if etype[0] == "_":
                     self._pending = None
                     if frames:
-                        sink.write_events(frames)
-                        frames.clear()
-                        if tokens:
-                            per_write(tokens, now)  # type: ignore[misc]
-                            tokens = 0
+                        self._write(frames, tokens, now)
+                        tokens = 0
                     if etype == DISCONNECT:
                         sink.abort()
                         self._finish("disconnect")
@@ -252,11 +243,8 @@ class Pump:
                 elif observer is not None:
                     observer(etype, data, now)
                 if len(frames) >= MAX_BATCH:
-                    sink.write_events(frames)
-                    frames.clear()
-                    if tokens:
-                        per_write(tokens, now)  # type: ignore[misc]
-                        tokens = 0
+                    self._write(frames, tokens, now)
+                    tokens = 0
                     if sink.paused or self._done:
                         if not self._done:
                             self._paused_at = now
@@ -264,3 +252,11 @@ class Pump:
         except BaseException:
             self._unobserved = tokens  # the frames _fail writes still count
             raise
+
+    def _write(self, frames: list[bytes], tokens: int, now: float) -> None:
+        """Write ``frames`` (then empty the list for reuse) and observe the ``tokens``
+        token events among them, once for the write."""
+        self.sink.write_events(frames)
+        frames.clear()
+        if tokens and self._per_write is not None:
+            self._per_write(tokens, now)

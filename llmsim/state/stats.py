@@ -162,25 +162,6 @@ class StreamTrack:
         search = bisect_left
         last = -1.0
 
-        def observe(etype: str, data: Any, now: float) -> None:
-            nonlocal last
-            if not is_token(etype, data):
-                return
-            if last < 0.0:
-                track.first = now
-                v = now - t0
-                ttft_h[search(bounds, v)] += 1
-                ttft_h[-1] += v
-            else:
-                v = now - last
-                if v == 0.0:
-                    itl_h[0] += 1
-                else:
-                    itl_h[search(bounds, v) if v > b0 else 0] += 1
-                    itl_h[-1] += v
-            last = now
-            track.tokens += 1
-
         def per_write(n: int, now: float) -> None:
             # ``n`` (≥ 1) token events written together at ``now``: the same histograms
             # as ``n`` calls of ``observe`` (the pump observes once per write)
@@ -201,6 +182,10 @@ class StreamTrack:
                 itl_h[0] += n - 1  # gaps within one write are 0
             last = now
             track.tokens += n
+
+        def observe(etype: str, data: Any, now: float) -> None:
+            if is_token(etype, data):
+                per_write(1, now)
 
         observe.per_write = per_write  # type: ignore[attr-defined]
         return observe
