@@ -1,6 +1,7 @@
 """llmsim side-by-side benchmark: one command, loopback only, bounded in time.
 
     python bench/run.py [--quick] [--peers] [--only rps,stream,ws,mem,startup] [--no-write]
+                        [--loops uvloop,asyncio] [--rounds 3]
 
 Starts every server as a child process (killed in ``finally``), drives it with the epoll C
 load generator in ``bench/loadgen.c`` (compiled with gcc on first use into ``bench/.build``),
@@ -13,6 +14,8 @@ Workloads (see README "Performance"):
            10 ms inter-token gap: delivered events/s, server CPU, TTFT error, gap error and
            lateness (actual receive time minus scheduled) p50/p99/max, share on time.
   ws       the same Responses stream over WebSocket (if llmsim serves it).
+  Streaming runs against the bare paced-SSE anchor (``bench/baseline_h11.py``) on the same
+  event loop, once per ``--loops`` entry; each run is repeated ``--rounds`` times (medians).
   mem      RSS growth per idle keep-alive connection and per active stream.
   startup  process start → first served request.
 
@@ -292,6 +295,25 @@ def stream(server: Child, n: int, seconds: float, kind: str = "chat",
     return r
 
 
+def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-metric medians of several rounds of one run (percentile dicts field by field)."""
+    def med(xs: list[Any]) -> Any:
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    out: dict[str, Any] = {}
+    for k, v in results[0].items():
+        vals = [r.get(k) for r in results]
+        if isinstance(v, (int, float)) and all(isinstance(x, (int, float)) for x in vals):
+            out[k] = med(vals)
+        elif isinstance(v, dict) and all(isinstance(x, dict) for x in vals):
+            out[k] = {f: med([x[f] for x in vals]) if isinstance(fv, (int, float)) else fv
+                      for f, fv in v.items()}
+        else:
+            out[k] = v
+    return out
+
+
 def memory(server: Child, n: int, req: bytes, streaming: bool) -> dict[str, Any]:
     """RSS growth of the server while ``n`` connections are idle (or streaming)."""
     path = write_tmp(req)
@@ -464,7 +486,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", default=None, help="stream counts, e.g. 100,1000,2000")
     ap.add_argument("--workers", default="1,2", help="llmsim worker counts for rps/stream")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/RESULTS.md")
+    ap.add_argument("--loops", default="uvloop,asyncio",
+                    help="event loops for the streaming runs (anchor and llmsim on each)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of each streaming run; the table shows per-metric medians "
+                         "(default 3, --quick 1)")
     a = ap.parse_args(argv)
+    loops = [x for x in a.loops.split(",")
+             if x == "asyncio" or (x == "uvloop" and importlib.util.find_spec("uvloop"))]
+    n_rounds = max(1, a.rounds if a.rounds is not None else (1 if a.quick else 3))
+    rounds_note = f", median of {n_rounds} rounds" if n_rounds > 1 else ""
+
+    def rounds(run: Any) -> dict[str, Any]:
+        return median_result([run() for _ in range(n_rounds)])
+
     # SIGTERM (e.g. from `timeout`) unwinds through the finally blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = set(a.only.split(","))
@@ -545,46 +580,54 @@ def main(argv: list[str] | None = None) -> int:
                    "events/s ÷ anchor"], rows)
 
     timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
-    if "stream" in only:
-        kinds = ["chat"] + (["responses"] if has_module("responses") else [])
-        # the streaming anchor: bare asyncio+h11 pacing the same chunks on one heap timer,
-        # on the same event loop llmsim picks by default (uvloop when installed)
-        loop_args = ["--uvloop"] if importlib.util.find_spec("uvloop") else []
-        anchor: dict[int, dict[str, Any]] = {}
-        with Child("anchor-sse", [PY, str(HERE / "baseline_h11.py"), *loop_args,
-                                  *timing]) as b:
-            for n in counts:
-                anchor[n] = stream(b, n, sdur)
-        for kind in kinds:
-            runs = [(f"bare h11 anchor ({'uvloop' if loop_args else 'asyncio'})", n, anchor[n])
-                    for n in counts] if kind == "chat" else []
-            for w in workers:
-                wargs = ["--workers", str(w)] if multi else []
-                with llmsim(*timing, *wargs) as s:
+    if "stream" in only or "ws" in only:
+        kinds = (["chat"] + (["responses"] if has_module("responses") else [])
+                 if "stream" in only else [])
+        for loop in loops:
+            # the streaming anchor: bare asyncio+h11 pacing the same chunks on one heap
+            # timer, on the same event loop as the llmsim runs it is compared with
+            anchor: dict[int, dict[str, Any]] = {}
+            with Child("anchor-sse", [PY, str(HERE / "baseline_h11.py"),
+                                      *(["--uvloop"] if loop == "uvloop" else []),
+                                      *timing]) as b:
+                for n in counts:
+                    anchor[n] = rounds(lambda: stream(b, n, sdur))  # noqa: B023
+            for kind in kinds:
+                runs = [(f"bare h11 anchor ({loop})", n, anchor[n])
+                        for n in counts] if kind == "chat" else []
+                for w in workers:
+                    wargs = ["--workers", str(w)] if multi else []
+                    with llmsim(*timing, *wargs, "--loop", loop) as s:
+                        for n in counts:
+                            if w > 1 and n < 1000:
+                                continue
+                            runs.append((f"llmsim {kind} ({w}w, {loop})", n,
+                                         rounds(lambda: stream(s, n, sdur, kind))))  # noqa: B023
+                if kind == "chat" and loop == loops[0]:
+                    if "llmock" in peers:
+                        with start_llmock(peers["llmock"], TTFT_MS, ITL_MS) as s:
+                            for n in counts[:2]:
+                                runs.append(("llmock chat", n, stream(s, n, sdur)))
+                    if peers.get("aimock"):
+                        with start_aimock(peers["aimock"], TTFT_MS, ITL_MS) as s:
+                            for n in counts[:2]:
+                                runs.append(("aimock chat", n, stream(s, n, sdur)))
+                stream_rows(f"Streaming {kind} ({loop}): TTFT {TTFT_MS:.0f} ms, gap "
+                            f"{ITL_MS:.0f} ms, {STREAM_TOKENS} tokens a stream, back to back "
+                            f"for {sdur:.0f} s{rounds_note}", runs)
+                ratio_rows(f"{kind} ({loop})", [(name, n, r) for name, n, r in runs
+                                                if name.startswith("llmsim") and n in anchor],
+                           anchor)
+            if "ws" in only and has_module("websocket"):
+                runs = []
+                with llmsim(*timing, "--loop", loop) as s:
                     for n in counts:
-                        if w > 1 and n < 1000:
-                            continue
-                        runs.append((f"llmsim {kind} ({w}w)", n, stream(s, n, sdur, kind)))
-            if kind == "chat":
-                if "llmock" in peers:
-                    with start_llmock(peers["llmock"], TTFT_MS, ITL_MS) as s:
-                        for n in counts[:2]:
-                            runs.append(("llmock chat", n, stream(s, n, sdur)))
-                if peers.get("aimock"):
-                    with start_aimock(peers["aimock"], TTFT_MS, ITL_MS) as s:
-                        for n in counts[:2]:
-                            runs.append(("aimock chat", n, stream(s, n, sdur)))
-            stream_rows(f"Streaming {kind}: TTFT {TTFT_MS:.0f} ms, gap {ITL_MS:.0f} ms, "
-                        f"{STREAM_TOKENS} tokens a stream, back to back for {sdur:.0f} s", runs)
-            ratio_rows(kind, [(name, n, r) for name, n, r in runs
-                              if name.startswith("llmsim") and n in anchor], anchor)
-
-    if "ws" in only and has_module("websocket"):
-        runs = []
-        with llmsim(*timing) as s:
-            for n in counts[:2]:
-                runs.append(("llmsim responses WS", n, stream(s, n, sdur, "responses", ws=True)))
-        stream_rows("Streaming Responses over WebSocket (one connection per stream)", runs)
+                        runs.append((f"llmsim responses WS ({loop})", n,
+                                     rounds(lambda: stream(s, n, sdur, "responses",  # noqa: B023
+                                                           ws=True))))
+                stream_rows(f"Streaming Responses over WebSocket ({loop}, one connection per "
+                            f"stream){rounds_note}", runs)
+                ratio_rows(f"Responses WebSocket ({loop})", runs, anchor)
 
     if "mem" in only:
         rows = []

@@ -49,6 +49,12 @@ class Clock:
     """Interface: monotonic ``now()``, wall ``time()``, ``call_at``, and ``sleep``."""
 
     coalesce = 0.0002  # run timers due within 0.2 ms of each other in one pass
+    # The one coalescing rule for stream events (applied by flow.Pump): events of one stream
+    # share a write only when they are due at the same instant (within ``coalesce``) or when
+    # the pump is behind, i.e. the next event is already later than ``catch_up`` seconds.
+    # On time, every event is its own write at its own deadline: two tokens written together
+    # are a timing error the client sees.
+    catch_up = 0.002
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Timer]] = []
@@ -75,6 +81,19 @@ class Clock:
         if heap[0][2] is t and not self._running:
             self._arm()  # new earliest deadline (inside _run_due the pass re-arms once)
         return t
+
+    def recall(self, timer: Timer, deadline: float) -> Timer:
+        """Arm ``timer`` again for ``deadline`` with the same callback: ``call_at`` without
+        allocating, for a callback that re-arms its own timer once per event (the pump).
+        Only for a timer that has FIRED (its heap entry is gone); a timer cancelled before
+        firing still has its entry in the heap and must not be reused."""
+        timer.deadline = deadline
+        timer.cancelled = False
+        heap = self._heap
+        _heappush(heap, (deadline, next(self._counter), timer))
+        if heap[0][2] is timer and not self._running:
+            self._arm()
+        return timer
 
     def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
         return self.call_at(self.now() + delay, callback)

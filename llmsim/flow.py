@@ -1,8 +1,10 @@
 """Pacing and backpressure: drive an EventStream on the shared clock into a sink.
 
 Theory of operation. A :class:`Pump` owns one stream. Each time the clock fires it, it pulls
-every event whose deadline has come (coalescing events that fall due together into one write),
-encodes them and hands the bytes to its sink, then arms one timer for the next deadline. No
+the event whose deadline has come, encodes it and hands the bytes to its sink, then arms one
+timer for the next deadline. Events share a write only when they are due at the same instant
+or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing rule, see
+:class:`~llmsim.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
@@ -68,7 +70,8 @@ class Pump:
     pump fails (None: write nothing, e.g. no client)."""
 
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
-                 "_timer", "_pending", "_paused_at", "_done")
+                 "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
+                 "_unobserved")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -86,6 +89,12 @@ class Pump:
         self._pending: tuple[float, str, Any] | None = None
         self._paused_at: float | None = None
         self._done = False
+        # an observer that counts tokens per write (StreamTrack.observe): called once per
+        # write with the number of token events in it, instead of once per event
+        self._per_write: Callable[[int, float], None] | None = getattr(observer, "per_write",
+                                                                       None)
+        self._is_token = stream.dialect.is_token
+        self._unobserved = 0  # token events encoded but not yet observed (failure path)
 
     def start(self) -> None:
         self.stream.begin(self.clock.now())
@@ -148,19 +157,26 @@ class Pump:
         except Exception:  # the sink itself is broken: drop the connection instead
             log.exception("cannot write the terminal error frame")
             self.sink.abort()
+        if self._unobserved and self._per_write is not None:
+            n, self._unobserved = self._unobserved, 0
+            try:
+                self._per_write(n, self.clock.now())
+            except Exception:
+                log.exception("stream observer failed")
         self._finish("error")
 
     def _tick(self) -> None:
+        fired = self._timer  # (None when called by start or resume)
         self._timer = None
         if self._done:
             return
         frames: list[bytes] = []
         try:
-            self._step(frames)
+            self._step(frames, fired)
         except Exception:
             self._fail(frames)
 
-    def _step(self, frames: list[bytes]) -> None:
+    def _step(self, frames: list[bytes], fired: Timer | None) -> None:
         sink = self.sink
         if sink.paused:
             if self._paused_at is None:
@@ -168,48 +184,79 @@ class Pump:
             return
         clock = self.clock
         now = clock.now()
-        limit = now + clock.coalesce
+        same = clock.coalesce
+        limit = now + same
+        behind = now - clock.catch_up  # an event due before this is late: catch up
         stream = self.stream
         encode = self.encode
-        observer = self.observer
-        while True:
-            ev = self._pending
-            if ev is None:
-                ev = stream.pull()
+        per_write = self._per_write
+        is_token = self._is_token
+        observer = self.observer if per_write is None else None
+        tokens = 0  # token events in ``frames`` (per_write observation)
+        last = None  # deadline of the last event encoded in this pass
+        try:
+            while True:
+                ev = self._pending
                 if ev is None:
-                    self._flush(frames)
-                    self._finish("completed")
-                    return
-                self._pending = ev  # until written (a failure reports its number)
-            deadline, etype, data = ev
-            if deadline > limit:
-                self._flush(frames)
-                if not self._done:
-                    self._timer = clock.call_at(deadline, self._tick)
-                return
-            if etype[0] == "_":
-                self._pending = None
-                self._flush(frames)
-                if etype == DISCONNECT:
-                    sink.abort()
-                    self._finish("disconnect")
-                elif etype == STOP:
-                    self._finish("stopped")
-                if self._done:
-                    return
-                continue  # unknown control items are ignored
-            frames.append(encode(etype, data))
-            self._pending = None
-            if observer is not None:
-                observer(etype, data, now)
-            if len(frames) >= MAX_BATCH:
-                self._flush(frames)
-                frames.clear()
-                if sink.paused or self._done:
+                    ev = stream.pull()
+                    if ev is None:
+                        if frames:
+                            self._write(frames, tokens, now)
+                            tokens = 0
+                        self._finish("completed")
+                        return
+                    self._pending = ev  # until written (a failure reports its number)
+                deadline = ev[0]
+                # the coalescing rule (Clock.catch_up): a later event joins this write
+                # only when it is due at the same instant as the last one or already late
+                if deadline > limit or (last is not None and deadline - last > same
+                                        and deadline >= behind):
+                    if frames:
+                        self._write(frames, tokens, now)
+                        tokens = 0
                     if not self._done:
-                        self._paused_at = now
+                        self._timer = (clock.call_at(deadline, self._tick)
+                                       if fired is None or not fired.cancelled
+                                       else clock.recall(fired, deadline))
                     return
+                etype = ev[1]
+                if etype[0] == "_":
+                    self._pending = None
+                    if frames:
+                        self._write(frames, tokens, now)
+                        tokens = 0
+                    if etype == DISCONNECT:
+                        sink.abort()
+                        self._finish("disconnect")
+                    elif etype == STOP:
+                        self._finish("stopped")
+                    if self._done:
+                        return
+                    continue  # unknown control items are ignored
+                data = ev[2]
+                frames.append(encode(etype, data))
+                self._pending = None
+                last = deadline
+                if per_write is not None:
+                    if is_token(etype, data):
+                        tokens += 1
+                elif observer is not None:
+                    observer(etype, data, now)
+                if len(frames) >= MAX_BATCH:
+                    self._write(frames, tokens, now)
+                    tokens = 0
+                    if sink.paused or self._done:
+                        if not self._done:
+                            self._paused_at = now
+                        return
+        except BaseException:
+            self._unobserved = tokens  # the frames _fail writes still count
+            raise
 
-    def _flush(self, frames: list[bytes]) -> None:
-        if frames:
-            self.sink.write_events(frames)
+    def _write(self, frames: list[bytes], tokens: int, now: float) -> None:
+        """Write ``frames`` (then empty the list for reuse) and observe the ``tokens``
+        token events among them, once for the write."""
+        self.sink.write_events(frames)
+        frames.clear()
+        if tokens and self._per_write is not None:
+            self._per_write(tokens, now)

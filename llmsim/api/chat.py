@@ -664,6 +664,20 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
     steps = max(len(s) for s in seqs)
+    if len(choices) == 1 and choices[0].pieces is not None and choices[0].logprobs is None:
+        # the common case, one token per chunk of one text choice: the loop below without
+        # its per-token zip, checks and branches (hot path, issue 15)
+        pre = tok_pre[choices[0].index]
+        pieces = iter(seqs[0])
+        for item in pieces:  # the first token is due with the role chunk
+            yield 0.0, "chunk", pre + _dumps(item) + tok_post
+            break
+        # (gaps first: when they run out, zip has taken no token)
+        for delay, item in zip(gaps, pieces, strict=False):
+            yield delay, "chunk", pre + _dumps(item) + tok_post
+        for item in pieces:  # (fewer gaps than tokens: the rest at once, as below)
+            yield 0.0, "chunk", pre + _dumps(item) + tok_post
+        steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
         for c, seq in zip(choices, seqs, strict=True):

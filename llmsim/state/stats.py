@@ -123,7 +123,9 @@ class StreamTrack:
     """Latency and gauge bookkeeping for one stream, whatever transport writes it.
 
     Pass :attr:`observe` as the :class:`~llmsim.flow.Pump` observer (called for every event
-    written, with the clock time of the write; None when the stream cannot tell tokens) and
+    written, with the clock time of the write; None when the stream cannot tell tokens). Its
+    ``per_write(n, now)`` attribute records ``n`` tokens written together: the pump calls
+    that once per write instead (it counts tokens with the dialect's ``is_token``) and
     call :meth:`finish` when the stream ends for any reason (idempotent). TTFT is first token
     write − ``t0`` (the request's ``received_at``), the inter-token gap is the time between
     consecutive token writes.
@@ -160,10 +162,10 @@ class StreamTrack:
         search = bisect_left
         last = -1.0
 
-        def observe(etype: str, data: Any, now: float) -> None:
+        def per_write(n: int, now: float) -> None:
+            # ``n`` (≥ 1) token events written together at ``now``: the same histograms
+            # as ``n`` calls of ``observe`` (the pump observes once per write)
             nonlocal last
-            if not is_token(etype, data):
-                return
             if last < 0.0:
                 track.first = now
                 v = now - t0
@@ -176,9 +178,16 @@ class StreamTrack:
                 else:
                     itl_h[search(bounds, v) if v > b0 else 0] += 1
                     itl_h[-1] += v
+            if n > 1:
+                itl_h[0] += n - 1  # gaps within one write are 0
             last = now
-            track.tokens += 1
+            track.tokens += n
 
+        def observe(etype: str, data: Any, now: float) -> None:
+            if is_token(etype, data):
+                per_write(1, now)
+
+        observe.per_write = per_write  # type: ignore[attr-defined]
         return observe
 
     @property

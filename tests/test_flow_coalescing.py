@@ -1,0 +1,127 @@
+"""The pump's one coalescing rule (``Clock.catch_up``, issue 15) on the FakeClock: on time,
+every event is its own write at its own deadline; events share a write only when due at the
+same instant or when the pump is behind by more than ``catch_up``. No timing assertions:
+virtual time only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmsim import encode
+from llmsim.api.chat import CHAT
+from llmsim.clock import Clock, FakeClock
+from llmsim.flow import Pump
+from llmsim.stream import EventStream
+
+GAP = 0.01  # 10 ms between tokens, as the bench streams
+
+
+class WriteLog:
+    """A sink that records each write (one list of frames per call) with its virtual time."""
+
+    paused = False
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.writes: list[tuple[float, int]] = []
+
+    def write_events(self, frames: list[bytes]) -> None:
+        self.writes.append((self.clock.now(), len(frames)))
+
+    def abort(self) -> None:
+        pass
+
+
+def plan(tokens: int) -> list[tuple[float, str, object]]:
+    # role chunk and first token due together, then one token per GAP, then the finish
+    # chunk and [DONE] at the same instant as the last token
+    out: list[tuple[float, str, object]] = [(0.1, "chunk", {"role": "assistant"}),
+                                            (0.0, "chunk", b'{"t":0}')]
+    out += [(GAP, "chunk", b'{"t":%d}' % i) for i in range(1, tokens)]
+    out += [(0.0, "chunk", {"finish": 1}), (0.0, "done", None)]
+    return out
+
+
+async def pump(tokens: int, late_by: float) -> list[tuple[float, int]]:
+    """Run one stream; ``late_by``: the pump starts that long after the stream's start (a
+    server that fell behind), so everything due by then is late."""
+    clock = FakeClock(start=0.0)
+    sink = WriteLog(clock)
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    stream = EventStream(iter(plan(tokens)), CHAT)
+    stream.begin(clock.now())
+    clock.advance(late_by)
+    p = Pump(stream, clock, encode.sse_chat, sink, on_done=done.set_result)
+    p.start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    return sink.writes
+
+
+@pytest.mark.asyncio
+async def test_on_time_every_event_is_its_own_write() -> None:
+    writes = await pump(5, 0.0)
+    # role+token 0 together (same instant), tokens 1..3 alone, token 4 + finish + [DONE]
+    assert [n for _, n in writes] == [2, 1, 1, 1, 3]
+    assert [round(t, 6) for t, _ in writes] == [0.1, 0.11, 0.12, 0.13, 0.14]
+
+
+@pytest.mark.asyncio
+async def test_slightly_late_events_are_still_written_one_by_one() -> None:
+    # token 1 is due 0.11: starting at 0.11 + catch_up/2, tokens 0 and 1 are both due but
+    # the later one is not late by more than the threshold: two writes, not a pair
+    writes = await pump(5, 0.11 + Clock.catch_up / 2)
+    assert [n for _, n in writes] == [2, 1, 1, 1, 3]
+
+
+@pytest.mark.asyncio
+async def test_behind_by_more_than_catch_up_writes_the_due_batch_once() -> None:
+    # at 0.125 tokens 0, 1, 2 are due and token 2 (0.12) is 5 ms late: one write for the
+    # role chunk and tokens 0..2, then on time again
+    writes = await pump(5, 0.12 + 2 * Clock.catch_up + 0.001)
+    assert [n for _, n in writes] == [4, 1, 3]
+    assert [round(t, 6) for t, _ in writes][1:] == [0.13, 0.14]
+
+
+def test_per_write_observation_equals_per_event_observation() -> None:
+    """The pump observes tokens once per write (``observe.per_write``): the histograms and
+    counters are those of one ``observe`` call per token event."""
+    from llmsim.state.stats import Stats
+
+    def run(batched: bool) -> tuple[object, ...]:
+        st = Stats()
+        t = st.track("m", 0.0, "sse", lambda e, d: e == "tok", 3)
+        assert t.observe is not None
+        for now, n in [(0.1, 2), (0.11, 1), (0.125, 3), (0.3, 1)]:
+            if batched:
+                t.observe.per_write(n, now)  # type: ignore[attr-defined]
+            else:
+                for _ in range(n):
+                    t.observe("tok", None, now)
+                t.observe("other", None, now)  # not a token: not counted
+        t.finish("completed", 0.4)
+        raw = st.raw()
+        return t.tokens, t.ttft, raw["counters"]["tokens_delivered"], repr(st._hist("m"))
+
+    assert run(True) == run(False)
+    assert run(True)[0] == 7
+
+
+@pytest.mark.asyncio
+async def test_pump_counts_tokens_per_write() -> None:
+    """A StreamTrack observer gets one per_write call per write, with its token count."""
+    clock = FakeClock(start=0.0)
+    sink = WriteLog(clock)
+    calls: list[tuple[int, float]] = []
+
+    def observe(etype: str, data: object, now: float) -> None:
+        raise AssertionError("per-event observation used")
+
+    observe.per_write = lambda n, now: calls.append((n, now))  # type: ignore[attr-defined]
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    Pump(EventStream(iter(plan(3)), CHAT), clock, encode.sse_chat, sink,
+         on_done=done.set_result, observer=observe).start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    # role+token 0 (one token), token 1, token 2 + finish + [DONE] (one token)
+    assert [n for n, _ in calls] == [1, 1, 1]
