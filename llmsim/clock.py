@@ -26,6 +26,10 @@ from typing import Any
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
 
 
+def _released() -> None:
+    """What a cancelled :class:`Timer` holds instead of its callback."""
+
+
 class Timer:
     """A scheduled callback; ``cancel()`` is O(1) (lazy deletion from the heap)."""
 
@@ -38,6 +42,8 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.callback = _released  # the heap may keep the entry until its deadline: not what
+        # the callback holds (a long timer of a closed connection would keep it alive)
 
 
 class Clock:

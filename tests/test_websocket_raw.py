@@ -491,7 +491,7 @@ async def test_flooding_creates_stops_reading() -> None:
         await asyncio.sleep(0)
     assert not tr.reading  # 1 running + 3 waiting; the other 6 stay unread
     session = proto.upgraded
-    assert session._queued == 3 and session._active == 1
+    assert session.lanes.queued == 3 and session.lanes.active == 1
     proto.connection_lost(None)
     for _ in range(10):
         await asyncio.sleep(0)
