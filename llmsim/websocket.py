@@ -1,4 +1,10 @@
-"""Responses over WebSocket: handshake, one wsproto session per upgraded connection, lanes.
+"""Responses over WebSocket: one wsproto session per upgraded connection (thin glue).
+
+The decisions live elsewhere, pure and tested without sockets: the handshake and the
+connection cap in :mod:`llmsim.ws_handshake`, which create runs when in
+:class:`llmsim.ws_lanes.LaneScheduler`, the ``previous_response_id`` cache of a connection in
+the Responses state (:class:`llmsim.api.responses.state.ConnectionCache`). This module feeds
+bytes to wsproto, turns client events into requests, and writes events back.
 
 Theory of operation. ``protocol.py`` hands a request carrying ``Upgrade: websocket`` to
 :func:`upgrade`. It validates the handshake (RFC 6455 §4.2.1) and the connection cap and
@@ -26,20 +32,22 @@ response at a time, FIFO. Up to ``max_active`` responses of different lanes run 
 rest wait in arrival order. Named lanes are capped per connection (``max_lanes`` distinct ids,
 as the real service: the count never goes down). Waiting creates are capped (``max_queued``):
 beyond it the session stops reading the socket, so a client that floods creates is slowed by
-TCP instead of growing a queue.
+TCP instead of growing a queue (all decided by the ``LaneScheduler``).
 
 Cache. The most recent completed response of each lane (the whole connection, when no lanes
-are used) is kept in a connection-local cache that the Responses handler consults for
-``previous_response_id`` before its global store (so ``store: false`` chains work). A
-same-lane continuation that fails evicts its parent, as the real service does.
+are used) is kept in the connection's ``ConnectionCache``; each create carries its lane's view
+of it as ``Request.context`` (typed ``PreviousResponses``), which the Responses handler
+consults for ``previous_response_id`` before its global store (so ``store: false`` chains
+work). A same-lane continuation that fails evicts its parent, as the real service does.
 
 Backpressure and lifetime. Pumps check ``paused`` (the transport is above its high-water mark)
 and stop pulling events; ``resume_writing`` resumes them. While paused the session also stops
 reading client messages, so error replies to a client that does not read cannot pile up. A
 connection lives ``connection_time_limit_s``: then a ``websocket_connection_limit_reached``
-error event and a close (1001). A vanished client cancels every pump and task and releases
-every gauge exactly once; so does a client that reads nothing for ``write_stall_timeout_s``
-(the protocol cuts it, :meth:`WebSocketSession.cut`).
+error event and a close (1001). Every timer (time limit, close timeout, fragment timeout) is
+on ``app.clock``, so a FakeClock drives them in tests. A vanished client cancels every pump
+and task and releases every gauge exactly once; so does a client that reads nothing for
+``write_stall_timeout_s`` (the protocol cuts it, :meth:`WebSocketSession.cut`).
 
 Failures. An exception while a response runs (rendering, encoding: anything after dispatch)
 never wedges its lane: before the first event it is answered as a 500 error event, after it
@@ -360,7 +368,9 @@ class WebSocketSession:
             self._close_transport()
 
     def _close_transport(self) -> None:
-        self._close_timer = None
+        t, self._close_timer = self._close_timer, None
+        if t is not None:
+            t.cancel()  # (a no-op when it is this timer firing)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
