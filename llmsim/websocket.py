@@ -1,7 +1,8 @@
 """Responses over WebSocket: one wsproto session per upgraded connection (thin glue).
 
 The decisions live elsewhere, pure and tested without sockets: the handshake and the
-connection cap in :mod:`llmsim.ws_handshake`, which create runs when in
+connection cap in :mod:`llmsim.ws_handshake`, client events in :mod:`llmsim.ws_events`,
+which create runs when in
 :class:`llmsim.ws_lanes.LaneScheduler`, the ``previous_response_id`` cache of a connection in
 the Responses state (:class:`llmsim.api.responses.state.ConnectionCache`). This module feeds
 bytes to wsproto, turns client events into requests, and writes events back.
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,10 +87,10 @@ from .messages import (
     Request,
     Result,
     StreamResponse,
-    check_json_depth,
 )
 from .sim.rng import new_id
 from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
+from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_handshake import WS_PATHS, check_capacity, check_handshake, ws_path
 from .ws_lanes import LaneLimitError, LaneScheduler
 
@@ -104,7 +104,6 @@ __all__ = ["upgrade", "WebSocketSession", "WebSocketState", "WS_PATHS", "error_e
 
 log = logging.getLogger("llmsim")
 
-STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
 CLIENT_EVENTS = ("response.create", "response.steer")
 _MAX_CLOSE_REASON = 120  # a close frame's reason must fit in 123 bytes
 # what one held fragment costs beyond its text (a str object and a list slot): counted in
@@ -558,33 +557,15 @@ class WebSocketSession:
 
     def _on_message(self, text: str) -> None:
         try:
-            msg = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            self._reject(f"Invalid JSON in client event: {exc}. Each message must be one JSON "
-                         "object such as {\"type\": \"response.create\", ...}.", "invalid_json")
+            ev = parse_client_event(text)  # (pure: ws_events)
+        except EventError as exc:
+            self.send_event(error_event(exc.status, exc.type, exc.message, exc.code, exc.param,
+                                        exc.stream_id))
             return
-        if not isinstance(msg, dict):
-            self._reject("Invalid client event: expected a JSON object with a 'type' field.",
-                         "invalid_type")
-            return
-        try:
-            check_json_depth(msg, text)  # (the same bound as HTTP bodies, before any echo)
-        except APIError as exc:
-            self._reject(exc.message, exc.code, exc.param)
-            return
-        etype = msg.get("type")
-        if etype is None:
-            self._reject("Missing required parameter: 'type'.", "missing_required_parameter",
-                         "type")
-            return
-        if etype == "response.create":
-            self._on_create(msg)
-        elif etype == "response.steer":
-            self._on_steer(msg)
+        if type(ev) is Create:
+            self._on_create(ev)
         else:
-            shown = etype if isinstance(etype, str) else orjson.dumps(etype).decode()
-            self._reject(f"Invalid value: '{shown[:200]}'. Supported values are: "
-                         "'response.create' and 'response.steer'.", "invalid_value", "type")
+            self._on_steer(ev)  # type: ignore[arg-type]
 
     def _running_stream(self, rid: str) -> Pump | None:
         """The pump of response ``rid`` if it is streaming on this connection (≤ 16 jobs)."""
@@ -594,65 +575,33 @@ class WebSocketSession:
                 return job.pump
         return None
 
-    def _on_steer(self, msg: dict[str, Any]) -> None:
+    def _on_steer(self, ev: Steer) -> None:
         """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
-        prev = msg.get("previous_response_id")
-        inp = msg.get("input")
-        if not isinstance(prev, str) or not prev:
-            self._reject("Missing required parameter: 'previous_response_id'.",
-                         "missing_required_parameter", "previous_response_id")
-            return
-        if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
-            self._reject("Invalid 'input': expected a string or a non-empty array of input "
-                         "messages.", "invalid_value", "input")
-            return
         # the answer belongs to the steered response's stream when it is running here (the
         # stream numbers it); a response not running on this connection has no stream: 0
-        running = self._running_stream(prev)
+        running = self._running_stream(ev.previous_id)
         self.send_event({
             "type": "response.steer.failed",
             "sequence_number": running.claim() if running is not None else 0,
             "error": {"type": "invalid_request_error", "code": "steering_not_supported",
                       "message": "Steering is not supported by this simulator: send the input "
                                  "in a new response.create with previous_response_id."},
-            "steer": {"input": inp, "previous_response_id": prev}})
+            "steer": {"input": ev.input, "previous_response_id": ev.previous_id}})
 
-    def _on_create(self, msg: dict[str, Any]) -> None:
-        sid = msg.get("stream_id")
-        nested = msg.get("response")
-        if nested is not None:
-            if not isinstance(nested, dict):
-                self._reject("Invalid type for 'response': expected an object.",
-                             "invalid_type", "response",
-                             stream_id=sid if isinstance(sid, str) else None)
-                return
-            body = dict(nested)
-            if sid is None:
-                sid = body.get("stream_id")
-            for k, v in msg.items():
-                if k not in ("type", "response", "stream_id"):
-                    body.setdefault(k, v)
-        else:
-            body = {k: v for k, v in msg.items() if k != "type"}
-        body.pop("stream_id", None)
-        body.pop("type", None)
-        if sid is not None and (not isinstance(sid, str) or not STREAM_ID_RE.match(sid)):
-            self._reject("Invalid 'stream_id': expected 1 to 256 ASCII letters, digits, "
-                         "underscores, hyphens or periods.", "invalid_stream_id", "stream_id")
-            return
+    def _on_create(self, ev: Create) -> None:
+        sid = ev.stream_id
         if self.draining:
             self._reject("The server is shutting down; open a new connection.",
                          "server_shutting_down", stream_id=sid, status=503,
                          etype="server_error")
             return
-        prev = body.get("previous_response_id")
         req = Request(method="POST", path="/v1/responses", query=self.handshake.query,
-                      headers=self.handshake.headers, body=orjson.dumps(body),
+                      headers=self.handshake.headers, body=orjson.dumps(ev.body),
                       request_id="req_" + new_id("", 32), transport="ws",
                       client=self.handshake.client, received_at=self.app.clock.now(),
                       context=self.cache.lane(sid))
         try:
-            self.lanes.admit(sid, (req, prev if isinstance(prev, str) else None))
+            self.lanes.admit(sid, (req, ev.previous_id))
         except LaneLimitError as exc:
             self._reject(f"Too many WebSocket streams on this connection: the limit is "
                          f"{exc.limit} distinct stream_id values.",

@@ -17,6 +17,7 @@ from llmsim.api.responses.state import ConnectionCache, LaneCache
 from llmsim.clock import FakeClock
 from llmsim.config import WebSocketConfig
 from llmsim.errors import APIError
+from llmsim.ws_events import Create, EventError, Steer, parse_client_event
 from llmsim.ws_handshake import accept_key, check_capacity, check_handshake
 from llmsim.ws_lanes import LaneLimitError, LaneScheduler
 
@@ -73,6 +74,50 @@ def test_connection_cap_is_a_429_with_retry_after() -> None:
     assert (err.status, err.type, err.code) == (429, "rate_limit_error",
                                                 "too_many_websocket_connections")
     assert ("retry-after", "1") in err.headers
+
+
+# -- client events -------------------------------------------------------------------------
+
+def test_create_flat_and_nested_forms() -> None:
+    ev = parse_client_event(json.dumps({"type": "response.create", "model": "m", "input": "hi",
+                                        "stream_id": "a", "previous_response_id": "resp_1"}))
+    assert ev == Create("a", {"model": "m", "input": "hi", "previous_response_id": "resp_1"},
+                        "resp_1")
+    ev = parse_client_event(json.dumps({"type": "response.create", "store": False,
+                                        "response": {"model": "m", "stream_id": "b",
+                                                     "store": True}}))
+    assert ev == Create("b", {"model": "m", "store": True}, None)  # nested wins
+    steer = parse_client_event('{"type": "response.steer", "previous_response_id": "r", '
+                               '"input": "more"}')
+    assert steer == Steer("r", "more")
+
+
+@pytest.mark.parametrize("text,code,param,sid", [
+    ("{bad", "invalid_json", None, None),
+    ("[1]", "invalid_type", None, None),
+    ('{"model": "m"}', "missing_required_parameter", "type", None),
+    ('{"type": "response.cancel"}', "invalid_value", "type", None),
+    ('{"type": {"x": 1}}', "invalid_value", "type", None),
+    ('{"type": "response.create", "stream_id": "a b"}', "invalid_stream_id", "stream_id", None),
+    ('{"type": "response.create", "stream_id": 7}', "invalid_stream_id", "stream_id", None),
+    ('{"type": "response.create", "stream_id": "' + "x" * 257 + '"}', "invalid_stream_id",
+     "stream_id", None),
+    ('{"type": "response.create", "stream_id": "s", "response": 3}', "invalid_type",
+     "response", "s"),
+    ('{"type": "response.steer", "input": "x"}', "missing_required_parameter",
+     "previous_response_id", None),
+    ('{"type": "response.steer", "previous_response_id": "r", "input": []}', "invalid_value",
+     "input", None),
+    ('{"type": "response.create", "metadata": ' + "[" * 200 + "]" * 200 + "}",
+     "nesting_above_max_depth", "metadata", None),
+])
+def test_bad_client_events(text: str, code: str, param: str | None, sid: str | None) -> None:
+    with pytest.raises(EventError) as info:
+        parse_client_event(text)
+    err = info.value
+    assert (err.status, err.type, err.code, err.param, err.stream_id) == (
+        400, "invalid_request_error", code, param, sid)
+    assert len(err.message) < 400  # an unknown type is echoed, bounded
 
 
 # -- the lane scheduler --------------------------------------------------------------------
