@@ -119,6 +119,26 @@ class Clock:
     def pending(self) -> int:
         return sum(1 for _, _, t in self._heap if not t.cancelled)
 
+    # -- cancelling long timers ------------------------------------------------------------
+    _stale = 0  # cancels through cancel() since the last compaction (an upper bound)
+    COMPACT_MIN = 64  # smaller heaps are left alone
+
+    def cancel(self, timer: Timer) -> None:
+        """Cancel ``timer``; once cancelled entries may be most of the heap, drop them. A
+        cancelled entry otherwise stays until its deadline: with an hour-long timer per
+        connection (the WebSocket time limit), connection churn would grow the heap without
+        bound. Amortised O(1) (a compaction follows at least len/2 cancels)."""
+        if timer.cancelled:
+            return
+        timer.cancel()
+        self._stale += 1
+        heap = self._heap
+        if self._running or len(heap) < self.COMPACT_MIN or self._stale * 2 <= len(heap):
+            return
+        self._stale = 0
+        heap[:] = [e for e in heap if not e[2].cancelled]
+        heapq.heapify(heap)
+
 
 class RealClock(Clock):
     """The loop's monotonic clock with one armed ``call_at`` for the whole heap."""

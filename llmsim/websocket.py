@@ -305,7 +305,7 @@ class WebSocketSession:
         self.closing = True
         for t in (self._timer, self._close_timer):
             if t is not None:
-                t.cancel()
+                self.app.clock.cancel(t)
         self._timer = self._close_timer = None
         self._drop_message()
         self._cancel_all()
@@ -369,7 +369,7 @@ class WebSocketSession:
     def _close_transport(self) -> None:
         t, self._close_timer = self._close_timer, None
         if t is not None:
-            t.cancel()  # (a no-op when it is this timer firing)
+            self.app.clock.cancel(t)  # (a no-op when it is this timer firing)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -536,7 +536,7 @@ class WebSocketSession:
         t = self._frag_timer
         if t is not None:
             self._frag_timer = None
-            t.cancel()
+            self.app.clock.cancel(t)
 
     def _on_fragment_timeout(self) -> None:
         self._frag_timer = None

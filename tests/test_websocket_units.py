@@ -310,3 +310,32 @@ async def test_a_closed_connection_leaves_no_live_timer() -> None:
     del proto, tr  # what the event loop would drop
     gc.collect()
     assert ref() is None
+
+
+async def test_connection_churn_does_not_grow_the_timer_heap() -> None:
+    """Each connection arms an hour-long time limit; cancelled through the clock, the heap
+    drops them instead of holding one entry per closed connection until its deadline."""
+    clock = FakeClock()
+    live = [clock.call_later(5, lambda: None) for _ in range(10)]
+    for _ in range(10_000):
+        clock.cancel(clock.call_later(3600, lambda: None))
+    assert len(clock._heap) < 200 and clock.pending == 10
+    clock.cancel(live[0])
+    clock.cancel(live[0])  # twice: a no-op
+    assert clock.pending == 9
+    fired: list[int] = []
+    clock.call_later(1, lambda: fired.append(1))
+    clock.advance(1)
+    assert fired == [1]  # the heap is still a heap after compactions
+
+
+async def test_a_closed_connection_leaves_no_heap_entry_behind() -> None:
+    clock = FakeClock()
+    clock.settle_passes = 10**9  # time stands still: only compaction can drop entries
+    clock.call_later(1, lambda: None)  # (the heap's top stays live)
+    server = mem_server(clock=clock)
+    for _ in range(200):
+        proto, _tr, _client = await _upgrade(server)
+        proto.connection_lost(None)
+    assert server.app.stats.active_websockets == 0
+    assert len(clock._heap) < 130  # not 201
