@@ -116,7 +116,7 @@ FRAGMENT_OVERHEAD = 64
 # ------------------------------------------------------------------------------------------
 
 class WebSocketState:
-    """Per-app WebSocket state (``app.extensions["websocket"]``): the live sessions."""
+    """Per-app WebSocket state (``app.websocket``): the live sessions."""
 
     def __init__(self) -> None:
         self.sessions: set[WebSocketSession] = set()
@@ -125,9 +125,9 @@ class WebSocketState:
 
 
 def state(app: App) -> WebSocketState:
-    st = app.extensions.get("websocket")
+    st = app.websocket
     if st is None:
-        st = app.extensions["websocket"] = WebSocketState()
+        st = app.websocket = WebSocketState()
     return st
 
 
@@ -160,7 +160,7 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     try:
         accept = check_handshake(req.method, req.path, req.headers,
                                  getattr(protocol.conn, "their_http_version", b"1.1"))
-        authenticate = app.extensions.get("authenticate")
+        authenticate = app.authenticate
         if authenticate is not None:
             authenticate(req)  # a missing/wrong key is refused before the upgrade (401)
         check_capacity(len(state(app).sessions), app.config.websocket.max_connections)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..app import App
+    from ..clock import Timer
     from ..sim.decide import Usage
     from ..stream import PlanItem
 
@@ -232,13 +233,14 @@ class Faults:
                 raise fault_error(Fault("status", fault.status), _model(req), cfg.retry_after_ms)
             app.stats.error("fault_reset")
             return _reset_result()
-        req.notes["fault"] = fault  # mid-stream: applied by stream_hook
+        req.notes.fault = fault  # mid-stream: applied by stream_hook
         return None
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        fault: Fault | None = req.notes.pop("fault", None)
+        fault = req.notes.fault
         if fault is None:
             return
+        req.notes.fault = None
         s = res.stream
         stats = self.app.stats
         s.wrap(lambda plan: inject(plan, fault, s.dialect, s.fail,
@@ -311,24 +313,24 @@ class Limits:
         prompt, mx = estimate_tokens(_body(req))
         key = req.api_key or ""
         # raises the 429 (with x-ratelimit-* and retry-after headers) when a bucket is empty
-        req.notes["ratelimit"] = self.limiter.admit(key, model, prompt + (mx or 0),
-                                                    app.clock.now())
+        req.notes.ratelimit = self.limiter.admit(key, model, prompt + (mx or 0),
+                                                 app.clock.now())
         if mx is None:
-            req.notes["ratelimit_charge"] = (key, model)
+            req.notes.ratelimit_charge = (key, model)
         return None
 
     def after(self, req: Request, route: Route, res: Result) -> None:
-        snap = req.notes.get("ratelimit")
+        snap = req.notes.ratelimit
         if snap is None:
             return
         anthropic = route.name.startswith("anthropic")
         res.headers.extend(snap.headers(self.app.clock.time() if anthropic else None))
-        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
+        late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
             self.limiter.charge(*late, _output_tokens(res.usage), self.app.clock.now())
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
+        late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is None:
             return
         usage = res.stream.usage
@@ -381,7 +383,7 @@ class Capacity:
     connection cancels the wait directly (``connection_lost`` cancels the handler), and one
     the client closed (EOF, which the transport keeps open for half-closing clients) is
     found by a watch that runs every ``QUEUE_WATCH_S`` while anybody waits and asks the
-    server (``app.extensions["drop_departed"]``) to close the connections of waiting clients
+    server (``app.drop_departed``) to close the connections of waiting clients
     that sent EOF; that close cancels the wait the same way, so the queue slot and the
     ``queue_depth`` gauge are freed within one watch period.
     """
@@ -391,7 +393,7 @@ class Capacity:
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
         self.waiting: dict[asyncio.Future[None], str] = {}  # queued HTTP waiter → client
-        self._watch: asyncio.TimerHandle | None = None
+        self._watch: Timer | None = None
 
     def engine(self, model: str) -> Engine:
         eng = self.engines.get(model)
@@ -450,20 +452,21 @@ class Capacity:
                 raise
             finally:
                 self.waiting.pop(fut, None)
-        req.notes["slot"] = Slot(eng, self)
+        req.notes.slot = Slot(eng, self)
         return None
 
     def _arm_watch(self) -> None:
-        if self._watch is None and "drop_departed" in self.app.extensions:
-            self._watch = asyncio.get_running_loop().call_later(QUEUE_WATCH_S, self._tick)
+        if self._watch is None and self.app.drop_departed is not None:
+            self._watch = self.app.clock.call_later(QUEUE_WATCH_S, self._tick)
 
     def _tick(self) -> None:
         self._watch = None
         clients = {c for f, c in self.waiting.items() if not f.done()}
-        if not clients:
+        drop = self.app.drop_departed
+        if not clients or drop is None:
             return
         try:
-            self.app.extensions["drop_departed"](clients)
+            drop(clients)
         finally:
             self._arm_watch()
 
@@ -476,7 +479,7 @@ class Capacity:
                         headers=retry_headers(1000.0), overloaded=True)
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        slot: Slot | None = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is None:
             return
         s = res.stream
@@ -488,12 +491,12 @@ class Capacity:
         _chain_close(res, slot.release)
 
     def after(self, req: Request, route: Route, res: Result) -> None:
-        slot = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is not None:  # a complete (JSON or error) answer: the sequence is done
             slot.release()
 
     def abort(self, req: Request) -> None:
-        slot = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is not None:
             slot.release()
 
@@ -539,18 +542,18 @@ def register(app: App) -> None:
         keys = frozenset(cfg.api_key)
         app.before.append(_auth_hook(keys))
         # the WebSocket upgrade checks the key at the handshake, as the real API does
-        app.extensions["authenticate"] = lambda req: check_api_key(keys, req)
+        app.authenticate = lambda req: check_api_key(keys, req)
     faults = Faults(app, mask_keys=bool(admin_keys))
-    app.extensions["faults"] = faults
+    app.faults = faults
     app.before.append(faults.before)
     if cfg.ratelimit.enabled:
         limits = Limits(app)
-        app.extensions["ratelimit"] = limits
+        app.ratelimit = limits
         app.before.append(limits.before)
         app.after.append(limits.after)
         app.stream_hooks.append(limits.stream_hook)
     cap = Capacity(app)
-    app.extensions["capacity"] = cap
+    app.capacity = cap
     if cfg.capacity.enabled:
         app.before.append(cap.before)
         app.after.append(cap.after)

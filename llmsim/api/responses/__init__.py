@@ -614,7 +614,7 @@ async def _on_stop(app: App) -> None:
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
-    app.extensions.setdefault("on_stop", []).append(_on_stop)
+    app.on_stop.append(_on_stop)
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
