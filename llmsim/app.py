@@ -21,6 +21,7 @@ from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
 from .sim.script import Script, decision_of, load_script
+from .state.redis_limits import SharedCursors
 from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
 
@@ -101,6 +102,9 @@ class App:
         # --workers > 1 (workers.py): every worker's statistics, and their reset
         self.stats_collect: Callable[[App], Awaitable[dict[str, Any]]] | None = None
         self.stats_reset: Callable[[App], Awaitable[None]] | None = None
+        self.script_cursors: SharedCursors | None = None
+        if self.shared_state is not None:
+            self.script_cursors = SharedCursors(self.shared_state)
         from .api import register_all
 
         register_all(self)
@@ -127,16 +131,19 @@ class App:
                            code="model_not_supported")
         return prof
 
-    def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
+    async def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
                lat: Latency, response_id: str | None = None) -> Decision:
         """The answer to ``ask``: a scripted turn when a script rule matches (its error or
         status fault raised, its mid-stream fault left for the stream hook), else the
-        simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this."""
+        simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this. With
+        ``--state`` the script's cursors are shared by the replicas (in Redis)."""
         script = self.script
         if script.rules:
-            turn = script.turn(model=ask.profile.id, endpoint=endpoint, api_key=req.api_key,
-                               headers=req.headers, body=_body_of(req), ask=ask,
-                               response_id=response_id)
+            kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,
+                                  "api_key": req.api_key, "headers": req.headers,
+                                  "body": _body_of(req), "ask": ask, "response_id": response_id}
+            cursors = self.script_cursors
+            turn = script.turn(**kw) if cursors is None else await cursors.turn(script, **kw)
             if turn is not None:
                 if turn.error is not None:
                     e = turn.error

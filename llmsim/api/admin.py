@@ -83,6 +83,8 @@ async def scripts_put(req: Request, app: App) -> JSONResponse:
         raise APIError(400, f"Invalid script: {exc}", param=exc.where,
                        code="invalid_script") from None
     app.script.install(rules)
+    if app.script_cursors is not None:  # --state: the shared cursors start over too
+        await app.script_cursors.restart(app.script)
     return JSONResponse(app.script.view())
 
 

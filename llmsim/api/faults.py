@@ -5,7 +5,9 @@ through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults
 ``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
 plans and renders headers. Hook order (``app.before``): admin-key auth → API-key auth → fault
 injection → rate limit → capacity, so a refused or faulted request never takes a rate-limit
-token or a sequence.
+token or a sequence. With ``--state redis://...`` the scenario rules, their counters and the
+rate-limit buckets are shared by the replicas (``llmsim.state.redis_limits``); the header,
+the probabilities and capacity stay per replica.
 
 Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated with the
 API keys, faulted, limited and queued. ``/health`` and ``/llmsim/*`` are never faulted.
@@ -42,6 +44,7 @@ from ..routing import Route
 from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
 from ..sim.ratelimit import RateLimiter, estimate_tokens
+from ..state.redis_limits import SharedLimiter, SharedRules
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -174,6 +177,9 @@ class Faults:
     def __init__(self, app: App, mask_keys: bool = False) -> None:
         self.app = app
         self.engine = FaultEngine(app.config.faults, app.config.seed)
+        # --state: the scenario rules and their counters live in Redis (shared by replicas)
+        self.shared = SharedRules(app.shared_state, self.engine) \
+            if app.shared_state is not None else None
         self.mask_keys = mask_keys  # keys are configured: reads must not show a rule's key
 
     def _view(self, rule: Any) -> dict[str, Any]:
@@ -193,19 +199,27 @@ class Faults:
             return None
         header = req.headers.get(FAULT_HEADER)
         eng = self.engine
-        if header is None and not eng.rules and not eng.has_random:
+        if header is None and not eng.rules and not eng.has_random and self.shared is None:
             return None
         if header is not None and header.strip().lower() == "none":
             return None  # explicitly no fault (bypasses rules and probabilities)
-        try:
-            fault = eng.decide(model=_model(req), endpoint=route.name,
-                               path=req.path.removeprefix("/openai"), api_key=req.api_key,
-                               transport=req.transport, now=app.clock.time(),
-                               key=self._key(req), header=header)
-        except ValueError as exc:
-            raise APIError(400, f"Invalid value for header 'X-LLMSim-Fault': {header!r} ({exc})."
-                           f" Expected 'none' or {SPEC_HELP}.", type="invalid_request_error",
-                           param="X-LLMSim-Fault", code="invalid_value") from None
+        fault = None
+        where: dict[str, Any] = {
+            "model": _model(req), "endpoint": route.name,
+            "path": req.path.removeprefix("/openai"), "api_key": req.api_key,
+            "transport": req.transport, "now": app.clock.time(), "key": self._key(req)}
+        if self.shared is not None and (header is None or not eng.config.header):
+            fault = await self.shared.decide(**where)  # the shared rules, unless the header
+            if fault is not None:
+                eng.count(fault)
+        if fault is None:
+            try:
+                fault = eng.decide(**where, header=header)
+            except ValueError as exc:
+                raise APIError(400, f"Invalid value for header 'X-LLMSim-Fault': {header!r} "
+                               f"({exc}). Expected 'none' or {SPEC_HELP}.",
+                               type="invalid_request_error", param="X-LLMSim-Fault",
+                               code="invalid_value") from None
         if fault is None:
             return None
         if fault.mid_stream and not _streaming(req, route):
@@ -247,45 +261,59 @@ class Faults:
                                    lambda kind: stats.error("fault_" + kind)))
 
     # -- scenario API ----------------------------------------------------------------------
-    def _add(self, body: Any) -> dict[str, Any]:
+    async def _add(self, body: Any) -> dict[str, Any]:
+        now = self.app.clock.time()
         try:
-            return self._view(self.engine.add_rule(body, self.app.clock.time()))
+            rule = self.engine.add_rule(body, now) if self.shared is None else \
+                await self.shared.add(body, now)
         except OverflowError as exc:
             raise APIError(429, str(exc), type="invalid_request_error",
                            code="too_many_rules") from None
         except ValueError as exc:  # a RuleError names its field; nothing is parsed back
             raise APIError(400, f"Invalid fault rule: {exc}", type="invalid_request_error",
                            param=getattr(exc, "param", None), code="invalid_value") from None
+        return self._view(rule)
 
     async def post(self, req: Request, app: App) -> JSONResponse:
         body = req.json()
         if isinstance(body, dict) and "rules" in body and "fault" not in body:
             body = body["rules"]
         if isinstance(body, list):
-            return JSONResponse({"object": "list", "data": [self._add(b) for b in body]})
-        return JSONResponse(self._add(body))
+            return JSONResponse({"object": "list", "data": [await self._add(b) for b in body]})
+        return JSONResponse(await self._add(body))
+
+    async def _rules(self) -> list[Any]:
+        now = self.app.clock.time()
+        if self.shared is not None:
+            return await self.shared.listed(now)
+        self.engine.expire(now)
+        return self.engine.rules
 
     async def list(self, req: Request, app: App) -> JSONResponse:
-        self.engine.expire(app.clock.time())
-        return JSONResponse({"object": "list", "data": [self._view(r) for r in self.engine.rules],
+        rules = await self._rules()
+        return JSONResponse({"object": "list", "data": [self._view(r) for r in rules],
                              "fired": dict(self.engine.fired)})
 
-    def _find(self, rid: str) -> Any:
-        for r in self.engine.rules:
+    async def _find(self, rid: str) -> Any:
+        for r in await self._rules():
             if r.id == rid:
                 return r
         raise APIError(404, f"No fault rule with id '{rid}'.", param="id", code="not_found")
 
     async def get_one(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse(self._view(self._find(req.params["id"])))
+        return JSONResponse(self._view(await self._find(req.params["id"])))
 
     async def delete_all(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse({"object": "list", "deleted": self.engine.clear()})
+        n = self.engine.clear() if self.shared is None else await self.shared.clear()
+        return JSONResponse({"object": "list", "deleted": n})
 
     async def delete_one(self, req: Request, app: App) -> JSONResponse:
         rid = req.params["id"]
-        self._find(rid)
-        self.engine.remove_rule(rid)
+        await self._find(rid)
+        if self.shared is None:
+            self.engine.remove_rule(rid)
+        else:
+            await self.shared.remove(rid)
         return JSONResponse({"id": rid, "object": "llmsim.fault_rule", "deleted": True})
 
 
@@ -303,6 +331,15 @@ class Limits:
     def __init__(self, app: App) -> None:
         self.app = app
         self.limiter = RateLimiter(app.config.ratelimit)
+        # --state: the buckets live in Redis (one atomic take across replicas)
+        self.shared = SharedLimiter(app.shared_state, self.limiter) \
+            if app.shared_state is not None else None
+
+    def charge(self, key: str, model: str, tokens: int) -> None:
+        if self.shared is None:
+            self.limiter.charge(key, model, tokens, self.app.clock.now())
+        else:
+            self.shared.charge(key, model, tokens)
 
     async def before(self, req: Request, route: Route, app: App) -> Result | None:
         if not is_api_path(req.path):
@@ -313,8 +350,9 @@ class Limits:
         prompt, mx = estimate_tokens(_body(req))
         key = req.api_key or ""
         # raises the 429 (with x-ratelimit-* and retry-after headers) when a bucket is empty
-        req.notes.ratelimit = self.limiter.admit(key, model, prompt + (mx or 0),
-                                                 app.clock.now())
+        tokens = prompt + (mx or 0)
+        req.notes.ratelimit = self.limiter.admit(key, model, tokens, app.clock.now()) \
+            if self.shared is None else await self.shared.admit(key, model, tokens)
         if mx is None:
             req.notes.ratelimit_charge = (key, model)
         return None
@@ -327,17 +365,16 @@ class Limits:
         res.headers.extend(snap.headers(self.app.clock.time() if anthropic else None))
         late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
-            self.limiter.charge(*late, _output_tokens(res.usage), self.app.clock.now())
+            self.charge(*late, _output_tokens(res.usage))
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
         late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is None:
             return
         usage = res.stream.usage
-        limiter, clock = self.limiter, self.app.clock
 
         def charge(reason: str) -> None:
-            limiter.charge(*late, _output_tokens(usage), clock.now())
+            self.charge(*late, _output_tokens(usage))
 
         _chain_close(res, charge)
 

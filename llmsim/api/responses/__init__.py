@@ -284,7 +284,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     if rr.generate:
         rng = request_rng(app.config.seed, "/v1/responses", body)
         asked = ask(rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
-        decision = app.answer(req, "responses", asked, rng, app.latency(rr.profile),
+        decision = await app.answer(req, "responses", asked, rng, app.latency(rr.profile),
                               response_id=rid)
         out = render.response_out(decision, rid, created_at)
     else:  # WebSocket warm-up: state only, no model output
