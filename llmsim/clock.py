@@ -26,8 +26,8 @@ from typing import Any
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
 
 
-def _noop() -> None:
-    pass
+def _released() -> None:
+    """What a cancelled :class:`Timer` holds instead of its callback."""
 
 
 class Timer:
@@ -42,7 +42,8 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
-        self.callback = _noop  # the heap keeps the entry until its deadline, not the closure
+        self.callback = _released  # the heap may keep the entry until its deadline: not what
+        # the callback holds (a long timer of a closed connection would keep it alive)
 
 
 class Clock:
@@ -136,6 +137,26 @@ class Clock:
     @property
     def pending(self) -> int:
         return sum(1 for _, _, t in self._heap if not t.cancelled)
+
+    # -- cancelling long timers ------------------------------------------------------------
+    _stale = 0  # cancels through cancel() since the last compaction (an upper bound)
+    COMPACT_MIN = 64  # smaller heaps are left alone
+
+    def cancel(self, timer: Timer) -> None:
+        """Cancel ``timer``; once cancelled entries may be most of the heap, drop them. A
+        cancelled entry otherwise stays until its deadline: with an hour-long timer per
+        connection (the WebSocket time limit), connection churn would grow the heap without
+        bound. Amortised O(1) (a compaction follows at least len/2 cancels)."""
+        if timer.cancelled:
+            return
+        timer.cancel()
+        self._stale += 1
+        heap = self._heap
+        if self._running or len(heap) < self.COMPACT_MIN or self._stale * 2 <= len(heap):
+            return
+        self._stale = 0
+        heap[:] = [e for e in heap if not e[2].cancelled]
+        heapq.heapify(heap)
 
 
 class RealClock(Clock):

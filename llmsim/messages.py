@@ -102,7 +102,7 @@ class Request:
     client: str = ""
     params: Mapping[str, str] = field(default_factory=dict)  # path parameters
     received_at: float = 0.0  # clock time the request was complete
-    context: Any = None  # transport-specific context (the WebSocket session for "ws")
+    context: Any = None  # transport-specific context ("ws": its lane's PreviousResponses cache)
     notes: Notes = field(default_factory=Notes)  # what hooks pass on (typed: see Notes)
 
     def json(self) -> Any:

@@ -1,4 +1,11 @@
-"""Responses over WebSocket: handshake, one wsproto session per upgraded connection, lanes.
+"""Responses over WebSocket: one wsproto session per upgraded connection (thin glue).
+
+The decisions live elsewhere, pure and tested without sockets: the handshake and the
+connection cap in :mod:`llmsim.ws_handshake`, client events in :mod:`llmsim.ws_events`,
+which create runs when in
+:class:`llmsim.ws_lanes.LaneScheduler`, the ``previous_response_id`` cache of a connection in
+the Responses state (:class:`llmsim.api.responses.state.ConnectionCache`). This module feeds
+bytes to wsproto, turns client events into requests, and writes events back.
 
 Theory of operation. ``protocol.py`` hands a request carrying ``Upgrade: websocket`` to
 :func:`upgrade`. It validates the handshake (RFC 6455 §4.2.1) and the connection cap and
@@ -26,20 +33,22 @@ response at a time, FIFO. Up to ``max_active`` responses of different lanes run 
 rest wait in arrival order. Named lanes are capped per connection (``max_lanes`` distinct ids,
 as the real service: the count never goes down). Waiting creates are capped (``max_queued``):
 beyond it the session stops reading the socket, so a client that floods creates is slowed by
-TCP instead of growing a queue.
+TCP instead of growing a queue (all decided by the ``LaneScheduler``).
 
 Cache. The most recent completed response of each lane (the whole connection, when no lanes
-are used) is kept in a connection-local cache that the Responses handler consults for
-``previous_response_id`` before its global store (so ``store: false`` chains work). A
-same-lane continuation that fails evicts its parent, as the real service does.
+are used) is kept in the connection's ``ConnectionCache``; each create carries its lane's view
+of it as ``Request.context`` (typed ``PreviousResponses``), which the Responses handler
+consults for ``previous_response_id`` before its global store (so ``store: false`` chains
+work). A same-lane continuation that fails evicts its parent, as the real service does.
 
 Backpressure and lifetime. Pumps check ``paused`` (the transport is above its high-water mark)
 and stop pulling events; ``resume_writing`` resumes them. While paused the session also stops
 reading client messages, so error replies to a client that does not read cannot pile up. A
 connection lives ``connection_time_limit_s``: then a ``websocket_connection_limit_reached``
-error event and a close (1001). A vanished client cancels every pump and task and releases
-every gauge exactly once; so does a client that reads nothing for ``write_stall_timeout_s``
-(the protocol cuts it, :meth:`WebSocketSession.cut`).
+error event and a close (1001). Every timer (time limit, close timeout, fragment timeout) is
+on ``app.clock``, so a FakeClock drives them in tests. A vanished client cancels every pump
+and task and releases every gauge exactly once; so does a client that reads nothing for
+``write_stall_timeout_s`` (the protocol cuts it, :meth:`WebSocketSession.cut`).
 
 Failures. An exception while a response runs (rendering, encoding: anything after dispatch)
 never wedges its lane: before the first event it is answered as a 500 error event, after it
@@ -52,12 +61,7 @@ an error event (they could not be echoed).
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import logging
-import re
-import weakref
-from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +78,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from . import encode
+from .api.responses.state import ConnectionCache
 from .errors import APIError, server_error
 from .flow import Pump
 from .messages import (
@@ -82,10 +87,12 @@ from .messages import (
     Request,
     Result,
     StreamResponse,
-    check_json_depth,
 )
 from .sim.rng import new_id
 from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
+from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
+from .ws_handshake import WS_PATHS, check_capacity, check_handshake, ws_path
+from .ws_lanes import LaneLimitError, LaneScheduler
 
 if TYPE_CHECKING:
     from .app import App
@@ -93,13 +100,10 @@ if TYPE_CHECKING:
     from .protocol import HTTPProtocol
 
 __all__ = ["upgrade", "WebSocketSession", "WebSocketState", "WS_PATHS", "error_event",
-           "STREAM_ID_RE"]
+           "STREAM_ID_RE", "check_handshake"]
 
 log = logging.getLogger("llmsim")
 
-WS_PATHS = frozenset({"/v1/responses", "/openai/v1/responses"})
-STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
-_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 CLIENT_EVENTS = ("response.create", "response.steer")
 _MAX_CLOSE_REASON = 120  # a close frame's reason must fit in 123 bytes
 # what one held fragment costs beyond its text (a str object and a list slot): counted in
@@ -127,51 +131,6 @@ def state(app: App) -> WebSocketState:
     return st
 
 
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",") if t.strip()}
-
-
-def _bad(message: str, code: str, status: int = 400,
-         headers: list[tuple[str, str]] | None = None) -> APIError:
-    return APIError(status, message, type="invalid_request_error", code=code, headers=headers)
-
-
-def check_handshake(protocol: HTTPProtocol, req: Request, app: App) -> bytes:
-    """Validate an upgrade request (RFC 6455 §4.2.1); the ``Sec-WebSocket-Accept`` value, or
-    an APIError that is answered as a plain HTTP error before any switch."""
-    path = req.path.rstrip("/") if len(req.path) > 1 else req.path
-    if path not in WS_PATHS:
-        try:
-            app.router.resolve(req.method, path)
-        except APIError as exc:
-            if exc.status == 404:
-                raise
-        raise _bad(f"WebSocket upgrades are only supported on GET /v1/responses, not "
-                   f"{req.method} {path}.", "websocket_not_supported")
-    if req.method != "GET":
-        raise _bad(f"A WebSocket upgrade must use GET, not {req.method}.",
-                   "invalid_websocket_handshake")
-    if getattr(protocol.conn, "their_http_version", b"1.1") != b"1.1":
-        raise _bad("A WebSocket upgrade needs HTTP/1.1.", "invalid_websocket_handshake")
-    h = req.headers
-    if "upgrade" not in _tokens(h.get("connection", "")):
-        raise _bad("Invalid WebSocket handshake: the Connection header must include "
-                   "'Upgrade'.", "invalid_websocket_handshake")
-    if h.get("sec-websocket-version", "").strip() != "13":
-        raise _bad("Unsupported WebSocket version: only version 13 is supported.",
-                   "invalid_websocket_handshake", status=426,
-                   headers=[("sec-websocket-version", "13")])
-    key = h.get("sec-websocket-key", "").strip()
-    try:
-        ok = len(base64.b64decode(key, validate=True)) == 16
-    except ValueError:
-        ok = False
-    if not ok:
-        raise _bad("Invalid WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in "
-                   "base64.", "invalid_websocket_handshake")
-    return base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest())
-
-
 async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     """``app.ws_handler``: switch to a WebSocket session, or return the HTTP error Result."""
     from .app import error_result
@@ -193,19 +152,20 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     from .app import error_result
 
     try:
-        accept = check_handshake(protocol, req, app)
+        if ws_path(req.path) not in WS_PATHS:
+            app.router.resolve(req.method, ws_path(req.path))  # an unknown path: its 404
+    except APIError as exc:
+        if exc.status == 404:
+            return error_result(exc)
+    try:
+        accept = check_handshake(req.method, req.path, req.headers,
+                                 getattr(protocol.conn, "their_http_version", b"1.1"))
         authenticate = app.authenticate
         if authenticate is not None:
             authenticate(req)  # a missing/wrong key is refused before the upgrade (401)
+        check_capacity(len(state(app).sessions), app.config.websocket.max_connections)
     except APIError as exc:
         return error_result(exc)
-    st = state(app)
-    cfg = app.config.websocket
-    if cfg.max_connections and len(st.sessions) >= cfg.max_connections:
-        return error_result(APIError(
-            429, f"Too many concurrent WebSocket connections: the limit is "
-            f"{cfg.max_connections}. Close one or retry later.", type="rate_limit_error",
-            code="too_many_websocket_connections", headers=[("retry-after", "1")]))
     session = WebSocketSession(protocol, app, req)
     trailing = protocol.switch_protocol(
         [(b"sec-websocket-accept", accept), (b"server", b"llmsim"),
@@ -263,26 +223,14 @@ def _from_result(res: Result, stream_id: str | None) -> dict[str, Any]:
 # The session
 # ------------------------------------------------------------------------------------------
 
-class Lane:
-    """One ordering lane: queued requests run one at a time, FIFO."""
-
-    __slots__ = ("key", "queue", "job", "waiting")
-
-    def __init__(self, key: str | None) -> None:
-        self.key = key
-        self.queue: deque[tuple[Request, str | None]] = deque()  # (request, previous id)
-        self.job: Job | None = None
-        self.waiting = False  # in the session's run queue
-
-
 class Job:
     """One response running on a lane: the dispatch task, then its pump."""
 
     __slots__ = ("lane", "req", "prev_id", "task", "pump", "res", "done", "streaming",
                  "endpoint", "track", "answered")
 
-    def __init__(self, lane: Lane, req: Request, prev_id: str | None) -> None:
-        self.lane = lane
+    def __init__(self, lane: str | None, req: Request, prev_id: str | None) -> None:
+        self.lane = lane  # the stream_id (None: the default lane)
         self.req = req
         self.prev_id = prev_id
         self.task: asyncio.Task[None] | None = None
@@ -293,50 +241,6 @@ class Job:
         self.endpoint = "responses"
         self.track: Any = None  # the stats StreamTrack while streaming
         self.answered = False  # counted in stats (stream started or error sent)
-
-
-class RequestContext:
-    """``Request.context`` of a WebSocket ``response.create``: the connection-local cache,
-    seen from one lane (the Responses handler calls :meth:`cached_response` and
-    :meth:`cache_response`; the record is opaque here)."""
-
-    __slots__ = ("_session", "stream_id")
-    transport = "ws"
-
-    def __init__(self, session: WebSocketSession, stream_id: str | None) -> None:
-        # weak: a stored response keeps its request context, and must not keep a closed
-        # connection (protocol, buffers, cache) alive until the store forgets it
-        self._session = weakref.ref(session)
-        self.stream_id = stream_id
-
-    @property
-    def session(self) -> WebSocketSession | None:
-        """The connection's session, or None once it is gone."""
-        return self._session()
-
-    def cached_response(self, response_id: str) -> Any | None:
-        """The cached record for ``response_id`` on this connection, or None."""
-        s = self._session()
-        return s.cached_response(response_id) if s is not None else None
-
-    def cache_response(self, record: Any, response_id: str | None = None) -> None:
-        """Remember ``record`` as this lane's most recent completed response."""
-        s = self._session()
-        if s is not None:
-            s.cache_response(record, self.stream_id, response_id)
-
-
-def _record_id(record: Any) -> str | None:
-    rid = getattr(record, "id", None)
-    if rid is None and isinstance(record, Mapping):
-        rid = record.get("id")
-        if rid is None and isinstance(record.get("response"), Mapping):
-            rid = record["response"].get("id")
-    if rid is None:
-        resp = getattr(record, "response", None)
-        rid = getattr(resp, "id", None) or (resp.get("id") if isinstance(resp, Mapping)
-                                            else None)
-    return rid if isinstance(rid, str) else None
 
 
 class WebSocketSession:
@@ -357,18 +261,16 @@ class WebSocketSession:
         self._msg_bytes = 0  # bytes of the message so far (text or binary)
         self._held = 0  # memory of self._msg, counted in WebSocketState.pending_bytes
         self._frag_timer: Timer | None = None  # fragment_timeout_s of the unfinished message
-        self._lanes: dict[str | None, Lane] = {}  # lanes with work (≤ max_lanes + 1)
-        self._named: set[str] = set()  # distinct named lanes ever used (≤ max_lanes)
-        self._runq: deque[Lane] = deque()  # lanes with work waiting for an active slot
+        # which create runs when (pure: ws_lanes); the jobs it started
+        self.lanes: LaneScheduler[tuple[Request, str | None]] = LaneScheduler(
+            self.cfg.max_lanes, self.cfg.max_active, self.cfg.max_queued)
         self._jobs: set[Job] = set()
-        self._active = 0
-        self._queued = 0
-        # most recent completed response per lane: id → record (≤ max_lanes + 1 entries)
-        self._cache: OrderedDict[str, Any] = OrderedDict()
-        self._cache_by_lane: dict[str | None, str] = {}
+        # previous_response_id cache (owned by the Responses state): one per named lane plus
+        # the default lane
+        self.cache = ConnectionCache(self.cfg.max_lanes + 1)
         self._read_paused = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._close_timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None  # connection_time_limit_s
+        self._close_timer: Timer | None = None  # close_timeout_s after our close frame
         self.opened_at = app.clock.now()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -386,7 +288,7 @@ class WebSocketSession:
         self._counted = True
         limit = self.cfg.connection_time_limit_s
         if limit > 0:
-            self._timer = asyncio.get_running_loop().call_later(limit, self._on_time_limit)
+            self._timer = self.app.clock.call_later(limit, self._on_time_limit)
         if trailing:
             self.data_received(trailing)
 
@@ -403,12 +305,11 @@ class WebSocketSession:
         self.closing = True
         for t in (self._timer, self._close_timer):
             if t is not None:
-                t.cancel()
+                self.app.clock.cancel(t)
         self._timer = self._close_timer = None
         self._drop_message()
         self._cancel_all()
-        self._cache.clear()
-        self._cache_by_lane.clear()
+        self.cache.clear()
         if self._counted:
             self._counted = False
             stats = self.app.stats
@@ -437,7 +338,7 @@ class WebSocketSession:
     def shutdown(self) -> None:
         """Graceful server shutdown: finish what runs, accept nothing new, close 1001."""
         self.draining = True  # queued creates still run; new ones are refused
-        if not self._jobs and not self._queued:
+        if not self._jobs and self.lanes.idle:
             self.close(1001, "server shutting down")
 
     def cut(self, reason: str) -> None:
@@ -460,13 +361,15 @@ class WebSocketSession:
             self._write(self.ws.send(CloseConnection(code=code,
                                                      reason=reason[:_MAX_CLOSE_REASON])))
             if self._close_timer is None:
-                self._close_timer = asyncio.get_running_loop().call_later(
-                    self.cfg.close_timeout_s, self._close_transport)
+                self._close_timer = self.app.clock.call_later(self.cfg.close_timeout_s,
+                                                              self._close_transport)
         else:
             self._close_transport()
 
     def _close_transport(self) -> None:
-        self._close_timer = None
+        t, self._close_timer = self._close_timer, None
+        if t is not None:
+            self.app.clock.cancel(t)  # (a no-op when it is this timer firing)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -525,7 +428,7 @@ class WebSocketSession:
 
     def _maybe_resume_reading(self) -> None:
         if (self._read_paused and not self.closed and not self.protocol.paused
-                and self._queued < self.cfg.max_queued):
+                and not self.lanes.full):
             self._read_paused = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
@@ -544,7 +447,7 @@ class WebSocketSession:
                 return
             if self.closed:
                 return
-            if self.protocol.paused or self._queued >= self.cfg.max_queued:
+            if self.protocol.paused or self.lanes.full:
                 # stop here: the rest stays in wsproto's buffer (at most one socket read)
                 self._pause_reading()
                 return
@@ -633,7 +536,7 @@ class WebSocketSession:
         t = self._frag_timer
         if t is not None:
             self._frag_timer = None
-            t.cancel()
+            self.app.clock.cancel(t)
 
     def _on_fragment_timeout(self) -> None:
         self._frag_timer = None
@@ -654,33 +557,15 @@ class WebSocketSession:
 
     def _on_message(self, text: str) -> None:
         try:
-            msg = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            self._reject(f"Invalid JSON in client event: {exc}. Each message must be one JSON "
-                         "object such as {\"type\": \"response.create\", ...}.", "invalid_json")
+            ev = parse_client_event(text)  # (pure: ws_events)
+        except EventError as exc:
+            self.send_event(error_event(exc.status, exc.type, exc.message, exc.code, exc.param,
+                                        exc.stream_id))
             return
-        if not isinstance(msg, dict):
-            self._reject("Invalid client event: expected a JSON object with a 'type' field.",
-                         "invalid_type")
-            return
-        try:
-            check_json_depth(msg, text)  # (the same bound as HTTP bodies, before any echo)
-        except APIError as exc:
-            self._reject(exc.message, exc.code, exc.param)
-            return
-        etype = msg.get("type")
-        if etype is None:
-            self._reject("Missing required parameter: 'type'.", "missing_required_parameter",
-                         "type")
-            return
-        if etype == "response.create":
-            self._on_create(msg)
-        elif etype == "response.steer":
-            self._on_steer(msg)
+        if type(ev) is Create:
+            self._on_create(ev)
         else:
-            shown = etype if isinstance(etype, str) else orjson.dumps(etype).decode()
-            self._reject(f"Invalid value: '{shown[:200]}'. Supported values are: "
-                         "'response.create' and 'response.steer'.", "invalid_value", "type")
+            self._on_steer(ev)  # type: ignore[arg-type]
 
     def _running_stream(self, rid: str) -> Pump | None:
         """The pump of response ``rid`` if it is streaming on this connection (≤ 16 jobs)."""
@@ -690,93 +575,47 @@ class WebSocketSession:
                 return job.pump
         return None
 
-    def _on_steer(self, msg: dict[str, Any]) -> None:
+    def _on_steer(self, ev: Steer) -> None:
         """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
-        prev = msg.get("previous_response_id")
-        inp = msg.get("input")
-        if not isinstance(prev, str) or not prev:
-            self._reject("Missing required parameter: 'previous_response_id'.",
-                         "missing_required_parameter", "previous_response_id")
-            return
-        if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
-            self._reject("Invalid 'input': expected a string or a non-empty array of input "
-                         "messages.", "invalid_value", "input")
-            return
         # the answer belongs to the steered response's stream when it is running here (the
         # stream numbers it); a response not running on this connection has no stream: 0
-        running = self._running_stream(prev)
+        running = self._running_stream(ev.previous_id)
         self.send_event({
             "type": "response.steer.failed",
             "sequence_number": running.claim() if running is not None else 0,
             "error": {"type": "invalid_request_error", "code": "steering_not_supported",
                       "message": "Steering is not supported by this simulator: send the input "
                                  "in a new response.create with previous_response_id."},
-            "steer": {"input": inp, "previous_response_id": prev}})
+            "steer": {"input": ev.input, "previous_response_id": ev.previous_id}})
 
-    def _on_create(self, msg: dict[str, Any]) -> None:
-        sid = msg.get("stream_id")
-        nested = msg.get("response")
-        if nested is not None:
-            if not isinstance(nested, dict):
-                self._reject("Invalid type for 'response': expected an object.",
-                             "invalid_type", "response",
-                             stream_id=sid if isinstance(sid, str) else None)
-                return
-            body = dict(nested)
-            if sid is None:
-                sid = body.get("stream_id")
-            for k, v in msg.items():
-                if k not in ("type", "response", "stream_id"):
-                    body.setdefault(k, v)
-        else:
-            body = {k: v for k, v in msg.items() if k != "type"}
-        body.pop("stream_id", None)
-        body.pop("type", None)
-        if sid is not None and (not isinstance(sid, str) or not STREAM_ID_RE.match(sid)):
-            self._reject("Invalid 'stream_id': expected 1 to 256 ASCII letters, digits, "
-                         "underscores, hyphens or periods.", "invalid_stream_id", "stream_id")
-            return
+    def _on_create(self, ev: Create) -> None:
+        sid = ev.stream_id
         if self.draining:
             self._reject("The server is shutting down; open a new connection.",
                          "server_shutting_down", stream_id=sid, status=503,
                          etype="server_error")
             return
-        if sid is not None and sid not in self._named:
-            if len(self._named) >= self.cfg.max_lanes:
-                self._reject(f"Too many WebSocket streams on this connection: the limit is "
-                             f"{self.cfg.max_lanes} distinct stream_id values.",
-                             "websocket_stream_limit_reached", "stream_id", stream_id=sid)
-                return
-            self._named.add(sid)
-        prev = body.get("previous_response_id")
         req = Request(method="POST", path="/v1/responses", query=self.handshake.query,
-                      headers=self.handshake.headers, body=orjson.dumps(body),
+                      headers=self.handshake.headers, body=orjson.dumps(ev.body),
                       request_id="req_" + new_id("", 32), transport="ws",
                       client=self.handshake.client, received_at=self.app.clock.now(),
-                      context=RequestContext(self, sid))
-        lane = self._lanes.get(sid)
-        if lane is None:
-            lane = self._lanes[sid] = Lane(sid)
-        lane.queue.append((req, prev if isinstance(prev, str) else None))
-        self._queued += 1
-        if lane.job is None and not lane.waiting:
-            lane.waiting = True
-            self._runq.append(lane)
+                      context=self.cache.lane(sid))
+        try:
+            self.lanes.admit(sid, (req, ev.previous_id))
+        except LaneLimitError as exc:
+            self._reject(f"Too many WebSocket streams on this connection: the limit is "
+                         f"{exc.limit} distinct stream_id values.",
+                         "websocket_stream_limit_reached", "stream_id", stream_id=sid)
+            return
         self._run_next()
 
     # -- scheduling --------------------------------------------------------------------------
     def _run_next(self) -> None:
-        while self._runq and self._active < self.cfg.max_active and not self.closing:
-            lane = self._runq.popleft()
-            lane.waiting = False
-            if lane.job is not None or not lane.queue:
-                continue
-            req, prev = lane.queue.popleft()
-            self._queued -= 1
+        if self.closing:
+            return
+        for lane, (req, prev) in self.lanes.take_ready():
             job = Job(lane, req, prev)
-            lane.job = job
             self._jobs.add(job)
-            self._active += 1
             self.app.stats.request_open()
             job.task = asyncio.get_running_loop().create_task(self._run(job))
         if self._read_paused:
@@ -811,7 +650,7 @@ class WebSocketSession:
         if job.done:
             return
         err = server_error()
-        ev = error_event(500, err.type, err.message, err.code, stream_id=job.lane.key)
+        ev = error_event(500, err.type, err.message, err.code, stream_id=job.lane)
         if job.streaming and job.res is not None:
             ev["sequence_number"] = (job.pump.claim() if job.pump is not None
                                      else job.res.stream.claim())
@@ -828,7 +667,7 @@ class WebSocketSession:
             self._job_done(job, "error")
 
     def _answer(self, job: Job, res: Result) -> None:
-        sid = job.lane.key
+        sid = job.lane
         if type(res) is StreamResponse:
             job.res = res  # type: ignore[assignment]
             if job.done or self.closing:
@@ -849,8 +688,7 @@ class WebSocketSession:
         if res.status < 400:
             log.error("the Responses handler answered a WebSocket create without a stream")
             res = RawResponse(server_error().body(), status=500)
-        if job.prev_id is not None and self._cache_by_lane.get(sid) == job.prev_id:
-            self._evict(job.prev_id)  # a failed same-lane continuation evicts its parent
+        self.cache.continuation_failed(sid, job.prev_id)
         self._account(job, res)
         self.send_event(_from_result(res, sid))
         self._job_done(job, "error")
@@ -861,7 +699,7 @@ class WebSocketSession:
                                  transport="ws")
 
     def _start_pump(self, job: Job, res: StreamResponse) -> None:
-        sid = job.lane.key
+        sid = job.lane
         suffix = b',"stream_id":"' + sid.encode() + b'"}' if sid is not None else None
         ws_text = res.stream.dialect.ws
         if ws_text is None:  # (only families with a WebSocket mode are dispatched here)
@@ -870,9 +708,8 @@ class WebSocketSession:
 
         def enc(etype: str, data: Any) -> bytes:
             b = ws_text(etype, data)
-            if etype == "response.failed" and prev is not None:
-                if self._cache_by_lane.get(sid) == prev:
-                    self._evict(prev)
+            if etype == "response.failed":
+                self.cache.continuation_failed(sid, prev)
             if suffix is not None and b[-1:] == b"}":
                 return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
             return b
@@ -916,30 +753,16 @@ class WebSocketSession:
         if not job.answered:
             accounting.request_gone(self.app, job.req, job.endpoint, transport="ws")
         self._jobs.discard(job)
-        self._active -= 1
         self.app.stats.request_close()
-        lane = job.lane
-        lane.job = None
-        if lane.queue and not self.closing:
-            if not lane.waiting:
-                lane.waiting = True
-                self._runq.append(lane)
-        elif not lane.queue and self._lanes.get(lane.key) is lane:
-            del self._lanes[lane.key]
+        self.lanes.finish(job.lane)
         if not self.closing:
             self._run_next()
-            if self.draining and not self._jobs and not self._queued:
+            if self.draining and not self._jobs and self.lanes.idle:
                 self.close(1001, "server shutting down")
-
-    def _drop_queued(self) -> None:
-        for lane in self._lanes.values():
-            lane.queue.clear()
-        self._runq.clear()
-        self._queued = 0
 
     def _cancel_all(self, reason: str = "cancelled") -> None:
         """Stop every running response and forget queued ones (client gone or closing)."""
-        self._drop_queued()
+        self.lanes.drop_queued()
         for job in list(self._jobs):
             if job.pump is not None:
                 job.pump.cancel(reason)  # → _pump_done(reason)
@@ -947,37 +770,3 @@ class WebSocketSession:
                 job.task.cancel()  # → _run sees CancelledError → _job_done
             if not job.task and job.pump is None and not job.done:
                 self._job_done(job, reason)
-        self._lanes = {k: v for k, v in self._lanes.items() if v.job is not None}
-
-    # -- the connection-local cache ------------------------------------------------------------
-    def cached_response(self, response_id: str) -> Any | None:
-        """The cached record of a recent completed response of this connection, or None."""
-        return self._cache.get(response_id)
-
-    def cache_response(self, record: Any, stream_id: str | None = None,
-                       response_id: str | None = None) -> None:
-        """Cache ``record`` as the most recent completed response of lane ``stream_id``."""
-        if self.closed:
-            return
-        rid = response_id or _record_id(record)
-        if rid is None:
-            log.warning("cache_response: record without an id: %r", type(record))
-            return
-        old = self._cache_by_lane.get(stream_id)
-        if old is not None and old != rid:
-            self._cache.pop(old, None)
-        self._cache[rid] = record
-        self._cache.move_to_end(rid)
-        self._cache_by_lane[stream_id] = rid
-        limit = self.cfg.max_lanes + 1  # one per named lane plus the default lane
-        while len(self._cache) > limit:
-            gone, _ = self._cache.popitem(last=False)
-            for k, v in list(self._cache_by_lane.items()):
-                if v == gone:
-                    del self._cache_by_lane[k]
-
-    def _evict(self, response_id: str) -> None:
-        self._cache.pop(response_id, None)
-        for k, v in list(self._cache_by_lane.items()):
-            if v == response_id:
-                del self._cache_by_lane[k]

@@ -380,11 +380,12 @@ async def test_unfinished_message_times_out_1008_on_fake_clock() -> None:
     # a message completed in time: no close, its timer is cancelled, its bytes released
     msg = orjson.dumps({"type": "response.create", "model": MODEL, "input": "hi",
                         "max_output_tokens": 16}).decode()
+    armed = clock.pending  # the connection time limit
     proto.data_received(_frag(client, msg[:20]))
-    assert wst.pending_bytes == 20 + FO and clock.pending == 1
+    assert wst.pending_bytes == 20 + FO and clock.pending == armed + 1
     proto.data_received(_frag(client, msg[20:], last=True))
     assert wst.pending_bytes == 0
-    assert await _settle(lambda: proto.upgraded._active == 0)
+    assert await _settle(lambda: proto.upgraded.lanes.active == 0)
     evs = _events(tr, client)
     assert _close_of(evs) is None and any(isinstance(e, TextMessage) for e in evs)
     # never finished: closed 1008 once fragment_timeout_s of virtual time has passed
@@ -452,7 +453,8 @@ async def test_pending_bytes_released_on_close_frame_and_disconnect() -> None:
     b, _, bc = await _upgrade(server)
     a.data_received(_frag(ac, "z" * 5000))
     b.data_received(_frag(bc, "z" * 7000))
-    assert wst.pending_bytes == 12_000 + 2 * FO and server.app.clock.pending == 2
+    # two fragment timers, two connection time limits
+    assert wst.pending_bytes == 12_000 + 2 * FO and server.app.clock.pending == 4
     a.data_received(ac.send(CloseConnection(code=1000)))  # the client closes mid-message
     assert wst.pending_bytes == 7000 + FO
     assert _close_of(_events(atr, ac)) is not None

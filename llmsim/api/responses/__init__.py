@@ -31,7 +31,16 @@ from ...stream import EventStream
 from ..validate import V, check_request_work, paced
 from . import render
 from .parse import RespRequest, ask, normalize_input, parse_body
-from .state import CANCEL, DELETED, Conversation, Record, ResponsesState, Snapshot, state
+from .state import (
+    CANCEL,
+    DELETED,
+    Conversation,
+    PreviousResponses,
+    Record,
+    ResponsesState,
+    Snapshot,
+    state,
+)
 
 if TYPE_CHECKING:
     from ...app import App
@@ -112,13 +121,17 @@ def _forget(st: ResponsesState, rec: Record) -> None:
             rec.shared = sh
 
 
+def _previous_responses(req: Request) -> PreviousResponses | None:
+    """The transport's previous-response cache of ``req`` (a WebSocket create), if any."""
+    ctx: PreviousResponses | None = req.context if req.transport == "ws" else None
+    return ctx
+
+
 def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record | Snapshot:
     rec: Record | Snapshot | None = None
-    ctx = req.context if req.transport == "ws" else None
+    ctx = _previous_responses(req)
     if ctx is not None:
-        lookup = getattr(ctx, "cached_response", None)
-        if lookup is not None:
-            rec = lookup(rid)
+        rec = ctx.cached_response(rid)
     if rec is None:
         rec = _lookup(st, rid)
     if rec is None:
@@ -279,9 +292,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     else:  # WebSocket warm-up: state only, no model output
         out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
     echo = render.echo_fields(rr)
-    ws_ctx = req.context if req.transport == "ws" else None
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
-                 conversation=p.conversation, ws_context=ws_ctx,
+                 conversation=p.conversation, ws_context=_previous_responses(req),
                  warmup=not rr.generate)
     st.measure(rec, req.body)
     if rr.store and st.put(rec):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,7 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
            "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex",
-           "RedisConversations", "value_limit"]
+           "RedisConversations", "value_limit", "PreviousResponses", "ConnectionCache",
+           "LaneCache"]
 
 Item = dict[str, Any]
 # ResponseError.code is a closed Literal in the SDK: anything else is reported as server_error
@@ -130,7 +131,8 @@ class Record:
 
     def __init__(self, app: App, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
-                 conversation: Conversation | None = None, ws_context: Any = None,
+                 conversation: Conversation | None = None,
+                 ws_context: PreviousResponses | None = None,
                  warmup: bool = False) -> None:
         self.app = app
         self.warmup = warmup  # WebSocket generate: false
@@ -245,11 +247,9 @@ class Record:
                 conv.extend(self.input_items + self.output_items())
             except APIError:  # --state redis and Redis went down since the request read
                 pass  # the conversation: this turn is not added (the response still ends)
-        ctx = self.ws_context
+        ctx, self.ws_context = self.ws_context, None  # (a stored record keeps no cache)
         if ctx is not None and self.status in ("completed", "incomplete"):
-            cache = getattr(ctx, "cache_response", None)
-            if cache is not None:
-                cache(self)
+            ctx.cache_response(self)
         if self.shared is not None:
             self.shared.publish(self)
 
@@ -924,3 +924,97 @@ def state(app: App) -> ResponsesState:
     if st is None:
         st = app.responses = ResponsesState(app)
     return st
+
+
+# -- the previous-response cache of a WebSocket connection ----------------------------------
+
+class PreviousResponses(Protocol):
+    """What a transport offers the Responses handler besides the store for
+    ``previous_response_id`` (``Request.context`` of a WebSocket ``response.create``): the
+    handler looks there first (so ``store: false`` chains work) and reports every completed
+    response back."""
+
+    def cached_response(self, response_id: str) -> Any | None:
+        """The cached record (a :class:`Record`) of ``response_id``, or None."""
+
+    def cache_response(self, record: Any) -> None:
+        """``record`` completed: keep it as its lane's most recent response."""
+
+
+def _cached_id(record: Any) -> str | None:
+    rid = record.id if isinstance(record, Record) else (
+        record.get("id") if isinstance(record, dict) else None)
+    return rid if isinstance(rid, str) else None
+
+
+class ConnectionCache:
+    """The most recent completed response of each lane of one WebSocket connection (the whole
+    connection when no lanes are used): at most ``limit`` entries (one per named lane plus the
+    default lane). The session owns it and hands each create a :class:`LaneCache`; it holds no
+    reference to the session, so a stored record that keeps its lane view keeps only this
+    (emptied by :meth:`clear` when the connection ends)."""
+
+    __slots__ = ("limit", "_by_id", "_by_lane", "closed")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._by_id: OrderedDict[str, Any] = OrderedDict()
+        self._by_lane: dict[str | None, str] = {}
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def lane(self, stream_id: str | None) -> LaneCache:
+        """The view of lane ``stream_id`` (a create's ``Request.context``)."""
+        return LaneCache(self, stream_id)
+
+    def get(self, response_id: str) -> Any | None:
+        return self._by_id.get(response_id)
+
+    def put(self, stream_id: str | None, record: Any) -> None:
+        """Remember ``record`` as lane ``stream_id``'s most recent completed response."""
+        rid = _cached_id(record)
+        if self.closed or rid is None:
+            return
+        old = self._by_lane.get(stream_id)
+        if old is not None and old != rid:
+            self._by_id.pop(old, None)
+        self._by_id[rid] = record
+        self._by_id.move_to_end(rid)
+        self._by_lane[stream_id] = rid
+        while len(self._by_id) > self.limit:
+            self.evict(next(iter(self._by_id)))
+
+    def continuation_failed(self, stream_id: str | None, previous_id: str | None) -> None:
+        """A continuation of ``previous_id`` on lane ``stream_id`` failed: as the real
+        service, a failed same-lane continuation evicts its parent."""
+        if previous_id is not None and self._by_lane.get(stream_id) == previous_id:
+            self.evict(previous_id)
+
+    def evict(self, response_id: str) -> None:
+        self._by_id.pop(response_id, None)
+        for k in [k for k, v in self._by_lane.items() if v == response_id]:
+            del self._by_lane[k]
+
+    def clear(self) -> None:
+        """The connection ended: forget everything, accept nothing more."""
+        self.closed = True
+        self._by_id.clear()
+        self._by_lane.clear()
+
+
+class LaneCache:
+    """:class:`PreviousResponses` of one lane of a :class:`ConnectionCache`."""
+
+    __slots__ = ("cache", "stream_id")
+
+    def __init__(self, cache: ConnectionCache, stream_id: str | None) -> None:
+        self.cache = cache
+        self.stream_id = stream_id
+
+    def cached_response(self, response_id: str) -> Any | None:
+        return self.cache.get(response_id)
+
+    def cache_response(self, record: Any) -> None:
+        self.cache.put(self.stream_id, record)

@@ -1,0 +1,82 @@
+"""The WebSocket opening handshake as pure functions (RFC 6455 §4.2.1): no socket, no app.
+
+:func:`check_handshake` takes what the upgrade request says (method, path, HTTP version,
+headers) and returns the ``Sec-WebSocket-Accept`` value, or raises the :class:`APIError` the
+client gets as a plain HTTP answer before any switch (400 bad handshake, 426 wrong version,
+400 ``websocket_not_supported`` on a path without a WebSocket mode). :func:`check_capacity`
+decides the connection cap (429). ``llmsim.websocket.upgrade`` calls both (and the API-key
+check between them, so an unauthenticated client is told 401 rather than 429).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Mapping
+
+from .errors import APIError
+
+__all__ = ["WS_PATHS", "check_handshake", "check_capacity", "accept_key", "ws_path"]
+
+WS_PATHS = frozenset({"/v1/responses", "/openai/v1/responses"})
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _bad(message: str, code: str, status: int = 400,
+         headers: list[tuple[str, str]] | None = None) -> APIError:
+    return APIError(status, message, type="invalid_request_error", code=code, headers=headers)
+
+
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",") if t.strip()}
+
+
+def ws_path(path: str) -> str:
+    """``path`` without a trailing slash (as compared with :data:`WS_PATHS`)."""
+    return path.rstrip("/") if len(path) > 1 else path
+
+
+def accept_key(key: str) -> bytes:
+    """The ``Sec-WebSocket-Accept`` value for a ``Sec-WebSocket-Key``."""
+    return base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest())
+
+
+def check_handshake(method: str, path: str, headers: Mapping[str, str],
+                    http_version: bytes = b"1.1") -> bytes:
+    """Validate an upgrade request; the ``Sec-WebSocket-Accept`` value, or an APIError
+    (answered as an HTTP error in the OpenAI envelope). ``headers`` have lower-case names.
+    A path without a WebSocket mode is ``websocket_not_supported``; whether such a path
+    exists at all (404) is the router's business, asked by the caller first."""
+    path = ws_path(path)
+    if path not in WS_PATHS:
+        raise _bad(f"WebSocket upgrades are only supported on GET /v1/responses, not "
+                   f"{method} {path}.", "websocket_not_supported")
+    if method != "GET":
+        raise _bad(f"A WebSocket upgrade must use GET, not {method}.",
+                   "invalid_websocket_handshake")
+    if http_version != b"1.1":
+        raise _bad("A WebSocket upgrade needs HTTP/1.1.", "invalid_websocket_handshake")
+    if "upgrade" not in _tokens(headers.get("connection", "")):
+        raise _bad("Invalid WebSocket handshake: the Connection header must include "
+                   "'Upgrade'.", "invalid_websocket_handshake")
+    if headers.get("sec-websocket-version", "").strip() != "13":
+        raise _bad("Unsupported WebSocket version: only version 13 is supported.",
+                   "invalid_websocket_handshake", status=426,
+                   headers=[("sec-websocket-version", "13")])
+    key = headers.get("sec-websocket-key", "").strip()
+    try:
+        ok = len(base64.b64decode(key, validate=True)) == 16
+    except ValueError:
+        ok = False
+    if not ok:
+        raise _bad("Invalid WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in "
+                   "base64.", "invalid_websocket_handshake")
+    return accept_key(key)
+
+
+def check_capacity(open_connections: int, max_connections: int) -> None:
+    """Refuse one more connection beyond ``max_connections`` (0 = no limit) with a 429."""
+    if max_connections and open_connections >= max_connections:
+        raise APIError(429, f"Too many concurrent WebSocket connections: the limit is "
+                       f"{max_connections}. Close one or retry later.", type="rate_limit_error",
+                       code="too_many_websocket_connections", headers=[("retry-after", "1")])
