@@ -110,7 +110,7 @@ class Entry:
     """One error of the catalogue: what the client sees, with the variable parts named.
 
     ``template`` is a :meth:`str.format` string over the fields given to :meth:`at` (plus
-    ``param``); ``clip`` names the fields that carry client-supplied values (bounded to
+    ``param`` and ``status``); ``clip`` names the fields that carry client-supplied values (bounded to
     :data:`MAX_ECHO` characters); ``names_param`` says whether the answer's ``param`` is set.
     ``type`` None: the type that goes with the status (:data:`_STATUS_TYPE`)."""
 
@@ -131,7 +131,8 @@ class Entry:
             param = bounded(param)
         for name in self.clip:
             fields[name] = bounded(fields[name])
-        return APIError(status or self.status, self.template.format(param=param, **fields),
+        status = status or self.status
+        return APIError(status, self.template.format(param=param, status=status, **fields),
                         type=type or self.type, param=param if self.names_param else None,
                         code=self.code, headers=headers, overloaded=self.overloaded)
 
@@ -359,7 +360,7 @@ class E:
                                         "(responses.store_max_bytes). Background mode needs a "
                                         "stored response: send a smaller input or create it "
                                         "without background.")
-    follow_on_other_worker = Entry(400, "invalid_value", "Response '{id}' is still {status} on "
+    follow_on_other_worker = Entry(400, "invalid_value", "Response '{id}' is still {state} on "
                                    "another llmsim worker: its events can be followed live "
                                    "only on the worker that runs it (use --workers 1 to follow "
                                    "running responses from any connection). Once it has "
@@ -369,6 +370,13 @@ class E:
                                   "be cancelled.", names_param=False)
     after_not_found = Entry(400, "invalid_value", "Invalid 'after': no item with id '{id}'.",
                             clip=("id",))
+    background_needs_store_true = Entry(400, "invalid_value", "Background mode requires "
+                                        "'store' to be true.")
+    background_over_websocket = Entry(400, "unsupported_parameter", "Background mode is not "
+                                      "supported over WebSocket.")
+    json_word_required_input = Entry(400, "invalid_value", "Response input messages must "
+                                     "contain the word 'json' in some form to use 'text.format' "
+                                     "of type 'json_object'.")
     item_reference_unsupported = Entry(400, "invalid_value", "item_reference items are not "
                                        "supported here.")
     conversations_disabled = Entry(400, None, "Conversations are disabled on this server "
@@ -474,9 +482,19 @@ class E:
                                      "only supported on GET /v1/responses, not {method} "
                                      "{path}.", type="invalid_request_error", names_param=False,
                                      clip=("method", "path"))
-    websocket_handshake = Entry(400, "invalid_websocket_handshake", "{reason}",
-                                type="invalid_request_error", names_param=False)
-    """A bad upgrade request; ``reason`` is one of the fixed texts in :mod:`llmsim.websocket`."""
+    websocket_not_get = Entry(400, "invalid_websocket_handshake", "A WebSocket upgrade must "
+                              "use GET, not {method}.", type="invalid_request_error",
+                              names_param=False, clip=("method",))
+    websocket_not_http11 = Entry(400, "invalid_websocket_handshake", "A WebSocket upgrade "
+                                 "needs HTTP/1.1.", type="invalid_request_error",
+                                 names_param=False)
+    websocket_no_connection_upgrade = Entry(400, "invalid_websocket_handshake", "Invalid "
+                                            "WebSocket handshake: the Connection header must "
+                                            "include 'Upgrade'.", type="invalid_request_error",
+                                            names_param=False)
+    websocket_bad_key = Entry(400, "invalid_websocket_handshake", "Invalid WebSocket "
+                              "handshake: Sec-WebSocket-Key must be 16 bytes in base64.",
+                              type="invalid_request_error", names_param=False)
     websocket_version = Entry(426, "invalid_websocket_handshake", "Unsupported WebSocket "
                               "version: only version 13 is supported.",
                               type="invalid_request_error", names_param=False)

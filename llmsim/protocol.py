@@ -50,7 +50,7 @@ from urllib.parse import parse_qs
 import h11
 
 from . import encode
-from .errors import APIError, server_error
+from .errors import APIError, E, server_error
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from .state import accounting
@@ -347,22 +347,17 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _too_large(self) -> None:
         self._busy = True
-        err = APIError(413, f"Request body too large: the limit is {self.cfg.max_body_bytes} "
-                       "bytes.", type="invalid_request_error", code="request_too_large")
+        err = E.body_too_large.at(limit=self.cfg.max_body_bytes)
         self._send_error(err, close=True)
 
     def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
         status = exc.error_status_hint or 400
         if status == 431:
-            msg = (f"Request header fields too large: the limit is "
-                   f"{self.cfg.max_header_bytes} bytes.")
-            code = "request_header_fields_too_large"
+            err = E.headers_too_large.at(limit=self.cfg.max_header_bytes)
         else:
-            msg = f"Malformed HTTP request: {exc}."
-            code = "bad_request"
+            err = E.malformed_http.at(status=status, reason=exc)
         self._busy = True
-        self._send_error(APIError(status, msg, type="invalid_request_error", code=code),
-                         close=True)
+        self._send_error(err, close=True)
 
     def _dispatch(self) -> None:
         ev = self._request
@@ -435,8 +430,7 @@ class HTTPProtocol(asyncio.Protocol):
         try:
             handler = self.app.ws_handler
             if handler is None:
-                self._send_error(APIError(400, "WebSocket is not supported on this server.",
-                                          code="websocket_not_supported"))
+                self._send_error(E.websocket_unsupported.at())
                 return
             try:
                 res = await handler(self, req)

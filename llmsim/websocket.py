@@ -74,7 +74,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from . import encode
-from .errors import APIError, server_error
+from .errors import APIError, E, server_error
 from .flow import Pump
 from .messages import (
     JSONResponse,
@@ -131,11 +131,6 @@ def _tokens(value: str) -> set[str]:
     return {t.strip().lower() for t in value.split(",") if t.strip()}
 
 
-def _bad(message: str, code: str, status: int = 400,
-         headers: list[tuple[str, str]] | None = None) -> APIError:
-    return APIError(status, message, type="invalid_request_error", code=code, headers=headers)
-
-
 def check_handshake(protocol: HTTPProtocol, req: Request, app: App) -> bytes:
     """Validate an upgrade request (RFC 6455 §4.2.1); the ``Sec-WebSocket-Accept`` value, or
     an APIError that is answered as a plain HTTP error before any switch."""
@@ -146,29 +141,23 @@ def check_handshake(protocol: HTTPProtocol, req: Request, app: App) -> bytes:
         except APIError as exc:
             if exc.status == 404:
                 raise
-        raise _bad(f"WebSocket upgrades are only supported on GET /v1/responses, not "
-                   f"{req.method} {path}.", "websocket_not_supported")
+        raise E.websocket_wrong_endpoint.at(method=req.method, path=path)
     if req.method != "GET":
-        raise _bad(f"A WebSocket upgrade must use GET, not {req.method}.",
-                   "invalid_websocket_handshake")
+        raise E.websocket_not_get.at(method=req.method)
     if getattr(protocol.conn, "their_http_version", b"1.1") != b"1.1":
-        raise _bad("A WebSocket upgrade needs HTTP/1.1.", "invalid_websocket_handshake")
+        raise E.websocket_not_http11.at()
     h = req.headers
     if "upgrade" not in _tokens(h.get("connection", "")):
-        raise _bad("Invalid WebSocket handshake: the Connection header must include "
-                   "'Upgrade'.", "invalid_websocket_handshake")
+        raise E.websocket_no_connection_upgrade.at()
     if h.get("sec-websocket-version", "").strip() != "13":
-        raise _bad("Unsupported WebSocket version: only version 13 is supported.",
-                   "invalid_websocket_handshake", status=426,
-                   headers=[("sec-websocket-version", "13")])
+        raise E.websocket_version.at(headers=[("sec-websocket-version", "13")])
     key = h.get("sec-websocket-key", "").strip()
     try:
         ok = len(base64.b64decode(key, validate=True)) == 16
     except ValueError:
         ok = False
     if not ok:
-        raise _bad("Invalid WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in "
-                   "base64.", "invalid_websocket_handshake")
+        raise E.websocket_bad_key.at()
     return base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest())
 
 
@@ -202,10 +191,8 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     st = state(app)
     cfg = app.config.websocket
     if cfg.max_connections and len(st.sessions) >= cfg.max_connections:
-        return error_result(APIError(
-            429, f"Too many concurrent WebSocket connections: the limit is "
-            f"{cfg.max_connections}. Close one or retry later.", type="rate_limit_error",
-            code="too_many_websocket_connections", headers=[("retry-after", "1")]))
+        return error_result(E.too_many_websockets.at(limit=cfg.max_connections,
+                                                     headers=[("retry-after", "1")]))
     session = WebSocketSession(protocol, app, req)
     trailing = protocol.switch_protocol(
         [(b"sec-websocket-accept", accept), (b"server", b"llmsim"),
