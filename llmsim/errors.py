@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
-__all__ = ["APIError", "E", "Entry", "bounded", "quoted", "invalid", "missing",
+__all__ = ["APIError", "E", "Entry", "bounded", "quoted", "missing",
            "not_found_model", "envelope", "server_error", "scripted", "SERVER_ERROR_MESSAGE",
            "RATE_LIMIT_URL", "MAX_ECHO"]
 
@@ -123,10 +123,11 @@ class Entry:
     overloaded: bool = False
 
     def at(self, param: str | None = None, /, *, status: int | None = None,
-           type: str | None = None, headers: list[tuple[str, str]] | None = None,
-           **fields: Any) -> APIError:
-        """The error for ``param`` with the template's ``fields`` filled in (``status``/
-        ``type`` override the entry's for the few errors whose status is configured)."""
+           type: str | None = None, code: str | None = None,
+           headers: list[tuple[str, str]] | None = None, **fields: Any) -> APIError:
+        """The error for ``param`` with the template's ``fields`` filled in (``status``,
+        ``type`` and ``code`` override the entry's for the few errors whose status or code
+        the caller's configuration or context decides)."""
         if param is not None:
             param = bounded(param)
         for name in self.clip:
@@ -134,7 +135,7 @@ class Entry:
         status = status or self.status
         return APIError(status, self.template.format(param=param, status=status, **fields),
                         type=type or self.type, param=param if self.names_param else None,
-                        code=self.code, headers=headers, overloaded=self.overloaded)
+                        code=code or self.code, headers=headers, overloaded=self.overloaded)
 
 
 SERVER_ERROR_MESSAGE = ("The server had an error while processing your request. Sorry about "
@@ -304,9 +305,24 @@ class E:
                                    "simulator's per-request bound of {bound} token-units "
                                    "(choices × max tokens × (1 + top_logprobs)). Lower the "
                                    "token limit, 'n' or 'top_logprobs'.")
-    too_large = Entry(400, "request_too_large", "{detail}")
-    """A simulator bound other than the request's work (schema generation, a conversation
-    item): ``detail`` is the bound's own explanation of what to change."""
+    conversation_item_too_large = Entry(400, "request_too_large", "This item is too large to "
+                                        "keep in a conversation: about {size} bytes in memory, "
+                                        "above this server's bound of {cap} bytes per "
+                                        "conversation (responses.conversation_max_bytes). Send "
+                                        "a smaller item.")
+    invalid_schema = Entry(400, "invalid_json_schema", "Invalid schema for {label}: In "
+                           "context={context}, {detail}.", clip=("context", "detail"))
+    """A malformed JSON Schema; the caller's context decides the code (``at(code=...)``:
+    ``invalid_function_parameters`` for a tool's parameters, ``invalid_json_schema`` for a
+    response format)."""
+    schema_over_bound = Entry(400, "request_too_large", "Schema for {label} is over llmsim's "
+                              "work bound: In context={context}, {detail}. This is a limit of "
+                              "the simulator, not of the API.", clip=("context", "detail"))
+    schema_generation_bound = Entry(400, "request_too_large", "Generating a value for {where} "
+                                    "needs {what}. This is a bound of the simulator, not of "
+                                    "the API: simplify the schema (fewer nested or combined "
+                                    "subschemas, smaller minItems/minLength/repetition counts) "
+                                    "or ask for fewer choices ('n').")
 
     # --- legacy completions and embeddings --------------------------------------------------
     best_of_below_n = Entry(400, "invalid_value", "best_of must be greater than or equal to n, "
@@ -382,6 +398,36 @@ class E:
     conversations_disabled = Entry(400, None, "Conversations are disabled on this server "
                                    "(responses.conversations_max_entries = 0).",
                                    names_param=False)
+
+    # --- Anthropic Messages (its own wording: pydantic-style "location: problem") -----------
+    anthropic_field_required = Entry(400, "invalid_value", "{param}: Field required")
+    anthropic_extra_input = Entry(400, "invalid_value", "{param}: Extra inputs are not "
+                                  "permitted")
+    anthropic_not_content = Entry(400, "invalid_value", "{param}: Input should be a valid "
+                                  "string or a list of content blocks")
+    anthropic_unknown_block = Entry(400, "invalid_value", "{where}: Input tag '{tag}' found "
+                                    "using 'type' does not match any of the expected tags: "
+                                    "{allowed}", clip=("tag",))
+    anthropic_unknown_tag = Entry(400, "invalid_value", "{where}: Input tag does not match any "
+                                  "of the expected tags: {allowed}")
+    anthropic_not_role = Entry(400, "invalid_value", "{param}: Input should be 'user' or "
+                               "'assistant'")
+    anthropic_not_strings = Entry(400, "invalid_value", "{param}: Input should be a list of "
+                                  "strings")
+    anthropic_no_messages = Entry(400, "invalid_value", "{param}: at least one message is "
+                                  "required")
+    anthropic_tool_not_found = Entry(400, "invalid_value", "Tool '{name}' not found in tools",
+                                     clip=("name",))
+    anthropic_max_tokens_too_large = Entry(400, "invalid_value", "{param}: {limit} > {max}, "
+                                           "which is the maximum allowed number of output "
+                                           "tokens for {model}", clip=("model",))
+    anthropic_budget_not_below_max = Entry(400, "invalid_value", "`max_tokens` must be greater "
+                                           "than `thinking.budget_tokens`. Please consult our "
+                                           "documentation at https://docs.claude.com/en/docs/"
+                                           "build-with-claude/extended-thinking"
+                                           "#max-tokens-and-context-window-size")
+    anthropic_prompt_too_long = Entry(400, "invalid_value", "prompt is too long: {prompt} "
+                                      "tokens > {max} maximum")
 
     # --- rate limits, faults and overload -----------------------------------------------------
     rate_limited = Entry(429, "rate_limit_exceeded", "Rate limit reached for {model} in "
@@ -510,14 +556,6 @@ class E:
     shared_state_unavailable = Entry(503, "shared_state_unavailable", "Shared state is "
                                      "unavailable ({reason}); try again shortly.",
                                      type="server_error", names_param=False)
-
-
-def invalid(param: str | None, message: str, code: str | None = "invalid_value",
-            status: int = 400) -> APIError:
-    """A 400 invalid_request_error naming ``param`` with a message written by the caller:
-    only for errors whose text is computed (a schema's own diagnosis); everything with a
-    fixed wording is a catalogue entry."""
-    return APIError(status, message, type="invalid_request_error", param=param, code=code)
 
 
 def missing(param: str) -> APIError:

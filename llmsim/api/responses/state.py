@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ...errors import APIError, invalid
+from ...errors import APIError, E
 from ...state import shared
 from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream, numbered
@@ -739,11 +739,7 @@ class ResponsesState:
         if cap:
             for i, n in enumerate(sizes):
                 if n > cap:
-                    raise invalid(
-                        f"{param}[{i}]", f"This item is too large to keep in a conversation: "
-                        f"about {n} bytes in memory, above this server's bound of {cap} bytes "
-                        "per conversation (responses.conversation_max_bytes). Send a smaller "
-                        "item.", code="request_too_large")
+                    raise E.conversation_item_too_large.at(f"{param}[{i}]", size=n, cap=cap)
         return sizes
 
 
