@@ -550,6 +550,31 @@ class E:
                                        "SDK's client.responses.connect()), or create a response "
                                        "with POST /v1/responses.", type="invalid_request_error",
                                        names_param=False)
+    websocket_time_limit = Entry(400, "websocket_connection_limit_reached", "Responses "
+                                 "websocket connection limit reached ({span}). Create a new "
+                                 "websocket connection to continue.", names_param=False)
+    websocket_binary_message = Entry(400, "invalid_message_type", "Binary messages are not "
+                                     "supported: send each client event as a JSON text "
+                                     "message.", names_param=False)
+    websocket_invalid_json = Entry(400, "invalid_json", "Invalid JSON in client event: "
+                                   "{reason}. Each message must be one JSON object such as "
+                                   "{{\"type\": \"response.create\", ...}}.", names_param=False,
+                                   clip=("reason",))
+    websocket_not_an_event = Entry(400, "invalid_type", "Invalid client event: expected a JSON "
+                                   "object with a 'type' field.", names_param=False)
+    steer_input_invalid = Entry(400, "invalid_value", "Invalid '{param}': expected a string or "
+                                "a non-empty array of input messages.")
+    steering_not_supported = Entry(400, "steering_not_supported", "Steering is not supported by "
+                                   "this simulator: send the input in a new response.create "
+                                   "with previous_response_id.", names_param=False)
+    invalid_stream_id = Entry(400, "invalid_stream_id", "Invalid '{param}': expected 1 to 256 "
+                              "ASCII letters, digits, underscores, hyphens or periods.")
+    server_shutting_down = Entry(503, "server_shutting_down", "The server is shutting down; "
+                                 "open a new connection.", type="server_error",
+                                 names_param=False)
+    too_many_websocket_streams = Entry(400, "websocket_stream_limit_reached", "Too many "
+                                       "WebSocket streams on this connection: the limit is "
+                                       "{limit} distinct stream_id values.")
     too_many_websockets = Entry(429, "too_many_websocket_connections", "Too many concurrent "
                                 "WebSocket connections: the limit is {limit}. Close one or "
                                 "retry later.", type="rate_limit_error", names_param=False)

@@ -74,7 +74,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from . import encode
-from .errors import APIError, E, server_error
+from .errors import APIError, E, missing, server_error
 from .flow import Pump
 from .messages import (
     JSONResponse,
@@ -466,10 +466,7 @@ class WebSocketSession:
         minutes = self.cfg.connection_time_limit_s / 60
         span = (f"{minutes:g} minutes" if minutes >= 1
                 else f"{self.cfg.connection_time_limit_s:g} seconds")
-        self.send_event(error_event(
-            400, "invalid_request_error",
-            f"Responses websocket connection limit reached ({span}). Create a new websocket "
-            "connection to continue.", "websocket_connection_limit_reached"))
+        self._reject(E.websocket_time_limit.at(span=span))
         self.close(1001, "connection time limit reached")
 
     # -- writing (the pump sink) -------------------------------------------------------------
@@ -597,9 +594,7 @@ class WebSocketSession:
             return
         if not is_text:
             self._drop_message()
-            self.send_event(error_event(
-                400, "invalid_request_error", "Binary messages are not supported: send each "
-                "client event as a JSON text message.", "invalid_message_type"))
+            self._reject(E.websocket_binary_message.at())
             return
         if self._msg:
             self._msg.append(data)  # type: ignore[arg-type]
@@ -634,31 +629,27 @@ class WebSocketSession:
                    "of its first fragment")
 
     # -- client events -----------------------------------------------------------------------
-    def _reject(self, message: str, code: str | None, param: str | None = None,
-                stream_id: str | None = None, status: int = 400,
-                etype: str = "invalid_request_error") -> None:
-        self.send_event(error_event(status, etype, message, code, param, stream_id))
+    def _reject(self, err: APIError, stream_id: str | None = None) -> None:
+        self.send_event(error_event(err.status, err.type, err.message, err.code, err.param,
+                                    stream_id))
 
     def _on_message(self, text: str) -> None:
         try:
             msg = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
-            self._reject(f"Invalid JSON in client event: {exc}. Each message must be one JSON "
-                         "object such as {\"type\": \"response.create\", ...}.", "invalid_json")
+            self._reject(E.websocket_invalid_json.at(reason=exc))
             return
         if not isinstance(msg, dict):
-            self._reject("Invalid client event: expected a JSON object with a 'type' field.",
-                         "invalid_type")
+            self._reject(E.websocket_not_an_event.at())
             return
         try:
             check_json_depth(msg, text)  # (the same bound as HTTP bodies, before any echo)
         except APIError as exc:
-            self._reject(exc.message, exc.code, exc.param)
+            self._reject(exc)
             return
         etype = msg.get("type")
         if etype is None:
-            self._reject("Missing required parameter: 'type'.", "missing_required_parameter",
-                         "type")
+            self._reject(missing("type"))
             return
         if etype == "response.create":
             self._on_create(msg)
@@ -666,8 +657,8 @@ class WebSocketSession:
             self._on_steer(msg)
         else:
             shown = etype if isinstance(etype, str) else orjson.dumps(etype).decode()
-            self._reject(f"Invalid value: '{shown[:200]}'. Supported values are: "
-                         "'response.create' and 'response.steer'.", "invalid_value", "type")
+            self._reject(E.invalid_value.at("type", value=shown, allowed="'response.create' "
+                                            "and 'response.steer'"))
 
     def _running_stream(self, rid: str) -> Pump | None:
         """The pump of response ``rid`` if it is streaming on this connection (≤ 16 jobs)."""
@@ -682,12 +673,10 @@ class WebSocketSession:
         prev = msg.get("previous_response_id")
         inp = msg.get("input")
         if not isinstance(prev, str) or not prev:
-            self._reject("Missing required parameter: 'previous_response_id'.",
-                         "missing_required_parameter", "previous_response_id")
+            self._reject(missing("previous_response_id"))
             return
         if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
-            self._reject("Invalid 'input': expected a string or a non-empty array of input "
-                         "messages.", "invalid_value", "input")
+            self._reject(E.steer_input_invalid.at("input"))
             return
         # the answer belongs to the steered response's stream when it is running here (the
         # stream numbers it); a response not running on this connection has no stream: 0
@@ -695,9 +684,8 @@ class WebSocketSession:
         self.send_event({
             "type": "response.steer.failed",
             "sequence_number": running.claim() if running is not None else 0,
-            "error": {"type": "invalid_request_error", "code": "steering_not_supported",
-                      "message": "Steering is not supported by this simulator: send the input "
-                                 "in a new response.create with previous_response_id."},
+            "error": {k: v for k, v in E.steering_not_supported.at().to_dict().items()
+                      if k != "param"},
             "steer": {"input": inp, "previous_response_id": prev}})
 
     def _on_create(self, msg: dict[str, Any]) -> None:
@@ -705,8 +693,7 @@ class WebSocketSession:
         nested = msg.get("response")
         if nested is not None:
             if not isinstance(nested, dict):
-                self._reject("Invalid type for 'response': expected an object.",
-                             "invalid_type", "response",
+                self._reject(E.invalid_type.at("response", expected="an object"),
                              stream_id=sid if isinstance(sid, str) else None)
                 return
             body = dict(nested)
@@ -720,19 +707,16 @@ class WebSocketSession:
         body.pop("stream_id", None)
         body.pop("type", None)
         if sid is not None and (not isinstance(sid, str) or not STREAM_ID_RE.match(sid)):
-            self._reject("Invalid 'stream_id': expected 1 to 256 ASCII letters, digits, "
-                         "underscores, hyphens or periods.", "invalid_stream_id", "stream_id")
+            self._reject(E.invalid_stream_id.at("stream_id"))
             return
         if self.draining:
-            self._reject("The server is shutting down; open a new connection.",
-                         "server_shutting_down", stream_id=sid, status=503,
-                         etype="server_error")
+            self._reject(E.server_shutting_down.at(), stream_id=sid)
             return
         if sid is not None and sid not in self._named:
             if len(self._named) >= self.cfg.max_lanes:
-                self._reject(f"Too many WebSocket streams on this connection: the limit is "
-                             f"{self.cfg.max_lanes} distinct stream_id values.",
-                             "websocket_stream_limit_reached", "stream_id", stream_id=sid)
+                self._reject(E.too_many_websocket_streams.at("stream_id",
+                                                             limit=self.cfg.max_lanes),
+                             stream_id=sid)
                 return
             self._named.add(sid)
         prev = body.get("previous_response_id")
