@@ -12,7 +12,7 @@ from typing import Any
 from .clock import Clock, RealClock
 from .config import Config
 from .errors import APIError, E, missing, not_found_model, server_error
-from .messages import RawResponse, Request, Result, StreamResponse
+from .messages import RawResponse, Request, Result, StreamResponse, error_result
 from .routing import Route, Router
 from .sim import schema as sch
 from .sim.decide import Ask, Decision, decide
@@ -183,6 +183,3 @@ def _render_error(route: Route | None, exc: APIError) -> Any:
     return error_result(exc)
 
 
-def error_result(exc: APIError) -> RawResponse:
-    return RawResponse(exc.body(), status=exc.status, content_type="application/json",
-                       headers=list(exc.headers), error=exc)

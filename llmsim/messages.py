@@ -167,6 +167,13 @@ class RawResponse:
     error: APIError | None = None
 
 
+def error_result(exc: APIError) -> RawResponse:
+    """The complete answer for ``exc``: its status, headers and envelope, with the error
+    object attached (stats and the WebSocket read it, never the bytes)."""
+    return RawResponse(exc.body(), status=exc.status, content_type="application/json",
+                       headers=list(exc.headers), error=exc)
+
+
 @dataclass(slots=True)
 class StreamResponse:
     """A streamed response: the transport renders ``stream`` as SSE (or WS frames).

@@ -52,7 +52,7 @@ import h11
 from . import encode
 from .errors import APIError, E, server_error
 from .flow import Pump
-from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 from .state import accounting
 
 if TYPE_CHECKING:
@@ -453,8 +453,7 @@ class HTTPProtocol(asyncio.Protocol):
             if (self.upgraded is None and self._rid == req.request_id
                     and self.conn.our_state is h11.SEND_RESPONSE):
                 self._release_stream("error")  # a stream whose head could not be sent
-                self._send(req, RawResponse(server_error().body(), 500,
-                                            content_type="application/json"))
+                self._send(req, error_result(server_error()))
                 return
         except Exception:
             log.exception("cannot answer the failed request")

@@ -37,7 +37,14 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, E
-from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from ..messages import (
+    JSONResponse,
+    RawResponse,
+    Request,
+    Result,
+    StreamResponse,
+    error_result,
+)
 from ..routing import Route
 from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
@@ -148,8 +155,9 @@ def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
 
 def _reset_result() -> RawResponse:
     # what a transport that cannot drop the connection shows instead
-    body = E.connection_reset.at().body()
-    return RawResponse(body, 502, "application/json", [], abort=True)
+    res = error_result(E.connection_reset.at())
+    res.abort = True
+    return res
 
 
 class Faults:
