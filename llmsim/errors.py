@@ -101,8 +101,12 @@ def bounded(value: object, limit: int = MAX_ECHO) -> str:
 
 
 def quoted(choices: Iterable[object]) -> str:
-    """``'a', 'b', 'c'``: the real API's list of supported values."""
-    return ", ".join(f"'{c}'" for c in choices)
+    """The real API's list of supported values: ``'a'``, ``'a' and 'b'``,
+    ``'a', 'b', and 'c'``."""
+    items = [f"'{c}'" for c in choices]
+    if len(items) < 3:
+        return " and ".join(items)
+    return ", ".join(items[:-1]) + ", and " + items[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +216,6 @@ class E:
     string_too_long = Entry(400, "string_above_max_length", "Invalid '{param}': string too "
                             "long. Expected a string with maximum length {max_len}, but got a "
                             "string with length {length} instead.")
-    metadata_value_too_long = Entry(400, "string_above_max_length", "Invalid '{param}': string "
-                                    "too long. Expected a string with maximum length 512.")
     metadata_key_too_long = Entry(400, "metadata_key_too_long", "Invalid '{param}': key '{key}' "
                                   "is too long. Expected a key with maximum length 64.")
     too_many_properties = Entry(400, "object_above_max_properties", "Invalid '{param}': too "
@@ -240,9 +242,9 @@ class E:
     unsupported_default_only = Entry(400, "unsupported_value", "Unsupported value: '{param}' "
                                      "does not support {value} with this model. Only the "
                                      "default ({default}) value is supported.")
-    unsupported_value = Entry(400, "unsupported_value", "Unsupported value: '{value}' is not "
-                              "supported with this model. Supported values are: {allowed}.",
-                              clip=("value",))
+    unsupported_value = Entry(400, "unsupported_value", "Unsupported value: '{param}' does not "
+                              "support '{value}' with this model. Supported values are: "
+                              "{allowed}.", clip=("value",))
     unsupported_value_for_model = Entry(400, "unsupported_value", "Unsupported value: "
                                         "'{value}' is not supported with the '{model}' model. "
                                         "Supported values are: {allowed}.", clip=("value",))

@@ -88,9 +88,6 @@ ROWS: list[tuple[str, str | None, dict[str, Any], int, str, str | None, str | No
     ('string_too_long', 'p.q', {'max_len': '<max_len>', 'length': '<length>'},
      400, 'invalid_request_error', 'string_above_max_length', 'p.q',
      "Invalid 'p.q': string too long. Expected a string with maximum length <max_len>, but got a string with length <length> instead."),
-    ('metadata_value_too_long', 'p.q', {},
-     400, 'invalid_request_error', 'string_above_max_length', 'p.q',
-     "Invalid 'p.q': string too long. Expected a string with maximum length 512."),
     ('metadata_key_too_long', 'p.q', {'key': '<key>'},
      400, 'invalid_request_error', 'metadata_key_too_long', 'p.q',
      "Invalid 'p.q': key '<key>' is too long. Expected a key with maximum length 64."),
@@ -126,7 +123,7 @@ ROWS: list[tuple[str, str | None, dict[str, Any], int, str, str | None, str | No
      "Unsupported value: 'p.q' does not support <value> with this model. Only the default (<default>) value is supported."),
     ('unsupported_value', 'p.q', {'value': '<value>', 'allowed': '<allowed>'},
      400, 'invalid_request_error', 'unsupported_value', 'p.q',
-     "Unsupported value: '<value>' is not supported with this model. Supported values are: <allowed>."),
+     "Unsupported value: 'p.q' does not support '<value>' with this model. Supported values are: <allowed>."),
     ('unsupported_value_for_model', 'p.q', {'value': '<value>', 'model': '<model>', 'allowed': '<allowed>'},
      400, 'invalid_request_error', 'unsupported_value', 'p.q',
      "Unsupported value: '<value>' is not supported with the '<model>' model. Supported values are: <allowed>."),
@@ -504,7 +501,9 @@ def test_bounded_cuts_long_values_with_an_ellipsis() -> None:
     assert bounded("x" * MAX_ECHO) == "x" * MAX_ECHO
     assert bounded("x" * (MAX_ECHO + 1)) == "x" * MAX_ECHO + "..."
     assert bounded("abcdef", 3) == "abc..."
-    assert quoted(("a", "b")) == "'a', 'b'"
+    assert quoted(("a",)) == "'a'"
+    assert quoted(("a", "b")) == "'a' and 'b'"
+    assert quoted(("a", "b", "c")) == "'a', 'b', and 'c'"  # the real API's lists
 
 
 def test_at_bounds_clipped_fields_and_the_param_only() -> None:
@@ -593,3 +592,32 @@ def test_sdk_reads_a_catalogue_error(client: Any) -> None:
     assert nf.value.param == "response_id"
     assert nf.value.message.endswith(f"Response with id 'resp_{'x' * (MAX_ECHO - 5)}...' "
                                      "not found.")
+
+
+def _error(srv: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = rawhttp.request(srv.url, "POST", path, orjson.dumps(body))
+    assert r.status == 400, r.body
+    return r.json()["error"]  # type: ignore[no-any-return]
+
+
+def test_unsupported_effort_in_the_real_wordings(srv: Any) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    e = _error(srv, "/v1/chat/completions", {"model": "gpt-5.1", "messages": msgs,
+                                              "reasoning_effort": "minimal"})
+    assert e["message"] == ("Unsupported value: 'reasoning_effort' does not support 'minimal' "
+                            "with this model. Supported values are: 'none', 'low', 'medium', "
+                            "and 'high'.")
+    assert (e["param"], e["code"]) == ("reasoning_effort", "unsupported_value")
+    e = _error(srv, "/v1/responses", {"model": "gpt-5.1", "input": "hi",
+                                      "reasoning": {"effort": "minimal"}})
+    assert e["message"] == ("Unsupported value: 'minimal' is not supported with the 'gpt-5.1' "
+                            "model. Supported values are: 'none', 'low', 'medium', and 'high'.")
+    assert (e["param"], e["code"]) == ("reasoning.effort", "unsupported_value")
+
+
+def test_metadata_value_too_long_says_how_long(srv: Any) -> None:
+    e = _error(srv, "/v1/responses", {"model": "gpt-4o", "input": "hi",
+                                      "metadata": {"k": "v" * 600}})
+    assert e["message"] == ("Invalid 'metadata.k': string too long. Expected a string with "
+                            "maximum length 512, but got a string with length 600 instead.")
+    assert (e["param"], e["code"]) == ("metadata.k", "string_above_max_length")

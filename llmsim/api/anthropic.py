@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..dialect import Dialect
-from ..errors import APIError, E, quoted
+from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, StreamResponse
 from ..sim import schema as sch
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
@@ -47,6 +47,7 @@ MIN_THINKING_BUDGET = 1024  # the real API's floor on budget_tokens
 ROLES = ("user", "assistant")
 BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "thinking",
           "redacted_thinking", "search_result", "server_tool_use", "web_search_tool_result")
+_BLOCK_TAGS = ", ".join(f"'{t}'" for t in BLOCKS)  # pydantic's list: no "and"
 KNOWN_FIELDS = frozenset((
     "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
     "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier",
@@ -122,7 +123,7 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     for j, b in enumerate(content):
         if not isinstance(b, dict) or b.get("type") not in BLOCKS:
             raise E.anthropic_unknown_block.at(
-                f"{where}.{j}.type", where=f"{where}.{j}", allowed=quoted(BLOCKS),
+                f"{where}.{j}.type", where=f"{where}.{j}", allowed=_BLOCK_TAGS,
                 tag=b.get("type") if isinstance(b, dict) else repr(b))
         if b["type"] == "text" and not isinstance(b.get("text"), str):
             raise E.anthropic_field_required.at(f"{where}.{j}.text")

@@ -150,7 +150,7 @@ class V:
             if not isinstance(v, str):
                 raise E.invalid_type.at(f"{p}.{k}", expected="a string")
             if len(v) > 512:
-                raise E.metadata_value_too_long.at(f"{p}.{k}")
+                raise E.string_too_long.at(f"{p}.{k}", max_len=512, length=len(v))
         return md
 
 
