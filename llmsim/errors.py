@@ -384,6 +384,12 @@ class E:
                                    "running responses from any connection). Once it has "
                                    "finished, the whole stream can be replayed from any "
                                    "worker.")
+    response_orphaned = Entry(500, "server_error", "An error occurred while processing your "
+                              "request. You can retry your request, or contact us through our "
+                              "help center at help.openai.com if the error persists. (The "
+                              "llmsim worker running this response ended.)", type="server_error",
+                              names_param=False)
+    """The ``error`` of a background response whose worker died (``response.failed``)."""
     cancel_not_background = Entry(400, None, "Only responses created with background=true can "
                                   "be cancelled.", names_param=False)
     after_not_found = Entry(400, "invalid_value", "Invalid 'after': no item with id '{id}'.",

@@ -407,8 +407,9 @@ class Snapshot:
         ``response.failed``."""
         if self.terminal:
             return self
+        err = E.response_orphaned.at()
         resp = render.snapshot(self.echo, self.out, "failed", self.output_items(),
-                               error={"code": "server_error", "message": ORPHANED_MESSAGE})
+                               error={"code": err.code, "message": err.message})
         # created (+ queued if background) (+ in_progress if it had started), then failed
         seq = 1 + int(self.background) + int(self.status == "in_progress")
         self.failed_event = {"type": "response.failed", "sequence_number": seq,
@@ -418,9 +419,6 @@ class Snapshot:
         return self
 
 
-ORPHANED_MESSAGE = ("An error occurred while processing your request. You can retry your "
-                    "request, or contact us through our help center at help.openai.com if the "
-                    "error persists. (The llmsim worker running this response ended.)")
 DELETED = "deleted"
 CANCEL = "cancel"
 
