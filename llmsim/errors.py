@@ -114,9 +114,9 @@ class Entry:
     """One error of the catalogue: what the client sees, with the variable parts named.
 
     ``template`` is a :meth:`str.format` string over the fields given to :meth:`at` (plus
-    ``param`` and ``status``); ``clip`` names the fields that carry client-supplied values (bounded to
-    :data:`MAX_ECHO` characters); ``names_param`` says whether the answer's ``param`` is set.
-    ``type`` None: the type that goes with the status (:data:`_STATUS_TYPE`)."""
+    ``param`` and ``status``); ``clip`` names the fields that carry client-supplied values
+    (bounded to :data:`MAX_ECHO` characters); ``names_param`` says whether the answer's
+    ``param`` is set. ``type`` None: the type that goes with the status (``_STATUS_TYPE``)."""
 
     status: int
     code: str | None
