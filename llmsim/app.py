@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, RealClock
 from .config import Config
@@ -15,13 +15,21 @@ from .errors import APIError, E, missing, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse, error_result
 from .routing import Route, Router
 from .sim import schema as sch
+from .sim import tokens
 from .sim.decide import Ask, Decision, decide
 from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
 from .sim.script import Script, decision_of, load_script
+from .state.redis_limits import SharedCursors
 from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
+
+if TYPE_CHECKING:
+    from .api.faults import Capacity, Faults, Limits
+    from .api.responses.state import ResponsesState
+    from .protocol import HTTPProtocol
+    from .websocket import WebSocketState
 
 __all__ = ["App"]
 
@@ -38,6 +46,10 @@ StreamHook = Callable[[Request, Route, StreamResponse], None]
 # An abort hook runs when dispatch is cancelled before it produced a Result (the client went
 # away while the handler waited): hooks that took something in ``before`` give it back here.
 AbortHook = Callable[[Request], None]
+# A server lifecycle hook (start, stop), awaited with the app.
+LifecycleHook = Callable[["App"], Awaitable[None]]
+# The WebSocket upgrade: takes over the connection, or returns the HTTP answer to send.
+WSHandler = Callable[["HTTPProtocol", Request], Awaitable[Result | None]]
 
 
 def cors_preflight(req: Request) -> RawResponse:
@@ -53,15 +65,18 @@ def cors_preflight(req: Request) -> RawResponse:
 class App:
     """Everything a handler needs, passed explicitly (no globals)."""
 
-    def __init__(self, config: Config | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config | None = None, clock: Clock | None = None, *,
+                 state_dir: str | None = None) -> None:
         self.config = config or Config()
         self.clock: Clock = clock or RealClock()
+        # the tokenizer of this app's requests ("auto" | "estimate"): dispatch makes it the
+        # mode of the request's context (sim.tokens), so apps in one process never share it
+        self.tokenizer: str = self.config.tokenizer
+        # --workers > 1: the directory every worker's shared stores live in (None: one process)
+        self.state_dir: str | None = state_dir or None
         self.registry = Registry(self.config.models, strict=self.config.strict_models,
                                  first=self.config.default_model,
                                  served=self.config.served_model_name)
-        from .sim import tokens
-
-        tokens.set_mode(self.config.tokenizer)
         self.script = Script(load_script(self.config.script) if self.config.script else None)
         self.router = Router()
         self.stats = Stats()
@@ -69,10 +84,27 @@ class App:
         self.after: list[AfterHook] = []
         self.stream_hooks: list[StreamHook] = []
         self.abort_hooks: list[AbortHook] = []
+        self.on_start: list[LifecycleHook] = []  # awaited when the server starts listening
+        self.on_stop: list[LifecycleHook] = []  # awaited when it closes
         # shared state across replicas (--state redis://...): None = embedded (the default)
         self.shared_state: SharedState | None = open_shared_state(self.config.state)
-        self.extensions: dict[str, Any] = {}  # per-feature state (stores, fault engine, ...)
-        self.ws_handler: Callable[..., Any] | None = None  # set by the WebSocket module
+        # -- each feature's state, set by the module that registers the feature -------------
+        self.faults: Faults | None = None  # fault injection (api/faults.py)
+        self.ratelimit: Limits | None = None  # rate limits, when configured (api/faults.py)
+        self.capacity: Capacity | None = None  # sequences and queues (api/faults.py)
+        # the API-key check a transport runs itself (WebSocket handshake); None = no keys
+        self.authenticate: Callable[[Request], None] | None = None
+        self.responses: ResponsesState | None = None  # stored responses (api/responses)
+        self.websocket: WebSocketState | None = None  # live sessions (websocket.py)
+        self.ws_handler: WSHandler | None = None  # set by the WebSocket module
+        # set by the transport: close the connections of these departed clients (a count)
+        self.drop_departed: Callable[[Collection[str]], int] | None = None
+        # --workers > 1 (workers.py): every worker's statistics, and their reset
+        self.stats_collect: Callable[[App], Awaitable[dict[str, Any]]] | None = None
+        self.stats_reset: Callable[[App], Awaitable[None]] | None = None
+        self.script_cursors: SharedCursors | None = None
+        if self.shared_state is not None:
+            self.script_cursors = SharedCursors(self.shared_state)
         from .api import register_all
 
         register_all(self)
@@ -97,16 +129,19 @@ class App:
             raise E.model_not_supported.at(param, model=name, what=what)
         return prof
 
-    def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
+    async def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
                lat: Latency, response_id: str | None = None) -> Decision:
         """The answer to ``ask``: a scripted turn when a script rule matches (its error or
         status fault raised, its mid-stream fault left for the stream hook), else the
-        simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this."""
+        simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this. With
+        ``--state`` the script's cursors are shared by the replicas (in Redis)."""
         script = self.script
         if script.rules:
-            turn = script.turn(model=ask.profile.id, endpoint=endpoint, api_key=req.api_key,
-                               headers=req.headers, body=_body_of(req), ask=ask,
-                               response_id=response_id)
+            kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,
+                                  "api_key": req.api_key, "headers": req.headers,
+                                  "body": _body_of(req), "ask": ask, "response_id": response_id}
+            cursors = self.script_cursors
+            turn = script.turn(**kw) if cursors is None else await cursors.turn(script, **kw)
             if turn is not None:
                 if turn.error is not None:
                     raise turn.error.copy()
@@ -115,7 +150,7 @@ class App:
                     if f.kind == "status":
                         raise fault_error(f, ask.profile.id,
                                           self.config.faults.retry_after_ms, req.request_id)
-                    req.notes["fault"] = f  # applied by the fault stream hook
+                    req.notes.fault = f  # applied by the fault stream hook
                     return decide(ask, self.config, rng, lat)
                 return decision_of(turn, ask, rng, lat, sch.Work())
         return decide(ask, self.config, rng, lat)
@@ -131,6 +166,7 @@ class App:
 
     async def dispatch(self, req: Request, route: Route | None = None) -> Result:
         """Run hooks and the handler; every failure becomes an error Result."""
+        tokens.use_mode(self.tokenizer)  # this app's tokenizer for the rest of the request
         try:
             if req.method == "OPTIONS":  # CORS preflight: no auth, faults or limits apply
                 return self._after(req, None, cors_preflight(req))

@@ -443,6 +443,9 @@ class E:
                          "Requested {requested}. Please try again in {wait}. "
                          + RATE_LIMIT_URL, names_param=False)
     """``type`` is the bucket (``requests`` or ``tokens``), as the real API sends it."""
+    rate_limited_shared = Entry(429, "rate_limit_exceeded", "Rate limit reached.",
+                                type="requests", names_param=False)
+    """The shared (Redis) buckets refused where the local words found room (a race)."""
     request_too_large_tpm = Entry(429, "rate_limit_exceeded", "Request too large for {model} "
                                   "in organization org-llmsim on tokens per min (TPM): Limit "
                                   "{limit}, Requested {requested}. The input or output tokens "

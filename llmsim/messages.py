@@ -11,10 +11,13 @@ import orjson
 from .errors import APIError, E
 
 if TYPE_CHECKING:
+    from .api.faults import Slot
     from .sim.decide import Usage
+    from .sim.faults import Fault
+    from .sim.ratelimit import Snapshot
     from .stream import EventStream
 
-__all__ = ["Request", "JSONResponse", "RawResponse", "StreamResponse", "Result",
+__all__ = ["Request", "Notes", "JSONResponse", "RawResponse", "StreamResponse", "Result",
            "MAX_JSON_DEPTH", "check_json_depth"]
 
 MAX_JSON_DEPTH = 128
@@ -69,8 +72,19 @@ def _too_deep(key: str | None) -> None:
                                depth=MAX_JSON_DEPTH)
 
 
-_PARSED = "_json"  # Request.notes key of the parsed body (or the APIError parsing raised)
-_UNPARSED = object()
+_UNPARSED: Any = object()
+
+
+@dataclass(slots=True)
+class Notes:
+    """What the hooks and the handler learn about one request and pass on (the request is
+    frozen, its notes are not; they die with the request, so nothing needs cleaning up)."""
+
+    parsed: Any = _UNPARSED  # the parsed body, or the APIError parsing raised (Request.json)
+    fault: Fault | None = None  # a mid-stream fault for the fault stream hook
+    ratelimit: Snapshot | None = None  # the buckets as admitted (x-ratelimit-* headers)
+    ratelimit_charge: tuple[str, str] | None = None  # (key, model) charged output at the end
+    slot: Slot | None = None  # the capacity sequence held (released at the end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +102,13 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)  # path parameters
     received_at: float = 0.0  # clock time the request was complete
     context: Any = None  # transport-specific context (the WebSocket session for "ws")
-    # per-request scratch for hooks (fault decision, capacity slot, rate-limit snapshot): the
-    # request is frozen, this dict is not, and it dies with the request (nothing to clean up)
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: Notes = field(default_factory=Notes)  # what hooks pass on (typed: see Notes)
 
     def json(self) -> Any:
         """The body parsed as JSON (once per request: the hooks and the handler share it), or
         a 400 in the real API's wording."""
         notes = self.notes
-        hit = notes.get(_PARSED, _UNPARSED)
+        hit = notes.parsed
         if hit is not _UNPARSED:
             if type(hit) is APIError:
                 raise hit
@@ -104,10 +116,15 @@ class Request:
         try:
             data = self._parse()
         except APIError as exc:
-            notes[_PARSED] = exc
+            notes.parsed = exc
             raise
-        notes[_PARSED] = data
+        notes.parsed = data
         return data
+
+    @property
+    def parsed(self) -> bool:
+        """The body was parsed already (:meth:`json` is free now)."""
+        return self.notes.parsed is not _UNPARSED
 
     def _parse(self) -> Any:
         if not self.body:

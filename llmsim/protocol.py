@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import socket
 import struct
 import time
@@ -53,6 +52,7 @@ from . import encode
 from .errors import APIError, E, server_error
 from .flow import Pump
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
+from .sim.rng import new_request_id
 from .state import accounting
 
 if TYPE_CHECKING:
@@ -75,11 +75,6 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-_RID_RNG = random.Random()
-
-
-def new_request_id() -> str:
-    return f"req_{_RID_RNG.getrandbits(128):032x}"
 
 
 _JSON = (b"content-type", b"application/json")

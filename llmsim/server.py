@@ -33,9 +33,9 @@ class Server:
     """An llmsim server bound to ``config.host:config.port``."""
 
     def __init__(self, config: Config | None = None, *, clock: Clock | None = None,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, state_dir: str | None = None) -> None:
         self.config = config or Config()
-        self.app = App(self.config, clock=clock)
+        self.app = App(self.config, clock=clock, state_dir=state_dir)
         self.connections: set[HTTPProtocol] = set()
         self._server: asyncio.base_events.Server | None = None
         self._sock = sock
@@ -49,7 +49,7 @@ class Server:
         timeouts = [t for t in (c.header_timeout_s, c.idle_timeout_s, c.write_stall_timeout_s)
                     if t > 0]
         self._sweep_every = max(0.02, min([1.0, *(t / 2 for t in timeouts)]))
-        self.app.extensions["drop_departed"] = self.drop_departed
+        self.app.drop_departed = self.drop_departed
 
     @property
     def url(self) -> str:
@@ -66,8 +66,6 @@ class Server:
         self._idle = asyncio.Event()
         self._idle.set()
         kwargs: dict[str, Any] = {"backlog": 4096}
-        # this server's tokenizer mode in the context its connections copy (sim.tokens._MODE)
-        tokens.set_mode(self.config.tokenizer)
         if self._sock is not None:
             self._server = await loop.create_server(lambda: HTTPProtocol(self),
                                                     sock=self._sock, **kwargs)
@@ -84,7 +82,7 @@ class Server:
         s = self._server.sockets[0]
         addr = s.getsockname()
         self.host, self.port = addr[0], addr[1]
-        for hook in self.app.extensions.get("on_start", []):
+        for hook in self.app.on_start:
             await hook(self.app)
         return self
 
@@ -134,7 +132,7 @@ class Server:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for hook in self.app.extensions.get("on_stop", []):
+        for hook in self.app.on_stop:
             try:
                 await hook(self.app)
             except Exception:  # pragma: no cover - best effort

@@ -112,7 +112,7 @@ FRAGMENT_OVERHEAD = 64
 # ------------------------------------------------------------------------------------------
 
 class WebSocketState:
-    """Per-app WebSocket state (``app.extensions["websocket"]``): the live sessions."""
+    """Per-app WebSocket state (``app.websocket``): the live sessions."""
 
     def __init__(self) -> None:
         self.sessions: set[WebSocketSession] = set()
@@ -121,9 +121,9 @@ class WebSocketState:
 
 
 def state(app: App) -> WebSocketState:
-    st = app.extensions.get("websocket")
+    st = app.websocket
     if st is None:
-        st = app.extensions["websocket"] = WebSocketState()
+        st = app.websocket = WebSocketState()
     return st
 
 
@@ -183,7 +183,7 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 
     try:
         accept = check_handshake(protocol, req, app)
-        authenticate = app.extensions.get("authenticate")
+        authenticate = app.authenticate
         if authenticate is not None:
             authenticate(req)  # a missing/wrong key is refused before the upgrade (401)
     except APIError as exc:

@@ -16,7 +16,7 @@ life). SIGTERM/SIGINT are forwarded to every worker, which drains in-flight requ
 Statistics. Every worker writes its raw stats snapshot (:meth:`Stats.raw`, mergeable by
 addition) to ``<state dir>/w-<pid>.json`` every :data:`FLUSH_S` seconds (atomic replace). The
 worker that serves ``/llmsim/stats`` or ``/metrics`` merges its own live snapshot with every
-other file (``app.extensions["stats_collect"]``), so the endpoints show the whole server, the
+other file (``app.stats_collect``), so the endpoints show the whole server, the
 other workers at most ``FLUSH_S`` old. When a worker dies the parent keeps its last snapshot as
 ``dead-<pid>.json`` with its gauges zeroed: counters stay whole across crashes (minus at most
 ``FLUSH_S`` of the dead worker's last activity). ``POST /llmsim/stats/reset`` writes a reset
@@ -178,8 +178,8 @@ def install_stats(app: App, state_dir: str) -> None:
                     os.kill(int(name[2:-5]), signal.SIGUSR1)
         app.stats.reset()
 
-    app.extensions["stats_collect"] = collect
-    app.extensions["stats_reset"] = reset
+    app.stats_collect = collect
+    app.stats_reset = reset
     loop.add_signal_handler(signal.SIGUSR1, flush)
     tick()
 
@@ -210,15 +210,13 @@ def _retire(state_dir: str, pid: int) -> None:
 def _worker_main(cfg: Config, sock: socket.socket, state_dir: str, index: int) -> None:
     from . import cli
     from .server import Server
-    from .state import shared
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
-    shared.configure(state_dir)
 
     async def serve() -> None:
-        server = Server(cfg, sock=sock)
+        server = Server(cfg, sock=sock, state_dir=state_dir)
         await server.start()
         install_stats(server.app, state_dir)
         stop = asyncio.Event()

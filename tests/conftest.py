@@ -55,3 +55,7 @@ async def aclient(srv: ServerThread) -> Any:
     async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0,
                            _strict_response_validation=True) as c:
         yield c
+
+
+# a real redis-server for the --state redis:// tests (fixtures: redis_server, redis_url, own_redis)
+from tests.redis_fixture import own_redis, redis_server, redis_url  # noqa: E402,F401

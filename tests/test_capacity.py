@@ -19,7 +19,7 @@ STREAM = {**CHAT, "stream": True, "max_tokens": 5}
 
 
 def engine(srv: Any, model: str = "gpt-4o") -> Any:
-    return srv.app.extensions["capacity"].engine(model)
+    return srv.app.capacity.engine(model)
 
 
 def token_times(ex: Any, t0: float) -> list[float]:

@@ -154,7 +154,7 @@ async def test_admin_mutations_need_the_right_key(config: str) -> None:
             if path == "/llmsim/stats/reset":
                 assert stats.requests_n >= before  # not wiped
     # a refused POST installed nothing: only authorized ones did (then were deleted)
-    assert srv.app.extensions["faults"].engine.rules == []
+    assert srv.app.faults.engine.rules == []
     assert stats.active_requests == 0 and stats.active_connections == 0
 
 

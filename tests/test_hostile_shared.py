@@ -36,19 +36,15 @@ from llmsim.app import App
 from llmsim.clock import FakeClock
 from llmsim.config import ResponsesConfig
 from llmsim.messages import RawResponse, Request
-from llmsim.state.shared import WAL_LIMIT_BYTES, configure
+from llmsim.state.shared import WAL_LIMIT_BYTES
 from tests.test_workers import children, wait_for
 
 KIB = 1024
 
 
 def _apps(tmp_path: Path, n: int = 2, **cfg: Any) -> list[App]:
-    configure(str(tmp_path))
-    try:
-        kw: dict[str, Any] = {"latency": "instant", "seed": 7, **cfg}
-        return [App(Config(**kw), clock=FakeClock()) for _ in range(n)]
-    finally:
-        configure(None)
+    kw: dict[str, Any] = {"latency": "instant", "seed": 7, **cfg}
+    return [App(Config(**kw), clock=FakeClock(), state_dir=str(tmp_path)) for _ in range(n)]
 
 
 def _req(body: dict[str, Any] | None = None, method: str = "POST", path: str = "/v1/responses",

@@ -507,7 +507,7 @@ def test_closed_session_is_not_kept_alive_by_stored_responses(wsrv: Any) -> None
     c = RawWS(wsrv.url)
     c.send_json({"type": "response.create", **BASE})  # stored (store defaults to true)
     assert c.until_terminal()[-1]["type"] == "response.completed"
-    (session,) = wsrv.app.extensions["websocket"].sessions
+    (session,) = wsrv.app.websocket.sessions
     ref = weakref.ref(session)
     del session
     c.close()

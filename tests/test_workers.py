@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from llmsim.state.shared import SharedStore, configure, open_store
+from llmsim.state.shared import SharedStore, open_store
 from llmsim.state.store import BoundedStore
 from llmsim.workers import FLUSH_S, resolve_workers
 
@@ -202,10 +202,6 @@ def test_shared_store_ttl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_open_store_picks_by_mode(tmp_path: Path) -> None:
-    configure(None)
     assert isinstance(open_store("r", 5, 0, time.monotonic), BoundedStore)
-    configure(str(tmp_path))
-    try:
-        assert isinstance(open_store("r", 5, 0, time.monotonic), SharedStore)
-    finally:
-        configure(None)
+    assert isinstance(open_store("r", 5, 0, time.monotonic, state_dir=str(tmp_path)),
+                      SharedStore)

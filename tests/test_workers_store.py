@@ -23,7 +23,6 @@ from llmsim.api.responses.state import Snapshot, state
 from llmsim.app import App
 from llmsim.clock import FakeClock
 from llmsim.messages import RawResponse, Request
-from llmsim.state.shared import configure
 from tests.test_workers import children, wait_for, workers2  # noqa: F401 (fixture)
 
 Apps = tuple[App, App]
@@ -35,12 +34,10 @@ def _req(body: dict[str, Any] | None = None, method: str = "POST", path: str = "
 
 
 def _apps(tmp_path: Path, **cfg: Any) -> Apps:
-    configure(str(tmp_path))
-    try:
-        kw: dict[str, Any] = {"latency": "instant", "seed": 7, **cfg}
-        return App(Config(**kw), clock=FakeClock()), App(Config(**kw), clock=FakeClock())
-    finally:
-        configure(None)
+    kw: dict[str, Any] = {"latency": "instant", "seed": 7, **cfg}
+    d = str(tmp_path)
+    return (App(Config(**kw), clock=FakeClock(), state_dir=d),
+            App(Config(**kw), clock=FakeClock(), state_dir=d))
 
 
 @pytest.fixture

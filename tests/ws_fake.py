@@ -23,7 +23,17 @@ def has_real(app: Any) -> bool:
         route, _ = app.router.resolve("POST", "/v1/responses")
     except APIError:
         return False
-    return route.handler is not create
+    return not isinstance(route.handler, FakeResponses)
+
+
+class FakeResponses:
+    """The fake's handler with its own store of responses (one per app)."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+
+    async def __call__(self, req: Request, app: Any) -> JSONResponse | StreamResponse:
+        return await create(req, app, self.store)
 
 
 def install(app: Any) -> None:
@@ -31,8 +41,7 @@ def install(app: Any) -> None:
     the fake, to test the transport alone)."""
     if has_real(app) and not os.environ.get("WSFAKE"):
         return
-    app.extensions.setdefault("fake_store", {})
-    app.router.add("POST", "/v1/responses", create, "responses", stream_capable=True)
+    app.router.add("POST", "/v1/responses", FakeResponses(), "responses", stream_capable=True)
 
 
 def _response(rid: str, model: str, status: str, output: list[Any], prev: str | None,
@@ -44,7 +53,8 @@ def _response(rid: str, model: str, status: str, output: list[Any], prev: str | 
             "temperature": 1.0, "top_p": 1.0, "usage": usage}
 
 
-async def create(req: Request, app: Any) -> JSONResponse | StreamResponse:
+async def create(req: Request, app: Any,
+                 fake_store: dict[str, Any]) -> JSONResponse | StreamResponse:
     body = req.json_object()
     ws = req.transport == "ws"
     model = body.get("model")
@@ -58,7 +68,7 @@ async def create(req: Request, app: Any) -> JSONResponse | StreamResponse:
     if prev is not None:
         rec = req.context.cached_response(prev) if ws else None
         if rec is None:
-            rec = app.extensions["fake_store"].get(prev)
+            rec = fake_store.get(prev)
         if rec is None:
             raise APIError(400, f"Previous response with id '{prev}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
@@ -114,7 +124,7 @@ async def create(req: Request, app: Any) -> JSONResponse | StreamResponse:
         if ws:
             req.context.cache_response({"id": rid, "response": final})
         if store:
-            app.extensions["fake_store"][rid] = final
+            fake_store[rid] = final
         yield 0.0, "response.completed", {"type": "response.completed", "response": final}
 
     stream = EventStream(plan(), RESPONSES, model=model)

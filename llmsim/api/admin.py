@@ -2,9 +2,9 @@
 ``GET /metrics`` (Prometheus text 0.0.4, ``llmsim_*`` and vLLM-compatible ``vllm:*`` names)
 and ``GET /llmsim/dashboard`` (a self-contained live HTML page polling ``/llmsim/stats``).
 
-Multi-process servers plug in through ``app.extensions``: ``"stats_collect"`` (an async
-``f(app) -> raw snapshot``, e.g. :func:`~llmsim.state.stats.merge` of every worker's
-:meth:`~llmsim.state.stats.Stats.raw`) and ``"stats_reset"`` (an async ``f(app)``).
+Multi-process servers plug in through ``app.stats_collect`` (an async ``f(app) -> raw
+snapshot``, e.g. :func:`~llmsim.state.stats.merge` of every worker's
+:meth:`~llmsim.state.stats.Stats.raw`) and ``app.stats_reset`` (an async ``f(app)``).
 These monitoring endpoints are not counted in the request statistics they report.
 """
 
@@ -26,9 +26,9 @@ __all__ = ["register", "collect"]
 
 async def collect(app: App) -> dict[str, Any]:
     """The raw snapshot to report: every worker's when a collector is installed."""
-    fn = app.extensions.get("stats_collect")
+    fn = app.stats_collect
     if fn is not None:
-        return await fn(app)  # type: ignore[no-any-return]
+        return await fn(app)
     return app.stats.raw()
 
 
@@ -40,7 +40,7 @@ async def stats(req: Request, app: App) -> JSONResponse:
 
 
 async def reset(req: Request, app: App) -> JSONResponse:
-    fn = app.extensions.get("stats_reset")
+    fn = app.stats_reset
     if fn is not None:
         await fn(app)
     else:
@@ -81,6 +81,8 @@ async def scripts_put(req: Request, app: App) -> JSONResponse:
     except ScriptError as exc:
         raise E.script_invalid.at(exc.where, reason=exc) from None
     app.script.install(rules)
+    if app.script_cursors is not None:  # --state: the shared cursors start over too
+        await app.script_cursors.restart(app.script)
     return JSONResponse(app.script.view())
 
 

@@ -378,7 +378,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     ask, info = await _parse(req, app, body)
     model = info["model"]
     rng = request_rng(app.config.seed, "/v1/messages", body)
-    d = app.answer(req, "anthropic.messages", ask, rng, app.latency(ask.profile))
+    d = await app.answer(req, "anthropic.messages", ask, rng, app.latency(ask.profile))
     mid = new_id("msg_")
     headers = [("request-id", req.request_id)]
     if info["stream"]:

@@ -671,7 +671,7 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    decision = app.answer(req, "chat.completions", ask(cr, json_hint(req.body)), rng,
+    decision = await app.answer(req, "chat.completions", ask(cr, json_hint(req.body)), rng,
                           app.latency(cr.profile))
     out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:

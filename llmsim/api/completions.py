@@ -356,7 +356,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/completions", cr.body)
-    decision = app.answer(req, "completions", ask(cr), rng, app.latency(cr.profile))
+    decision = await app.answer(req, "completions", ask(cr), rng, app.latency(cr.profile))
     cid, created = new_id("cmpl-"), int(app.clock.time())
     if cr.stream:
         stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,

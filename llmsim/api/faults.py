@@ -5,7 +5,9 @@ through ``app.dispatch``). The decisions live in the sans-IO ``llmsim.sim.faults
 ``llmsim.sim.ratelimit`` and ``llmsim.sim.capacity``; this module only awaits, wraps stream
 plans and renders headers. Hook order (``app.before``): admin-key auth → API-key auth → fault
 injection → rate limit → capacity, so a refused or faulted request never takes a rate-limit
-token or a sequence.
+token or a sequence. With ``--state redis://...`` the scenario rules, their counters and the
+rate-limit buckets are shared by the replicas (``llmsim.state.redis_limits``); the header,
+the probabilities and capacity stay per replica.
 
 Scope: only the OpenAI API paths (``/v1/...``, ``/openai/v1/...``) are authenticated with the
 API keys, faulted, limited and queued. ``/health`` and ``/llmsim/*`` are never faulted.
@@ -49,11 +51,13 @@ from ..routing import Route
 from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
 from ..sim.ratelimit import RateLimiter, estimate_tokens
+from ..state.redis_limits import SharedLimiter, SharedRules
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..app import App
+    from ..clock import Timer
     from ..sim.decide import Usage
     from ..stream import PlanItem
 
@@ -166,6 +170,9 @@ class Faults:
     def __init__(self, app: App, mask_keys: bool = False) -> None:
         self.app = app
         self.engine = FaultEngine(app.config.faults, app.config.seed)
+        # --state: the scenario rules and their counters live in Redis (shared by replicas)
+        self.shared = SharedRules(app.shared_state, self.engine) \
+            if app.shared_state is not None else None
         self.mask_keys = mask_keys  # keys are configured: reads must not show a rule's key
 
     def _view(self, rule: Any) -> dict[str, Any]:
@@ -185,18 +192,25 @@ class Faults:
             return None
         header = req.headers.get(FAULT_HEADER)
         eng = self.engine
-        if header is None and not eng.rules and not eng.has_random:
+        if header is None and not eng.rules and not eng.has_random and self.shared is None:
             return None
         if header is not None and header.strip().lower() == "none":
             return None  # explicitly no fault (bypasses rules and probabilities)
-        try:
-            fault = eng.decide(model=_model(req), endpoint=route.name,
-                               path=req.path.removeprefix("/openai"), api_key=req.api_key,
-                               transport=req.transport, now=app.clock.time(),
-                               key=self._key(req), header=header)
-        except ValueError as exc:
-            raise E.fault_header_invalid.at("X-LLMSim-Fault", value=repr(header), reason=exc,
-                                            help=SPEC_HELP) from None
+        fault = None
+        where: dict[str, Any] = {
+            "model": _model(req), "endpoint": route.name,
+            "path": req.path.removeprefix("/openai"), "api_key": req.api_key,
+            "transport": req.transport, "now": app.clock.time(), "key": self._key(req)}
+        if self.shared is not None and (header is None or not eng.config.header):
+            fault = await self.shared.decide(**where)  # the shared rules, unless the header
+            if fault is not None:
+                eng.count(fault)
+        if fault is None:
+            try:
+                fault = eng.decide(**where, header=header)
+            except ValueError as exc:
+                raise E.fault_header_invalid.at("X-LLMSim-Fault", value=repr(header),
+                                                reason=exc, help=SPEC_HELP) from None
         if fault is None:
             return None
         if fault.mid_stream and not _streaming(req, route):
@@ -224,56 +238,71 @@ class Faults:
                 raise fault_error(Fault("status", fault.status), _model(req), cfg.retry_after_ms)
             app.stats.error("fault_reset")
             return _reset_result()
-        req.notes["fault"] = fault  # mid-stream: applied by stream_hook
+        req.notes.fault = fault  # mid-stream: applied by stream_hook
         return None
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        fault: Fault | None = req.notes.pop("fault", None)
+        fault = req.notes.fault
         if fault is None:
             return
+        req.notes.fault = None
         s = res.stream
         stats = self.app.stats
         s.wrap(lambda plan: inject(plan, fault, s.dialect, s.fail,
                                    lambda kind: stats.error("fault_" + kind)))
 
     # -- scenario API ----------------------------------------------------------------------
-    def _add(self, body: Any) -> dict[str, Any]:
+    async def _add(self, body: Any) -> dict[str, Any]:
+        now = self.app.clock.time()
         try:
-            return self._view(self.engine.add_rule(body, self.app.clock.time()))
+            rule = self.engine.add_rule(body, now) if self.shared is None else \
+                await self.shared.add(body, now)
         except OverflowError as exc:
             raise E.too_many_fault_rules.at(reason=exc) from None
         except ValueError as exc:  # a RuleError names its field; nothing is parsed back
             raise E.fault_rule_invalid.at(getattr(exc, "param", None), reason=exc) from None
+        return self._view(rule)
 
     async def post(self, req: Request, app: App) -> JSONResponse:
         body = req.json()
         if isinstance(body, dict) and "rules" in body and "fault" not in body:
             body = body["rules"]
         if isinstance(body, list):
-            return JSONResponse({"object": "list", "data": [self._add(b) for b in body]})
-        return JSONResponse(self._add(body))
+            return JSONResponse({"object": "list", "data": [await self._add(b) for b in body]})
+        return JSONResponse(await self._add(body))
+
+    async def _rules(self) -> list[Any]:
+        now = self.app.clock.time()
+        if self.shared is not None:
+            return await self.shared.listed(now)
+        self.engine.expire(now)
+        return self.engine.rules
 
     async def list(self, req: Request, app: App) -> JSONResponse:
-        self.engine.expire(app.clock.time())
-        return JSONResponse({"object": "list", "data": [self._view(r) for r in self.engine.rules],
+        rules = await self._rules()
+        return JSONResponse({"object": "list", "data": [self._view(r) for r in rules],
                              "fired": dict(self.engine.fired)})
 
-    def _find(self, rid: str) -> Any:
-        for r in self.engine.rules:
+    async def _find(self, rid: str) -> Any:
+        for r in await self._rules():
             if r.id == rid:
                 return r
         raise E.fault_rule_not_found.at("id", id=rid)
 
     async def get_one(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse(self._view(self._find(req.params["id"])))
+        return JSONResponse(self._view(await self._find(req.params["id"])))
 
     async def delete_all(self, req: Request, app: App) -> JSONResponse:
-        return JSONResponse({"object": "list", "deleted": self.engine.clear()})
+        n = self.engine.clear() if self.shared is None else await self.shared.clear()
+        return JSONResponse({"object": "list", "deleted": n})
 
     async def delete_one(self, req: Request, app: App) -> JSONResponse:
         rid = req.params["id"]
-        self._find(rid)
-        self.engine.remove_rule(rid)
+        await self._find(rid)
+        if self.shared is None:
+            self.engine.remove_rule(rid)
+        else:
+            await self.shared.remove(rid)
         return JSONResponse({"id": rid, "object": "llmsim.fault_rule", "deleted": True})
 
 
@@ -291,6 +320,15 @@ class Limits:
     def __init__(self, app: App) -> None:
         self.app = app
         self.limiter = RateLimiter(app.config.ratelimit)
+        # --state: the buckets live in Redis (one atomic take across replicas)
+        self.shared = SharedLimiter(app.shared_state, self.limiter) \
+            if app.shared_state is not None else None
+
+    def charge(self, key: str, model: str, tokens: int) -> None:
+        if self.shared is None:
+            self.limiter.charge(key, model, tokens, self.app.clock.now())
+        else:
+            self.shared.charge(key, model, tokens)
 
     async def before(self, req: Request, route: Route, app: App) -> Result | None:
         if not is_api_path(req.path):
@@ -301,31 +339,31 @@ class Limits:
         prompt, mx = estimate_tokens(_body(req))
         key = req.api_key or ""
         # raises the 429 (with x-ratelimit-* and retry-after headers) when a bucket is empty
-        req.notes["ratelimit"] = self.limiter.admit(key, model, prompt + (mx or 0),
-                                                    app.clock.now())
+        tokens = prompt + (mx or 0)
+        req.notes.ratelimit = self.limiter.admit(key, model, tokens, app.clock.now()) \
+            if self.shared is None else await self.shared.admit(key, model, tokens)
         if mx is None:
-            req.notes["ratelimit_charge"] = (key, model)
+            req.notes.ratelimit_charge = (key, model)
         return None
 
     def after(self, req: Request, route: Route, res: Result) -> None:
-        snap = req.notes.get("ratelimit")
+        snap = req.notes.ratelimit
         if snap is None:
             return
         anthropic = route.name.startswith("anthropic")
         res.headers.extend(snap.headers(self.app.clock.time() if anthropic else None))
-        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
+        late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is not None and type(res) is JSONResponse and isinstance(res.data, dict):
-            self.limiter.charge(*late, _output_tokens(res.usage), self.app.clock.now())
+            self.charge(*late, _output_tokens(res.usage))
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        late: tuple[str, str] | None = req.notes.pop("ratelimit_charge", None)
+        late, req.notes.ratelimit_charge = req.notes.ratelimit_charge, None
         if late is None:
             return
         usage = res.stream.usage
-        limiter, clock = self.limiter, self.app.clock
 
         def charge(reason: str) -> None:
-            limiter.charge(*late, _output_tokens(usage), clock.now())
+            self.charge(*late, _output_tokens(usage))
 
         _chain_close(res, charge)
 
@@ -371,7 +409,7 @@ class Capacity:
     connection cancels the wait directly (``connection_lost`` cancels the handler), and one
     the client closed (EOF, which the transport keeps open for half-closing clients) is
     found by a watch that runs every ``QUEUE_WATCH_S`` while anybody waits and asks the
-    server (``app.extensions["drop_departed"]``) to close the connections of waiting clients
+    server (``app.drop_departed``) to close the connections of waiting clients
     that sent EOF; that close cancels the wait the same way, so the queue slot and the
     ``queue_depth`` gauge are freed within one watch period.
     """
@@ -381,7 +419,7 @@ class Capacity:
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
         self.waiting: dict[asyncio.Future[None], str] = {}  # queued HTTP waiter → client
-        self._watch: asyncio.TimerHandle | None = None
+        self._watch: Timer | None = None
 
     def engine(self, model: str) -> Engine:
         eng = self.engines.get(model)
@@ -440,20 +478,21 @@ class Capacity:
                 raise
             finally:
                 self.waiting.pop(fut, None)
-        req.notes["slot"] = Slot(eng, self)
+        req.notes.slot = Slot(eng, self)
         return None
 
     def _arm_watch(self) -> None:
-        if self._watch is None and "drop_departed" in self.app.extensions:
-            self._watch = asyncio.get_running_loop().call_later(QUEUE_WATCH_S, self._tick)
+        if self._watch is None and self.app.drop_departed is not None:
+            self._watch = self.app.clock.call_later(QUEUE_WATCH_S, self._tick)
 
     def _tick(self) -> None:
         self._watch = None
         clients = {c for f, c in self.waiting.items() if not f.done()}
-        if not clients:
+        drop = self.app.drop_departed
+        if not clients or drop is None:
             return
         try:
-            self.app.extensions["drop_departed"](clients)
+            drop(clients)
         finally:
             self._arm_watch()
 
@@ -463,7 +502,7 @@ class Capacity:
                                         headers=retry_headers(1000.0))
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
-        slot: Slot | None = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is None:
             return
         s = res.stream
@@ -475,12 +514,12 @@ class Capacity:
         _chain_close(res, slot.release)
 
     def after(self, req: Request, route: Route, res: Result) -> None:
-        slot = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is not None:  # a complete (JSON or error) answer: the sequence is done
             slot.release()
 
     def abort(self, req: Request) -> None:
-        slot = req.notes.pop("slot", None)
+        slot, req.notes.slot = req.notes.slot, None
         if slot is not None:
             slot.release()
 
@@ -526,18 +565,18 @@ def register(app: App) -> None:
         keys = frozenset(cfg.api_key)
         app.before.append(_auth_hook(keys))
         # the WebSocket upgrade checks the key at the handshake, as the real API does
-        app.extensions["authenticate"] = lambda req: check_api_key(keys, req)
+        app.authenticate = lambda req: check_api_key(keys, req)
     faults = Faults(app, mask_keys=bool(admin_keys))
-    app.extensions["faults"] = faults
+    app.faults = faults
     app.before.append(faults.before)
     if cfg.ratelimit.enabled:
         limits = Limits(app)
-        app.extensions["ratelimit"] = limits
+        app.ratelimit = limits
         app.before.append(limits.before)
         app.after.append(limits.after)
         app.stream_hooks.append(limits.stream_hook)
     cap = Capacity(app)
-    app.extensions["capacity"] = cap
+    app.capacity = cap
     if cfg.capacity.enabled:
         app.before.append(cap.before)
         app.after.append(cap.after)

@@ -43,6 +43,7 @@ __all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "inject"
 MID_STREAM = frozenset({"disconnect", "stall", "error", "truncate"})
 STATUSES = (429, 500, 502, 503, 504, 529)
 MAX_RULES = 256  # installed scenario rules; a scripted test never needs more
+MAX_RULE_STR = 1024  # characters of a rule's string field (model, api_key, fault spec, ...)
 MAX_OCCURRENCES = 65536  # distinct request contents remembered for occurrence counting
 EPOCH_THRESHOLD = 1_000_000_000  # rule times at or above this are epoch seconds
 SPEC_HELP = ("one of 429, 429:tokens, 429:quota, 500, 502, 503, 504, 529, reset, hang:MS, "
@@ -288,6 +289,11 @@ class Rule:
                 "retry_after_ms": self.fault.retry_after_ms}
 
 
+def too_many_rules() -> OverflowError:
+    """The refusal of a rule beyond :data:`MAX_RULES` (answered 429 ``too_many_rules``)."""
+    return OverflowError(f"too many fault rules (limit {MAX_RULES}); delete some first")
+
+
 class RuleError(ValueError):
     """An invalid scenario rule; ``param`` names the rule field at fault (None: the rule)."""
 
@@ -300,6 +306,8 @@ def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     v = body.get(key)
     if v is not None and (not isinstance(v, str) or not v):
         raise RuleError(key, f"'{key}' must be a non-empty string")
+    if v is not None and len(v) > MAX_RULE_STR:
+        raise RuleError(key, f"'{key}' must be at most {MAX_RULE_STR} characters")
     return v
 
 
@@ -325,6 +333,8 @@ def build_rule(body: Any, rule_id: str, now: float) -> Rule:
     spec = body.get("fault")
     if spec is None:
         raise RuleError("fault", "'fault' is required")
+    if isinstance(spec, str) and len(spec) > MAX_RULE_STR:
+        raise RuleError("fault", f"'fault' must be at most {MAX_RULE_STR} characters")
     try:
         fault = parse_spec(spec, source=rule_id)
     except ValueError as exc:
@@ -386,7 +396,7 @@ class FaultEngine:
     # -- rules ---------------------------------------------------------------------------
     def add_rule(self, body: Any, now: float) -> Rule:
         if len(self.rules) >= MAX_RULES:
-            raise OverflowError(f"too many fault rules (limit {MAX_RULES}); delete some first")
+            raise too_many_rules()
         rule = build_rule(body, f"fault_{self._next_id}", now)
         self._next_id += 1
         self.rules.append(rule)
@@ -430,21 +440,21 @@ class FaultEngine:
         request content (method, path, body) for reproducible draws."""
         if header is not None and self.config.header:
             hf = parse_spec(header, source="header")
-            self._count(hf)
+            self.count(hf)
             return hf
         if self.rules:
             f = self._from_rules(model, endpoint, path, api_key, transport, now, key)
             if f is not None:
-                self._count(f)
+                self.count(f)
                 return f
         if self.has_random:
             f = self._draw(model, endpoint, key)
             if f is not None:
-                self._count(f)
+                self.count(f)
             return f
         return None
 
-    def _count(self, f: Fault) -> None:
+    def count(self, f: Fault) -> None:
         k = f.spec().split(":")[0]
         if len(self.fired) < 64 or k in self.fired:
             self.fired[k] = self.fired.get(k, 0) + 1
@@ -460,14 +470,18 @@ class FaultEngine:
             rule.seen += 1
             if rule.seen % rule.every:
                 continue
-            if rule.probability < 1.0 and self.rng(key + rule.id.encode()).random() \
-                    >= rule.probability:
+            if not self.draw(rule, key):
                 continue
             rule.fired += 1
             if rule.exhausted:
                 self.rules.remove(rule)
             return rule.fault
         return None
+
+    def draw(self, rule: Rule, key: bytes) -> bool:
+        """Whether a due ``rule`` fires by its ``probability`` (reproducible with a seed)."""
+        return rule.probability >= 1.0 or \
+            self.rng(key + rule.id.encode()).random() < rule.probability
 
     def rates(self, model: str | None, endpoint: str) -> dict[str, float]:
         """Effective probabilities: model table > endpoint table > global."""

@@ -26,7 +26,7 @@ from ..config import RateLimitConfig
 from ..errors import E
 from .faults import fmt_duration, rate_limit_error
 
-__all__ = ["Bucket", "RateLimiter", "Snapshot", "estimate_tokens", "MAX_BUCKETS"]
+__all__ = ["Bucket", "RateLimiter", "Snapshot", "estimate_tokens", "judge", "MAX_BUCKETS"]
 
 MAX_BUCKETS = 10_000  # (key, model) pairs tracked; API keys and model ids come from clients
 
@@ -126,16 +126,7 @@ class RateLimiter:
     def admit(self, key: str, model: str, tokens: int, now: float) -> Snapshot:
         """Take one request and ``tokens`` or raise the real 429 (with the headers)."""
         req, tok = self._get(key, model, now)
-        snap = Snapshot(req, tok)
-        if tok is not None and tokens > tok.limit:
-            raise E.request_too_large_tpm.at(model=model, limit=tok.limit, requested=tokens,
-                                             headers=snap.headers())
-        if req is not None and (w := req.wait_for(1)) > 0:
-            raise rate_limit_error(model, "requests", req.limit, req.limit - req.remaining, 1,
-                                   w, snap.headers())
-        if tok is not None and (w := tok.wait_for(tokens)) > 0:
-            raise rate_limit_error(model, "tokens", tok.limit, tok.limit - tok.remaining,
-                                   tokens, w, snap.headers())
+        snap = judge(model, req, tok, tokens)
         if req is not None:
             req.level -= 1
         if tok is not None:
@@ -149,6 +140,24 @@ class RateLimiter:
         if pair is not None and pair[1] is not None and tokens > 0:
             pair[1].refill(now)
             pair[1].level = max(-pair[1].limit, pair[1].level - tokens)
+
+
+def judge(model: str, req: Bucket | None, tok: Bucket | None, tokens: int) -> Snapshot:
+    """The one admission rule: raise the real 429 (with the ``x-ratelimit-*`` headers) unless
+    every bucket (refilled to now) has room for one request and ``tokens``; else the snapshot
+    whose headers the answer carries. The shared limiter (``--state redis://``) takes the same
+    decision atomically in Redis and calls this to word a refusal."""
+    snap = Snapshot(req, tok)
+    if tok is not None and tokens > tok.limit:
+        raise E.request_too_large_tpm.at(model=model, limit=tok.limit, requested=tokens,
+                                         headers=snap.headers())
+    if req is not None and (w := req.wait_for(1)) > 0:
+        raise rate_limit_error(model, "requests", req.limit, req.limit - req.remaining, 1,
+                               w, snap.headers())
+    if tok is not None and (w := tok.wait_for(tokens)) > 0:
+        raise rate_limit_error(model, "tokens", tok.limit, tok.limit - tok.remaining,
+                               tokens, w, snap.headers())
+    return snap
 
 
 _TEXT_KEYS = ("messages", "input", "instructions", "tools", "prompt", "functions")

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["request_rng", "new_id", "derive", "DELIVERY_ONLY"]
+__all__ = ["request_rng", "new_id", "new_request_id", "derive", "DELIVERY_ONLY"]
 
 # Fields that change how an answer is delivered or filed, not what the model says: the same
 # seeded request gives the same text streamed or not, stored or not, tagged or not.
@@ -71,6 +71,12 @@ def _reseed_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reseed_after_fork)
+
+
+def new_request_id() -> str:
+    """An ``x-request-id`` like the real API's: ``req_`` and 32 hex digits (the id stream,
+    so forked workers never repeat each other's)."""
+    return f"req_{_ID_RNG.getrandbits(128):032x}"
 
 
 def new_id(prefix: str, length: int = 24) -> str:

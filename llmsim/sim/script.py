@@ -35,10 +35,11 @@ used dropped).
 
 from __future__ import annotations
 
+import hashlib
 import random
 import tomllib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,16 +251,26 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], api_key: st
     return "k:" + (api_key or "")[:256]
 
 
+def _digest(rules: list[Rule]) -> str:
+    """A short digest of a script's rules: replicas that load the same script share its
+    cursors in Redis under it."""
+    src = orjson.dumps([r.source for r in rules], option=orjson.OPT_SORT_KEYS,
+                       default=str)
+    return hashlib.blake2b(src, digest_size=8).hexdigest()
+
+
 class Script:
     """The installed rules and the per-session cursors."""
 
     def __init__(self, rules: list[Rule] | None = None) -> None:
         self.rules: list[Rule] = rules or []
+        self.digest = _digest(self.rules)  # names this script's shared cursors (--state)
         self._cursors: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._chains: OrderedDict[str, str] = OrderedDict()  # response id → session
 
     def install(self, rules: list[Rule]) -> None:
         self.rules = rules
+        self.digest = _digest(rules)
         self._cursors.clear()
         self._chains.clear()
 
@@ -290,6 +301,33 @@ class Script:
             return False
         return True
 
+    def candidates(self, *, model: str, endpoint: str, api_key: str | None,
+                   headers: Mapping[str, str], ask: Ask) -> Iterator[tuple[int, int | None]]:
+        """The rules this request matches, in order (lazily), each with its ``turn``
+        condition: the cursor decides among them, the first whose condition holds takes the
+        request."""
+        session = headers.get(SESSION_HEADER)
+        text = ask.user_text()
+        for i, rule in enumerate(self.rules):
+            if self._matches(rule.match, model=model, endpoint=endpoint, api_key=api_key,
+                             session=session, user_text=text,
+                             tool_result=ask.after_tool_result):
+                yield i, rule.match.get("turn")
+
+    def reply(self, i: int, n: int) -> Turn | None:
+        """Rule ``i``'s answer to its ``n``-th (0-based) request of a session: the turn, or
+        what its ``then`` says once the turns are used up."""
+        rule = self.rules[i]
+        if n < len(rule.reply):
+            return rule.reply[n]
+        if rule.then == "repeat":
+            return rule.reply[-1]
+        if rule.then == "loop":
+            return rule.reply[n % len(rule.reply)]
+        if rule.then == "error":
+            raise E.script_exhausted.at(rule=i, turns=len(rule.reply))
+        return None  # "simulate"
+
     def turn(self, *, model: str, endpoint: str, api_key: str | None,
              headers: Mapping[str, str], body: Mapping[str, Any], ask: Ask,
              response_id: str | None = None) -> Turn | None:
@@ -298,36 +336,22 @@ class Script:
         ``previous_response_id``, continue this session)."""
         if not self.rules:
             return None
-        session = headers.get(SESSION_HEADER)
         key = session_key(headers, body, api_key, self._chains)
         if response_id is not None:
             self._chains[response_id] = key
             while len(self._chains) > MAX_SESSIONS:
                 self._chains.popitem(last=False)
-        text = ask.user_text()
-        for i, rule in enumerate(self.rules):
-            if not self._matches(rule.match, model=model, endpoint=endpoint, api_key=api_key,
-                                 session=session, user_text=text,
-                                 tool_result=ask.after_tool_result):
-                continue
+        for i, want in self.candidates(model=model, endpoint=endpoint, api_key=api_key,
+                                       headers=headers, ask=ask):
             ck = (i, key)
             n = self._cursors.get(ck, 0)
-            want = rule.match.get("turn")
             if want is not None and n + 1 != want:
                 continue
             self._cursors[ck] = n + 1
             self._cursors.move_to_end(ck)
             while len(self._cursors) > MAX_SESSIONS:
                 self._cursors.popitem(last=False)
-            if n < len(rule.reply):
-                return rule.reply[n]
-            if rule.then == "repeat":
-                return rule.reply[-1]
-            if rule.then == "loop":
-                return rule.reply[n % len(rule.reply)]
-            if rule.then == "error":
-                raise E.script_exhausted.at(rule=i, turns=len(rule.reply))
-            return None  # "simulate"
+            return self.reply(i, n)
         return None
 
 

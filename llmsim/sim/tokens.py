@@ -18,7 +18,7 @@ Exact mode
     The regex pattern and special tokens are copied from
     ``tiktoken_ext.openai_public`` so tiktoken's downloader is never invoked.
     Neither tiktoken nor bpe-openai is a runtime dependency (extra ``tokens``).
-    ``--tokenizer estimate`` (env ``LLMSIM_TOKENIZER=estimate``, or :func:`set_mode`)
+    ``--tokenizer estimate`` (env ``LLMSIM_TOKENIZER=estimate``, or :func:`use_mode` per context)
     forces estimate mode: no rank files are loaded (start-up ~0.4 s faster).
 
 Estimate mode
@@ -68,6 +68,7 @@ __all__ = [
     "sequence_pieces",
     "split_pieces",
     "split_pieces_counted",
+    "use_mode",
 ]
 
 # ---------------------------------------------------------------------------
@@ -216,20 +217,22 @@ def get_encoding(name: str) -> Any:
         return _cache[name]
 
 
-# the tokenizer mode of the server whose code runs now: a context variable, not process state,
-# so two servers in one process (tests, load rigs) keep their own --tokenizer. A server sets it
-# when it is built and again when it starts listening: every connection callback and request
-# task of that server runs in a context copied from there. Unset: the LLMSIM_TOKENIZER env var.
+# the tokenizer mode of the app whose request runs now: a context variable, not process state,
+# so two servers in one process (tests, load rigs) keep their own --tokenizer. ``App.dispatch``
+# sets it from its app at the start of every request (the handler, the hooks and whatever they
+# schedule run in that context). Unset: the LLMSIM_TOKENIZER env var.
 _MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("llmsim_tokenizer",
                                                                   default=None)
+MODES = ("auto", "estimate")
 
 
-def set_mode(mode: str) -> None:
+def use_mode(mode: str) -> None:
     """``"auto"`` (exact with tiktoken when available) or ``"estimate"`` (never load it), for
-    the current context (see ``_MODE``): the server calls it from its config."""
-    if mode not in ("auto", "estimate"):
-        raise ValueError(f"tokenizer mode must be 'auto' or 'estimate', not {mode!r}")
-    _MODE.set(mode)
+    the current context only (see ``_MODE``): ``App.dispatch`` calls it with its app's mode."""
+    if _MODE.get() != mode:
+        if mode not in MODES:
+            raise ValueError(f"tokenizer mode must be 'auto' or 'estimate', not {mode!r}")
+        _MODE.set(mode)
 
 
 def _estimate_only() -> bool:

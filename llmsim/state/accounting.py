@@ -81,7 +81,7 @@ def request_model(req: Request) -> str | None:
     """The ``model`` a request named (for the stats label of an answer that has none: a
     validation 400, an injected 429/500): the request's one parse (``Request.json``; a body
     nobody parsed yet is parsed only when small)."""
-    if not req.body or ("_json" not in req.notes and len(req.body) > MODEL_PEEK_BYTES):
+    if not req.body or (not req.parsed and len(req.body) > MODEL_PEEK_BYTES):
         return None
     try:
         body = req.json()

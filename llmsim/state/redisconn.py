@@ -15,6 +15,7 @@ other's keys and nothing else.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -66,6 +67,10 @@ class SharedState:
         from redis.exceptions import ConnectionError as RConnErr
         from redis.exceptions import TimeoutError as RTimeout
 
+        if asyncio.current_task() is None:
+            # the protocol runs a handler's first step eagerly, outside any Task, and the
+            # client's timeouts need one: yield once, and the rest runs in the Task
+            await asyncio.sleep(0)
         try:
             return await op(self.client)
         except (RConnErr, RTimeout, OSError) as e:
@@ -82,3 +87,25 @@ def open_shared_state(url: str | None) -> SharedState | None:
     if not url:
         return None
     return SharedState(url)
+
+
+class Lua:
+    """A Lua script run with EVALSHA (loaded by EVAL on a ``NOSCRIPT`` miss, e.g. after a
+    Redis restart): ``await script(client, keys, args)``. Redis runs a script atomically,
+    which is how several replicas share a counter or a bucket without a race."""
+
+    __slots__ = ("src", "sha")
+
+    def __init__(self, src: str) -> None:
+        import hashlib
+
+        self.src = src
+        self.sha = hashlib.sha1(src.encode()).hexdigest()
+
+    async def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import NoScriptError
+
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(self.src, len(keys), *keys, *args)

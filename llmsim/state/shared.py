@@ -30,33 +30,21 @@ from typing import Any, Generic, TypeVar
 
 from .store import BoundedStore
 
-__all__ = ["SharedStore", "open_store", "configure", "shared_dir", "prepare", "connect"]
+__all__ = ["SharedStore", "open_store", "prepare", "connect"]
 
 V = TypeVar("V")
-_DIR: list[str] = []
-
-
-def configure(state_dir: str | None) -> None:
-    """Called in each worker process: stores opened from now on are shared in ``state_dir``."""
-    _DIR.clear()
-    if state_dir:
-        _DIR.append(state_dir)
-
-
-def shared_dir() -> str | None:
-    return _DIR[0] if _DIR else None
 
 
 def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float],
                on_evict: Callable[[str, Any], None] | None = None, *, max_bytes: int = 0,
                state_dir: str | None = None) -> Any:
-    """A :class:`BoundedStore` (one process) or a :class:`SharedStore` (``--workers > 1``, or
-    ``state_dir`` given: the supervisor's own view). ``max_bytes`` bounds a shared store only."""
-    d = state_dir or shared_dir()
-    if d is None:
+    """A :class:`BoundedStore` (one process: ``state_dir`` None) or a :class:`SharedStore` in
+    ``state_dir`` (``--workers > 1``: the app's ``state_dir``, or the supervisor's own view).
+    ``max_bytes`` bounds a shared store only."""
+    if not state_dir:
         return BoundedStore(max_entries, ttl, now, on_evict)
-    return SharedStore(os.path.join(d, "store.sqlite3"), name, max_entries, ttl, on_evict,
-                       max_bytes=max_bytes)
+    return SharedStore(os.path.join(state_dir, "store.sqlite3"), name, max_entries, ttl,
+                       on_evict, max_bytes=max_bytes)
 
 
 WAL_LIMIT_BYTES = 64 * 1024 * 1024

@@ -260,7 +260,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     if rr.generate:
         rng = request_rng(app.config.seed, "/v1/responses", body)
         asked = ask(rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
-        decision = app.answer(req, "responses", asked, rng, app.latency(rr.profile),
+        decision = await app.answer(req, "responses", asked, rng, app.latency(rr.profile),
                               response_id=rid)
         out = render.response_out(decision, rid, created_at)
     else:  # WebSocket warm-up: state only, no model output
@@ -574,7 +574,7 @@ async def _on_stop(app: App) -> None:
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
-    app.extensions.setdefault("on_stop", []).append(_on_stop)
+    app.on_stop.append(_on_stop)
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")

@@ -8,7 +8,7 @@ record. Replays re-render the plan (see :mod:`.render`) and pace the events that
 the future on the live stream's schedule, so a resumed stream sees the same events with the
 same sequence numbers at the same moments as the original.
 
-With ``--workers > 1`` (:func:`llmsim.state.shared.shared_dir` set) a stored record is also
+With ``--workers > 1`` (``App.state_dir`` set) a stored record is also
 published as a :class:`Snapshot` (plain, picklable data) in a :class:`SharedResponses` store
 every worker reads: when it is created, when it starts (background), when it reaches a
 terminal state, and when it is deleted (a tombstone). The worker that created a response stays
@@ -658,9 +658,10 @@ class ResponsesState:
         self.active_background = 0
         self.items = ItemIndex()  # item_reference lookups
         self.shared: SharedResponses | None = None
-        if shared.shared_dir() is not None and cfg.store_max_entries > 0:
+        if app.state_dir is not None and cfg.store_max_entries > 0:
             self.shared = SharedResponses(cfg.store_max_entries, cfg.store_ttl_s,
-                                          cfg.max_chain_depth, cfg.shared_store_max_bytes)
+                                          cfg.max_chain_depth, cfg.shared_store_max_bytes,
+                                          state_dir=app.state_dir)
 
     @staticmethod
     def _evicted(key: str, rec: Record) -> None:
@@ -742,7 +743,7 @@ class ResponsesState:
 
 
 def state(app: App) -> ResponsesState:
-    st = app.extensions.get("responses")
+    st = app.responses
     if st is None:
-        st = app.extensions["responses"] = ResponsesState(app)
+        st = app.responses = ResponsesState(app)
     return st
