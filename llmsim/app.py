@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, RealClock
 from .config import Config
-from .errors import APIError, missing, not_found_model, server_error
-from .messages import RawResponse, Request, Result, StreamResponse
+from .errors import APIError, E, missing, not_found_model, server_error
+from .messages import RawResponse, Request, Result, StreamResponse, error_result
 from .routing import Route, Router
 from .sim import schema as sch
 from .sim import tokens
@@ -117,8 +117,7 @@ class App:
         if name is None or name == "":  # "" is a string: not a type error but no model
             raise missing(param)
         if not isinstance(name, str) or not name:
-            raise APIError(400, f"Invalid type for '{param}': expected a string.",
-                           param=param, code="invalid_type")
+            raise E.invalid_type.at(param, expected="a string")
         prof = self.registry.get(name)
         if prof is None:
             raise not_found_model(name)
@@ -127,8 +126,7 @@ class App:
                 return replace(DEFAULT_EMBEDDING, id=name)
             what = "embeddings" if kind == "embedding" else "this endpoint (it is an embedding " \
                 "model: use /v1/embeddings)"
-            raise APIError(400, f"The model '{name}' does not support {what}.", param=param,
-                           code="model_not_supported")
+            raise E.model_not_supported.at(param, model=name, what=what)
         return prof
 
     async def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
@@ -146,9 +144,7 @@ class App:
             turn = script.turn(**kw) if cursors is None else await cursors.turn(script, **kw)
             if turn is not None:
                 if turn.error is not None:
-                    e = turn.error
-                    raise APIError(e.status, e.message, type=e.type, code=e.code,
-                                   param=e.param, headers=list(e.headers))
+                    raise turn.error.copy()
                 if turn.fault is not None:
                     f = turn.fault
                     if f.kind == "status":
@@ -223,6 +219,3 @@ def _render_error(route: Route | None, exc: APIError) -> Any:
     return error_result(exc)
 
 
-def error_result(exc: APIError) -> RawResponse:
-    return RawResponse(exc.body(), status=exc.status, content_type="application/json",
-                       headers=list(exc.headers), error=exc)

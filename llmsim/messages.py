@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import APIError
+from .errors import APIError, E
 
 if TYPE_CHECKING:
     from .api.faults import Slot
@@ -68,9 +68,8 @@ def _deeper(root: Any, limit: int) -> bool:
 
 def _too_deep(key: str | None) -> None:
     where = f"'{key[:64]}'" if key is not None else "request body"
-    raise APIError(400, f"Invalid {where}: nested too deeply. Objects and arrays may nest at "
-                   f"most {MAX_JSON_DEPTH} levels.", param=None if key is None else key[:64],
-                   code="nesting_above_max_depth")
+    raise E.nested_too_deep.at(None if key is None else key[:64], where=where,
+                               depth=MAX_JSON_DEPTH)
 
 
 _UNPARSED: Any = object()
@@ -129,26 +128,18 @@ class Request:
 
     def _parse(self) -> Any:
         if not self.body:
-            raise APIError(400, "We could not parse the JSON body of your request. (HINT: This "
-                           "likely means you aren't using your HTTP library correctly. The "
-                           "OpenAI API expects a JSON payload, but what was sent was not valid "
-                           "JSON. If you have trouble figuring out how to fix this, please "
-                           "contact us through our help center at help.openai.com.)")
+            raise E.empty_body.at()
         try:
             data = orjson.loads(self.body)
         except orjson.JSONDecodeError:
-            raise APIError(400, "We could not parse the JSON body of your request. (HINT: "
-                           "This likely means you aren't using your HTTP library correctly. "
-                           "The OpenAI API expects a JSON payload, but what was sent was not "
-                           "valid JSON.)") from None
+            raise E.invalid_json.at() from None
         check_json_depth(data, self.body)
         return data
 
     def json_object(self) -> dict[str, Any]:
         data = self.json()
         if not isinstance(data, dict):
-            raise APIError(400, "The request body must be a JSON object.", param=None,
-                           code="invalid_type")
+            raise E.body_not_object.at()
         return data
 
     def query_one(self, name: str, default: str | None = None) -> str | None:
@@ -191,6 +182,13 @@ class RawResponse:
     # the error this body renders, carried to the edge as an object (stats and the WebSocket
     # read it instead of parsing the bytes back)
     error: APIError | None = None
+
+
+def error_result(exc: APIError) -> RawResponse:
+    """The complete answer for ``exc``: its status, headers and envelope, with the error
+    object attached (stats and the WebSocket read it, never the bytes)."""
+    return RawResponse(exc.body(), status=exc.status, content_type="application/json",
+                       headers=list(exc.headers), error=exc)
 
 
 @dataclass(slots=True)

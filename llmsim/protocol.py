@@ -67,9 +67,9 @@ from urllib.parse import parse_qs
 import h11
 
 from . import encode
-from .errors import APIError, server_error
+from .errors import APIError, E, server_error
 from .flow import Pump
-from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 from .sim.rng import new_request_id
 from .state import accounting
 
@@ -438,21 +438,16 @@ class HTTPProtocol(asyncio.Protocol):
         self._arm("body", self.cfg.header_timeout_s)
 
     def _too_large(self) -> None:
-        err = APIError(413, f"Request body too large: the limit is {self.cfg.max_body_bytes} "
-                       "bytes.", type="invalid_request_error", code="request_too_large")
+        err = E.body_too_large.at(limit=self.cfg.max_body_bytes)
         self._send_error(err, close=True)
 
     def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
         status = exc.error_status_hint or 400
         if status == 431:
-            msg = (f"Request header fields too large: the limit is "
-                   f"{self.cfg.max_header_bytes} bytes.")
-            code = "request_header_fields_too_large"
+            err = E.headers_too_large.at(limit=self.cfg.max_header_bytes)
         else:
-            msg = f"Malformed HTTP request: {exc}."
-            code = "bad_request"
-        self._send_error(APIError(status, msg, type="invalid_request_error", code=code),
-                         close=True)
+            err = E.malformed_http.at(status=status, reason=exc)
+        self._send_error(err, close=True)
 
     def _dispatch(self) -> None:
         ex = self.exchange
@@ -522,8 +517,7 @@ class HTTPProtocol(asyncio.Protocol):
         try:
             handler = self.app.ws_handler
             if handler is None:
-                self._send_error(APIError(400, "WebSocket is not supported on this server.",
-                                          code="websocket_not_supported"))
+                self._send_error(E.websocket_unsupported.at())
                 return
             try:
                 res = await handler(self, req)
@@ -547,8 +541,7 @@ class HTTPProtocol(asyncio.Protocol):
             if (self.upgraded is None and ex is not None and ex.rid == req.request_id
                     and ex.framing == _UNSENT):
                 self._release_stream(ex, "error")  # a stream whose head could not be sent
-                self._send(req, RawResponse(server_error().body(), 500,
-                                            content_type="application/json"))
+                self._send(req, error_result(server_error()))
                 return
         except Exception:
             log.exception("cannot answer the failed request")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from .errors import APIError
+from .errors import APIError, E
 
 __all__ = ["Router", "Route"]
 
@@ -75,16 +75,14 @@ class Router:
                             params[k] = unquote(val)
                     break
         if methods is None:
-            raise APIError(404, f"Invalid URL ({method} {path})", type="invalid_request_error",
-                           code=None)
+            raise E.invalid_url.at(method=method, path=path)
         route = methods.get(method)
         if route is None and method == "HEAD":
             route = methods.get("GET")
         if route is None:
             allow = ", ".join(sorted(methods))
-            raise APIError(405, f"Invalid method for URL ({method} {path}); allowed: {allow}",
-                           type="invalid_request_error", code="method_not_allowed",
-                           headers=[("allow", allow)])
+            raise E.method_not_allowed.at(method=method, path=path, allow=allow,
+                                          headers=[("allow", allow)])
         return route, params
 
     def routes(self) -> list[Route]:

@@ -79,7 +79,7 @@ from wsproto.utilities import LocalProtocolError
 
 from . import encode
 from .api.responses.state import ConnectionCache
-from .errors import APIError, server_error
+from .errors import APIError, E, server_error
 from .flow import Pump
 from .messages import (
     JSONResponse,
@@ -382,10 +382,7 @@ class WebSocketSession:
         minutes = self.cfg.connection_time_limit_s / 60
         span = (f"{minutes:g} minutes" if minutes >= 1
                 else f"{self.cfg.connection_time_limit_s:g} seconds")
-        self.send_event(error_event(
-            400, "invalid_request_error",
-            f"Responses websocket connection limit reached ({span}). Create a new websocket "
-            "connection to continue.", "websocket_connection_limit_reached"))
+        self._reject(E.websocket_time_limit.at(span=span))
         self.close(1001, "connection time limit reached")
 
     # -- writing (the pump sink) -------------------------------------------------------------
@@ -513,9 +510,7 @@ class WebSocketSession:
             return
         if not is_text:
             self._drop_message()
-            self.send_event(error_event(
-                400, "invalid_request_error", "Binary messages are not supported: send each "
-                "client event as a JSON text message.", "invalid_message_type"))
+            self._reject(E.websocket_binary_message.at())
             return
         if self._msg:
             self._msg.append(data)  # type: ignore[arg-type]
@@ -550,10 +545,9 @@ class WebSocketSession:
                    "of its first fragment")
 
     # -- client events -----------------------------------------------------------------------
-    def _reject(self, message: str, code: str | None, param: str | None = None,
-                stream_id: str | None = None, status: int = 400,
-                etype: str = "invalid_request_error") -> None:
-        self.send_event(error_event(status, etype, message, code, param, stream_id))
+    def _reject(self, err: APIError, stream_id: str | None = None) -> None:
+        self.send_event(error_event(err.status, err.type, err.message, err.code, err.param,
+                                    stream_id))
 
     def _on_message(self, text: str) -> None:
         try:
@@ -583,17 +577,14 @@ class WebSocketSession:
         self.send_event({
             "type": "response.steer.failed",
             "sequence_number": running.claim() if running is not None else 0,
-            "error": {"type": "invalid_request_error", "code": "steering_not_supported",
-                      "message": "Steering is not supported by this simulator: send the input "
-                                 "in a new response.create with previous_response_id."},
+            "error": {k: v for k, v in E.steering_not_supported.at().to_dict().items()
+                      if k != "param"},
             "steer": {"input": ev.input, "previous_response_id": ev.previous_id}})
 
     def _on_create(self, ev: Create) -> None:
         sid = ev.stream_id
         if self.draining:
-            self._reject("The server is shutting down; open a new connection.",
-                         "server_shutting_down", stream_id=sid, status=503,
-                         etype="server_error")
+            self._reject(E.server_shutting_down.at(), stream_id=sid)
             return
         req = Request(method="POST", path="/v1/responses", query=self.handshake.query,
                       headers=self.handshake.headers, body=orjson.dumps(ev.body),
@@ -603,9 +594,8 @@ class WebSocketSession:
         try:
             self.lanes.admit(sid, (req, ev.previous_id))
         except LaneLimitError as exc:
-            self._reject(f"Too many WebSocket streams on this connection: the limit is "
-                         f"{exc.limit} distinct stream_id values.",
-                         "websocket_stream_limit_reached", "stream_id", stream_id=sid)
+            self._reject(E.too_many_websocket_streams.at("stream_id", limit=exc.limit),
+                         stream_id=sid)
             return
         self._run_next()
 

@@ -14,13 +14,12 @@ from typing import Any
 
 import orjson
 
-from .errors import APIError, invalid, missing
+from .errors import APIError, E, missing
 from .messages import check_json_depth
 
 __all__ = ["STREAM_ID_RE", "Create", "Steer", "EventError", "parse_client_event"]
 
 STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
-_SHOWN = 200  # characters of an unknown event type echoed back
 
 
 class EventError(APIError):
@@ -54,12 +53,9 @@ def parse_client_event(text: str) -> Create | Steer:
     try:
         msg = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise EventError(invalid(None, f"Invalid JSON in client event: {exc}. Each message must "
-                                 "be one JSON object such as {\"type\": \"response.create\", "
-                                 "...}.", "invalid_json")) from None
+        raise EventError(E.websocket_invalid_json.at(reason=exc)) from None
     if not isinstance(msg, dict):
-        raise EventError(invalid(None, "Invalid client event: expected a JSON object with a "
-                                 "'type' field.", "invalid_type"))
+        raise EventError(E.websocket_not_an_event.at())
     try:
         check_json_depth(msg, text)  # (the same bound as HTTP bodies, before any echo)
     except APIError as exc:
@@ -72,8 +68,8 @@ def parse_client_event(text: str) -> Create | Steer:
     if etype == "response.steer":
         return _steer(msg)
     shown = etype if isinstance(etype, str) else orjson.dumps(etype).decode()
-    raise EventError(invalid("type", f"Invalid value: '{shown[:_SHOWN]}'. Supported values "
-                             "are: 'response.create' and 'response.steer'."))
+    raise EventError(E.invalid_value.at("type", value=shown, allowed="'response.create' "
+                                              "and 'response.steer'"))
 
 
 def _create(msg: dict[str, Any]) -> Create:
@@ -81,8 +77,7 @@ def _create(msg: dict[str, Any]) -> Create:
     nested = msg.get("response")
     if nested is not None:
         if not isinstance(nested, dict):
-            raise EventError(invalid("response", "Invalid type for 'response': expected an "
-                                     "object.", "invalid_type"),
+            raise EventError(E.invalid_type.at("response", expected="an object"),
                              sid if isinstance(sid, str) else None)
         body = dict(nested)
         if sid is None:
@@ -95,9 +90,7 @@ def _create(msg: dict[str, Any]) -> Create:
     body.pop("stream_id", None)
     body.pop("type", None)
     if sid is not None and (not isinstance(sid, str) or not STREAM_ID_RE.match(sid)):
-        raise EventError(invalid("stream_id", "Invalid 'stream_id': expected 1 to 256 ASCII "
-                                 "letters, digits, underscores, hyphens or periods.",
-                                 "invalid_stream_id"))
+        raise EventError(E.invalid_stream_id.at("stream_id"))
     prev = body.get("previous_response_id")
     return Create(sid, body, prev if isinstance(prev, str) else None)
 
@@ -108,6 +101,5 @@ def _steer(msg: dict[str, Any]) -> Steer:
     if not isinstance(prev, str) or not prev:
         raise EventError(missing("previous_response_id"))
     if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
-        raise EventError(invalid("input", "Invalid 'input': expected a string or a non-empty "
-                                 "array of input messages."))
+        raise EventError(E.steer_input_invalid.at("input"))
     return Steer(prev, inp)

@@ -14,17 +14,12 @@ import base64
 import hashlib
 from collections.abc import Mapping
 
-from .errors import APIError
+from .errors import E
 
 __all__ = ["WS_PATHS", "check_handshake", "check_capacity", "accept_key", "ws_path"]
 
 WS_PATHS = frozenset({"/v1/responses", "/openai/v1/responses"})
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-
-def _bad(message: str, code: str, status: int = 400,
-         headers: list[tuple[str, str]] | None = None) -> APIError:
-    return APIError(status, message, type="invalid_request_error", code=code, headers=headers)
 
 
 def _tokens(value: str) -> set[str]:
@@ -49,34 +44,27 @@ def check_handshake(method: str, path: str, headers: Mapping[str, str],
     exists at all (404) is the router's business, asked by the caller first."""
     path = ws_path(path)
     if path not in WS_PATHS:
-        raise _bad(f"WebSocket upgrades are only supported on GET /v1/responses, not "
-                   f"{method} {path}.", "websocket_not_supported")
+        raise E.websocket_wrong_endpoint.at(method=method, path=path)
     if method != "GET":
-        raise _bad(f"A WebSocket upgrade must use GET, not {method}.",
-                   "invalid_websocket_handshake")
+        raise E.websocket_not_get.at(method=method)
     if http_version != b"1.1":
-        raise _bad("A WebSocket upgrade needs HTTP/1.1.", "invalid_websocket_handshake")
+        raise E.websocket_not_http11.at()
     if "upgrade" not in _tokens(headers.get("connection", "")):
-        raise _bad("Invalid WebSocket handshake: the Connection header must include "
-                   "'Upgrade'.", "invalid_websocket_handshake")
+        raise E.websocket_no_connection_upgrade.at()
     if headers.get("sec-websocket-version", "").strip() != "13":
-        raise _bad("Unsupported WebSocket version: only version 13 is supported.",
-                   "invalid_websocket_handshake", status=426,
-                   headers=[("sec-websocket-version", "13")])
+        raise E.websocket_version.at(headers=[("sec-websocket-version", "13")])
     key = headers.get("sec-websocket-key", "").strip()
     try:
         ok = len(base64.b64decode(key, validate=True)) == 16
     except ValueError:
         ok = False
     if not ok:
-        raise _bad("Invalid WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in "
-                   "base64.", "invalid_websocket_handshake")
+        raise E.websocket_bad_key.at()
     return accept_key(key)
 
 
 def check_capacity(open_connections: int, max_connections: int) -> None:
     """Refuse one more connection beyond ``max_connections`` (0 = no limit) with a 429."""
     if max_connections and open_connections >= max_connections:
-        raise APIError(429, f"Too many concurrent WebSocket connections: the limit is "
-                       f"{max_connections}. Close one or retry later.", type="rate_limit_error",
-                       code="too_many_websocket_connections", headers=[("retry-after", "1")])
+        raise E.too_many_websockets.at(limit=max_connections,
+                                       headers=[("retry-after", "1")])

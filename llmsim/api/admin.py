@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..errors import APIError
+from ..errors import E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim.script import MAX_SCRIPT_BYTES, ScriptError, parse_script
 from ..state.prom import CONTENT_TYPE, prometheus_text
@@ -75,13 +75,11 @@ async def scripts_get(req: Request, app: App) -> JSONResponse:
 async def scripts_put(req: Request, app: App) -> JSONResponse:
     """Install a script (replacing the one running; cursors start over)."""
     if len(req.body) > MAX_SCRIPT_BYTES:
-        raise APIError(413, f"A script is at most {MAX_SCRIPT_BYTES} bytes.", param=None,
-                       code="request_too_large")
+        raise E.script_too_large.at(limit=MAX_SCRIPT_BYTES)
     try:
         rules = parse_script(req.json())
     except ScriptError as exc:
-        raise APIError(400, f"Invalid script: {exc}", param=exc.where,
-                       code="invalid_script") from None
+        raise E.script_invalid.at(exc.where, reason=exc) from None
     app.script.install(rules)
     if app.script_cursors is not None:  # --state: the shared cursors start over too
         await app.script_cursors.restart(app.script)

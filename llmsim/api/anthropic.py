@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, StreamResponse
 from ..sim import schema as sch
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
@@ -47,6 +47,7 @@ MIN_THINKING_BUDGET = 1024  # the real API's floor on budget_tokens
 ROLES = ("user", "assistant")
 BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "thinking",
           "redacted_thinking", "search_result", "server_tool_use", "web_search_tool_result")
+_BLOCK_TAGS = ", ".join(f"'{t}'" for t in BLOCKS)  # pydantic's list: no "and"
 KNOWN_FIELDS = frozenset((
     "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
     "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier",
@@ -114,24 +115,18 @@ the end, a mid-stream failure as the ``error`` event."""
 # ------------------------------------------------------------------------------------------
 
 
-def _invalid(param: str, message: str) -> APIError:
-    return APIError(400, message, param=param, code="invalid_value")
-
-
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        raise _invalid(where, f"{where}: Input should be a valid string or a list of content "
-                       "blocks")
+        raise E.anthropic_not_content.at(where)
     for j, b in enumerate(content):
         if not isinstance(b, dict) or b.get("type") not in BLOCKS:
-            raise _invalid(f"{where}.{j}.type", f"{where}.{j}: Input tag "
-                           f"'{b.get('type') if isinstance(b, dict) else b!r}' found using "
-                           "'type' does not match any of the expected tags: "
-                           + ", ".join(f"'{t}'" for t in BLOCKS))
+            raise E.anthropic_unknown_block.at(
+                f"{where}.{j}.type", where=f"{where}.{j}", allowed=_BLOCK_TAGS,
+                tag=b.get("type") if isinstance(b, dict) else repr(b))
         if b["type"] == "text" and not isinstance(b.get("text"), str):
-            raise _invalid(f"{where}.{j}.text", f"{where}.{j}.text: Field required")
+            raise E.anthropic_field_required.at(f"{where}.{j}.text")
     return content
 
 
@@ -154,12 +149,12 @@ def _tools(raw: list[Any], work: sch.Work) -> list[Tool]:
     for i, t in enumerate(raw):
         p = f"tools.{i}"
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
-            raise _invalid(f"{p}.name", f"{p}.name: Field required")
+            raise E.anthropic_field_required.at(f"{p}.name")
         if t.get("type") not in (None, "custom"):  # server tools (web search, ...): not called
             continue
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
-            raise _invalid(f"{p}.input_schema", f"{p}.input_schema: Field required")
+            raise E.anthropic_field_required.at(f"{p}.input_schema")
         sch.check(schema, param=f"{p}.input_schema", label=f"tool '{t['name']}'",
                   code="invalid_value", work=work)
         desc = t.get("description")
@@ -173,14 +168,14 @@ def _tool_choice(tc: Any, names: set[str]) -> tuple[ToolChoice, bool]:
     if tc is None:
         return AUTO, True
     if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
-        raise _invalid("tool_choice.type", "tool_choice: Input tag does not match any of the "
-                       "expected tags: 'auto', 'any', 'tool', 'none'")
+        raise E.anthropic_unknown_tag.at("tool_choice.type", where="tool_choice",
+                                         allowed="'auto', 'any', 'tool', 'none'")
     parallel = tc.get("disable_parallel_tool_use") is not True
     t = tc["type"]
     if t == "tool":
         name = tc.get("name")
         if name not in names:
-            raise _invalid("tool_choice.name", f"Tool '{name}' not found in tools")
+            raise E.anthropic_tool_not_found.at("tool_choice.name", name=name)
         return ToolChoice("named", frozenset((name,))), parallel
     return TOOL_CHOICES[{"auto": "auto", "any": "required", "none": "none"}[t]], parallel
 
@@ -193,12 +188,12 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
     model = body["model"]
     for key in body:
         if key not in KNOWN_FIELDS:
-            raise _invalid(key, f"{key}: Extra inputs are not permitted")
+            raise E.anthropic_extra_input.at(key)
     messages = v.list("messages", max_len=app.config.max_input_items)
     if messages is None:
-        raise _invalid("messages", "messages: Field required")
+        raise E.anthropic_field_required.at("messages")
     if not messages and not count_only:
-        raise _invalid("messages", "messages: at least one message is required")
+        raise E.anthropic_no_messages.at("messages")
     chat_like: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
@@ -209,8 +204,7 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
     after_tool = False
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _invalid(f"messages.{i}.role", f"messages.{i}.role: Input should be 'user' "
-                           "or 'assistant'")
+            raise E.anthropic_not_role.at(f"messages.{i}.role")
         blocks = _blocks(m.get("content"), f"messages.{i}.content")
         text = "\n".join(_block_text(b) for b in blocks)
         chat_like.append({"role": m["role"], "content": text})
@@ -222,13 +216,13 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
             after_tool = False
     limit = v.int("max_tokens", None, lo=1)
     if limit is None and not count_only:
-        raise _invalid("max_tokens", "max_tokens: Field required")
+        raise E.anthropic_field_required.at("max_tokens")
     if limit is not None and limit > profile.max_output_tokens:
-        raise _invalid("max_tokens", f"max_tokens: {limit} > {profile.max_output_tokens}, "
-                       f"which is the maximum allowed number of output tokens for {model}")
+        raise E.anthropic_max_tokens_too_large.at("max_tokens", limit=limit, model=model,
+                                                  max=profile.max_output_tokens)
     stops = v.list("stop_sequences", max_len=8191) or []
     if not all(isinstance(s, str) for s in stops):
-        raise _invalid("stop_sequences", "stop_sequences: Input should be a list of strings")
+        raise E.anthropic_not_strings.at("stop_sequences")
     v.num("temperature", None, lo=0, hi=1)
     v.num("top_p", None, lo=0, hi=1)
     v.int("top_k", None, lo=0)
@@ -241,25 +235,21 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
     if thinking is not None and thinking.get("type") == "enabled":
         budget = V(thinking, "thinking.").int("budget_tokens", None, lo=MIN_THINKING_BUDGET)
         if budget is None:
-            raise _invalid("thinking.budget_tokens", "thinking.budget_tokens: Field required")
+            raise E.anthropic_field_required.at("thinking.budget_tokens")
         if limit is not None and budget >= limit:
-            raise _invalid("thinking.budget_tokens", "`max_tokens` must be greater than "
-                           "`thinking.budget_tokens`. Please consult our documentation at "
-                           "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
-                           "#max-tokens-and-context-window-size")
+            raise E.anthropic_budget_not_below_max.at("thinking.budget_tokens")
         share = budget / limit if limit else 0.5
         effort = "high" if share >= 0.75 else "medium" if share >= 0.5 else "low"
         profile = replace(profile, reasoning=True, efforts=("low", "medium", "high"))
     elif thinking is not None and thinking.get("type") not in ("disabled", "enabled"):
-        raise _invalid("thinking.type", "thinking.type: Input tag does not match any of the "
-                       "expected tags: 'enabled', 'disabled'")
+        raise E.anthropic_unknown_tag.at("thinking.type", where="thinking.type",
+                                         allowed="'enabled', 'disabled'")
     cw = profile.context_window
     prompt = await paced(chat_prompt_steps(chat_like, [
         {"name": t.name, "description": t.description, "parameters": t.parameters}
         for t in tools] or None, profile.encoding, cap=cw - (limit or 0)))
     if prompt + (limit or 0) > cw:
-        raise _invalid("messages", f"prompt is too long: {prompt} tokens > "
-                       f"{cw - (limit or 0)} maximum")
+        raise E.anthropic_prompt_too_long.at("messages", prompt=prompt, max=cw - (limit or 0))
     ask = Ask(profile, prompt, user_text=lambda: last_user,
               prompt_texts=lambda: [m["content"] for m in chat_like if m["role"] != "assistant"],
               json_hint=json_hint(req.body), after_tool_result=after_tool,

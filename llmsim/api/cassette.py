@@ -37,7 +37,7 @@ import orjson
 
 from ..config import ConfigError
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import E
 from ..messages import RawResponse, Request, StreamResponse
 from ..stream import EventStream
 
@@ -99,8 +99,7 @@ async def _upstream(base: str, req: Request) -> tuple[int, list[tuple[str, str]]
     and the body chunks with their offsets from the request."""
     u = urlsplit(base)
     if u.scheme != "http":
-        raise APIError(502, "Recording supports http:// upstreams (put a TLS-terminating proxy "
-                       "in front of an https:// API).", type="server_error", code=None)
+        raise E.cassette_https.at()
     port = u.port or 80
     path = (u.path.rstrip("/") + req.path.removeprefix("/openai")) or "/"
     t0 = time.monotonic()
@@ -129,14 +128,12 @@ async def _upstream(base: str, req: Request) -> tuple[int, list[tuple[str, str]]
             elif isinstance(ev, h11.Data):
                 size += len(ev.data)
                 if size > MAX_CASSETTE_BYTES:
-                    raise APIError(502, "The upstream answer is larger than a cassette may be "
-                                   f"({MAX_CASSETTE_BYTES} bytes).", type="server_error")
+                    raise E.cassette_too_large.at(limit=MAX_CASSETTE_BYTES)
                 chunks.append((time.monotonic() - t0, bytes(ev.data)))
             elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
                 return status, headers, chunks
     except (TimeoutError, OSError, h11.ProtocolError) as exc:
-        raise APIError(502, f"The upstream {base} did not answer: {exc!r}.",
-                       type="server_error", code="upstream_error") from None
+        raise E.upstream_error.at(base=base, reason=repr(exc)) from None
     finally:
         writer.close()
 
@@ -217,9 +214,7 @@ class Cassettes:
         if hit is None:
             hit = self.by_model.get((req.path.removeprefix("/openai"), _model(req.body)))
         if hit is None:
-            raise APIError(404, f"No cassette matches this request (key {key}, and none of "
-                           "the same path and model to fall back to).", param=None,
-                           code="cassette_not_found")
+            raise E.cassette_not_found.at(key=key)
         return hit
 
 

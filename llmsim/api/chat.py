@@ -21,7 +21,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..errors import APIError, missing
+from ..errors import APIError, E, missing, quoted
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
 from ..sim import text as txt
@@ -52,7 +52,6 @@ from .validate import (
     paced,
     stream_flags,
     unsupported,
-    unsupported_value,
 )
 
 if TYPE_CHECKING:
@@ -145,15 +144,13 @@ def _check_messages(messages: list[Any]) -> None:
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise APIError(400, f"Invalid type for '{p}': expected an object.", param=p,
-                           code="invalid_type")
+            raise E.invalid_type.at(p, expected="an object")
         role = m.get("role")
         if role is None:
             raise missing(f"{p}.role")
         if role not in ROLES:
-            raise APIError(400, f"Invalid value: '{role}'. Supported values are: 'system', "
-                           "'assistant', 'user', 'function', 'tool', and 'developer'.",
-                           param=f"{p}.role", code="invalid_value")
+            raise E.invalid_value.at(f"{p}.role", value=role, allowed="'system', 'assistant', "
+                                     "'user', 'function', 'tool', and 'developer'")
         content = m.get("content")
         if content is None:
             if role == "assistant" and (m.get("tool_calls") or m.get("function_call")
@@ -170,9 +167,8 @@ def _check_messages(messages: list[Any]) -> None:
                 if not isinstance(part, dict) or "type" not in part:
                     raise missing(f"{pp}.type")
                 if part["type"] not in allowed:
-                    opts = ", ".join(f"'{a}'" for a in allowed)
-                    raise APIError(400, f"Invalid value: '{part['type']}'. Supported values "
-                                   f"are: {opts}.", param=f"{pp}.type", code="invalid_value")
+                    raise E.invalid_value.at(f"{pp}.type", value=part["type"],
+                                             allowed=quoted(allowed))
                 if part["type"] == "text" and not isinstance(part.get("text"), str):
                     raise missing(f"{pp}.text")
                 if part["type"] == "image_url":
@@ -180,22 +176,18 @@ def _check_messages(messages: list[Any]) -> None:
                     if not isinstance(iu, dict) or not isinstance(iu.get("url"), str):
                         raise missing(f"{pp}.image_url.url")
         elif not isinstance(content, str):
-            raise APIError(400, f"Invalid type for '{p}.content': expected one of a string or "
-                           f"array of objects, but got {got(content)} instead.", param=f"{p}.content",
-                           code="invalid_type")
+            raise E.invalid_type_got.at(f"{p}.content", got=got(content),
+                                        expected="one of a string or array of objects")
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise missing(f"{p}.tool_call_id")
         tcs = m.get("tool_calls")
         if tcs is not None:
             if role != "assistant" or not isinstance(tcs, list):
-                raise APIError(400, f"Invalid '{p}.tool_calls'.", param=f"{p}.tool_calls",
-                               code="invalid_value")
+                raise E.invalid_param.at(f"{p}.tool_calls")
             for j, tc in enumerate(tcs):
                 if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict) \
                         or not isinstance(tc.get("id"), str):
-                    raise APIError(400, f"Invalid '{p}.tool_calls[{j}]': expected an object "
-                                   "with 'id', 'type' and 'function'.",
-                                   param=f"{p}.tool_calls[{j}]", code="invalid_value")
+                    raise E.invalid_tool_call.at(f"{p}.tool_calls[{j}]")
     _check_tool_turns(messages)
 
 
@@ -206,18 +198,13 @@ def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
     for i, m in enumerate(messages):
         if m["role"] == "tool":
             if pending is None:
-                raise APIError(400, "Invalid parameter: messages with role 'tool' must be a "
-                               "response to a preceeding message with 'tool_calls'.",
-                               param=f"messages.[{i}].role")
+                raise E.tool_message_orphan.at(f"messages.[{i}].role")
             tid = m["tool_call_id"]
             if tid in pending:
                 pending.remove(tid)
             continue
         if pending:
-            raise APIError(400, "An assistant message with 'tool_calls' must be followed by "
-                           "tool messages responding to each 'tool_call_id'. The following "
-                           f"tool_call_ids did not have response messages: {', '.join(pending)}",
-                           param=f"messages.[{i}].role")
+            raise E.tool_calls_unanswered.at(f"messages.[{i}].role", ids=", ".join(pending))
         tcs = m.get("tool_calls") if m["role"] == "assistant" else None
         pending = [tc["id"] for tc in tcs] if tcs else None
 
@@ -227,8 +214,7 @@ def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
     for i, t in enumerate(tools):
         p = f"tools[{i}]"
         if not isinstance(t, dict):
-            raise APIError(400, f"Invalid type for '{p}': expected an object.", param=p,
-                           code="invalid_type")
+            raise E.invalid_type.at(p, expected="an object")
         ttype = t.get("type", "function")
         if ttype == "custom":
             c = t.get("custom")
@@ -237,8 +223,7 @@ def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
             out.append(t)
             continue
         if ttype != "function":
-            raise APIError(400, f"Invalid value: '{ttype}'. Supported values are: 'function' "
-                           "and 'custom'.", param=f"{p}.type", code="invalid_value")
+            raise E.invalid_value.at(f"{p}.type", value=ttype, allowed="'function' and 'custom'")
         fn = t.get("function")
         if not isinstance(fn, dict):
             raise missing(f"{p}.function")
@@ -246,13 +231,10 @@ def _check_tools(tools: list[Any], work: sch.Work) -> list[dict[str, Any]]:
         if not isinstance(name, str):
             raise missing(f"{p}.function.name")
         if not FUNCTION_NAME.match(name):
-            raise APIError(400, f"Invalid '{p}.function.name': string does not match pattern. "
-                           "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
-                           param=f"{p}.function.name", code="invalid_value")
+            raise E.name_pattern.at(f"{p}.function.name")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise APIError(400, f"Invalid type for '{p}.function.parameters': expected an "
-                           "object.", param=f"{p}.function.parameters", code="invalid_type")
+            raise E.invalid_type.at(f"{p}.function.parameters", expected="an object")
         if params is not None:
             sch.check(params, param=f"{p}.function.parameters", label=f"function '{name}'",
                       code="invalid_function_parameters", work=work)
@@ -271,12 +253,10 @@ def _check_allowed_tools(at: Any) -> None:
         raise missing(p)
     mode = at.get("mode")
     if mode not in ("auto", "required"):
-        raise APIError(400, f"Invalid value: '{mode}'. Supported values are: 'auto' and "
-                       "'required'.", param=f"{p}.mode", code="invalid_value")
+        raise E.invalid_value.at(f"{p}.mode", value=mode, allowed="'auto' and 'required'")
     tools = at.get("tools")
     if not isinstance(tools, list):
-        raise APIError(400, f"Invalid type for '{p}.tools': expected an array.",
-                       param=f"{p}.tools", code="invalid_type")
+        raise E.invalid_type.at(f"{p}.tools", expected="an array")
     for i, t in enumerate(tools):
         kind = t.get("type", "function") if isinstance(t, dict) else None
         inner = t.get(kind) if kind in ("function", "custom") else None  # type: ignore[union-attr]
@@ -338,9 +318,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
     if messages is None:
         raise missing("messages")
     if not messages:
-        raise APIError(400, "Invalid 'messages': empty array. Expected an array with minimum "
-                       "length 1, but got an empty array instead.", param="messages",
-                       code="empty_array")
+        raise E.empty_array.at("messages", min_len=1)
     _check_messages(messages)
     stream, include_usage = stream_flags(v)
     n = v.int("n", 1, lo=1, hi=128) or 1
@@ -352,8 +330,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
         if check is not None:
             check(v)
         elif key not in KNOWN_FIELDS and key not in SERVER_EXTENSIONS:
-            raise APIError(400, f"Unrecognized request argument supplied: {key}",
-                           param=None, code=None)
+            raise E.unrecognized_argument.at(key=key)
     service_tier = v.str("service_tier", None,
                          choices=("auto", "default", "flex", "scale", "priority"))
     max_tokens = v.int("max_tokens", None, lo=1)
@@ -362,26 +339,21 @@ async def parse(req: Request, app: App) -> ChatRequest:
         if max_tokens is not None:
             raise unsupported("max_tokens", model, "Use 'max_completion_tokens' instead.")
         if temperature is not None and temperature != 1:
-            raise unsupported_value("temperature", f"'temperature' does not support "
-                                    f"{body['temperature']} with this model. Only the "
-                                    "default (1) value is supported.")
+            raise E.unsupported_default_only.at("temperature", value=body["temperature"],
+                                                default=1)
         if top_p is not None and top_p != 1:
-            raise unsupported_value("top_p", f"'top_p' does not support {body['top_p']} with "
-                                    "this model. Only the default (1) value is supported.")
+            raise E.unsupported_default_only.at("top_p", value=body["top_p"], default=1)
     limit = max_completion if max_completion is not None else max_tokens
     limit_param = "max_completion_tokens" if max_completion is not None else "max_tokens"
     if limit is not None and limit > profile.max_output_tokens:
-        raise APIError(400, f"{limit_param} is too large: {limit}. This model supports at most "
-                       f"{profile.max_output_tokens} completion tokens, whereas you provided "
-                       f"{limit}.", param=limit_param, code="invalid_value")
+        raise E.limit_too_large.at(limit_param, limit=limit, max=profile.max_output_tokens,
+                                   unit="completion")
     min_tokens = min_tokens_of(v, limit, limit_param, profile)
     stops = list(stop_list(body))
     logprobs = bool(v.bool("logprobs", False))
     top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
     if top_logprobs is not None and not logprobs:
-        raise APIError(400, "Invalid value for 'top_logprobs': 'logprobs' must be set to true "
-                       "when 'top_logprobs' is used.", param="top_logprobs",
-                       code="invalid_value")
+        raise E.top_logprobs_without_logprobs.at("top_logprobs")
     if logprobs and reasoning:
         raise unsupported("logprobs", model)
     effort = v.str("reasoning_effort", None,
@@ -390,9 +362,8 @@ async def parse(req: Request, app: App) -> ChatRequest:
         if not reasoning:
             raise unsupported("reasoning_effort", model)
         if effort not in profile.efforts:
-            opts = ", ".join(f"'{e}'" for e in profile.efforts)
-            raise unsupported_value("reasoning_effort", f"'{effort}' is not supported with "
-                                    f"this model. Supported values are: {opts}.")
+            raise E.unsupported_value.at("reasoning_effort", value=effort,
+                                         allowed=quoted(profile.efforts))
     schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
     tools = _check_tools(v.list("tools", []) or [], schema_work)
     names = {_tool_name(t) for t in tools}
@@ -400,13 +371,10 @@ async def parse(req: Request, app: App) -> ChatRequest:
     if tool_choice is not None:
         if isinstance(tool_choice, str):
             if tool_choice not in ("none", "auto", "required"):
-                raise APIError(400, f"Invalid value: '{tool_choice}'. Supported values are: "
-                               "'none', 'auto', and 'required'.", param="tool_choice",
-                               code="invalid_value")
+                raise E.invalid_value.at("tool_choice", value=tool_choice,
+                                         allowed="'none', 'auto', and 'required'")
             if tool_choice == "required" and not tools:
-                raise APIError(400, "Invalid value for 'tool_choice': 'tool_choice' is only "
-                               "allowed when 'tools' are specified.", param="tool_choice",
-                               code="invalid_value")
+                raise E.tool_choice_without_tools.at("tool_choice")
         elif isinstance(tool_choice, dict):
             fn = tool_choice.get("function") or tool_choice.get("custom") or {}
             name = fn.get("name") if isinstance(fn, dict) else None
@@ -415,47 +383,34 @@ async def parse(req: Request, app: App) -> ChatRequest:
             elif not isinstance(name, str):
                 raise missing("tool_choice.function.name")
             elif name not in names:
-                raise APIError(400, f"Invalid value for 'tool_choice': function '{name}' not "
-                               "found in 'tools'.", param="tool_choice", code="invalid_value")
+                raise E.tool_choice_unknown_function.at("tool_choice", name=name)
         else:
-            raise APIError(400, "Invalid type for 'tool_choice': expected one of a string or "
-                           "an object.", param="tool_choice", code="invalid_type")
+            raise E.invalid_type.at("tool_choice", expected="one of a string or an object")
     if tool_choice is not None and not tools and tool_choice != "none":
-        raise APIError(400, "Invalid value for 'tool_choice': 'tool_choice' is only allowed "
-                       "when 'tools' are specified.", param="tool_choice", code="invalid_value")
+        raise E.tool_choice_without_tools.at("tool_choice")
     parallel = v.bool("parallel_tool_calls", True)
     rf = v.dict("response_format")
     if rf is not None:
         rtype = rf.get("type")
         if rtype not in ("text", "json_object", "json_schema"):
-            raise APIError(400, f"Invalid value: '{rtype}'. Supported values are: 'text', "
-                           "'json_object', and 'json_schema'.", param="response_format.type",
-                           code="invalid_value")
+            raise E.invalid_value.at("response_format.type", value=rtype, allowed="'text', "
+                                     "'json_object', and 'json_schema'")
         if rtype == "json_schema":
             js = rf.get("json_schema")
             if not isinstance(js, dict):
-                raise APIError(400, "Missing required parameter: "
-                               "'response_format.json_schema'.",
-                               param="response_format.json_schema",
-                               code="missing_required_parameter")
+                raise missing("response_format.json_schema")
             if not isinstance(js.get("name"), str):
-                raise APIError(400, "Missing required parameter: "
-                               "'response_format.json_schema.name'.",
-                               param="response_format.json_schema.name",
-                               code="missing_required_parameter")
+                raise missing("response_format.json_schema.name")
             if js.get("schema") is not None and not isinstance(js.get("schema"), dict):
-                raise APIError(400, "Invalid type for 'response_format.json_schema.schema': "
-                               "expected an object.", param="response_format.json_schema.schema",
-                               code="invalid_type")
+                raise E.invalid_type.at("response_format.json_schema.schema",
+                                        expected="an object")
             if js.get("schema") is not None:
                 sch.check(js["schema"], param="response_format.json_schema.schema",
                           label=f"response_format '{js['name']}'", code="invalid_json_schema",
                           work=schema_work)
         if rtype == "json_object" and not any(
                 "json" in content_text(m.get("content"))[0].lower() for m in messages):
-            raise APIError(400, "'messages' must contain the word 'json' in some form, to use "
-                           "'response_format' of type 'json_object'.", param="messages",
-                           code=None)
+            raise E.json_word_required.at("messages")
     enc = profile.encoding
     cw = profile.context_window
     # counted up to what can fit: a prompt that cannot is refused without tokenizing it whole
@@ -464,13 +419,12 @@ async def parse(req: Request, app: App) -> ChatRequest:
     if prompt_tokens + (limit or 0) > cw:
         # the real API's two wordings; "at least" when counting stopped at what could fit
         least = "at least " if type(prompt_tokens) is tok.Bound else ""
-        raise APIError(400, f"This model's maximum context length is {cw} tokens. However, "
-                       + (f"you requested {least}{prompt_tokens + limit} tokens ({least}"
-                          f"{prompt_tokens} in the messages, {limit} in the completion). Please "
-                          "reduce the length of the messages or completion." if limit else
-                          f"your messages resulted in {least}{prompt_tokens} tokens. Please "
-                          "reduce the length of the messages."),
-                       param="messages", code="context_length_exceeded")
+        if limit:
+            raise E.context_chat_completion.at("messages", window=cw, least=least,
+                                               total=prompt_tokens + limit,
+                                               prompt=prompt_tokens, completion=limit)
+        raise E.context_chat_messages.at("messages", window=cw, least=least,
+                                         prompt=prompt_tokens)
     per_choice = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=prompt_tokens)
     raised = limit is None and min_tokens > app.config.output_tokens_max  # min_tokens drives it
     check_request_work(n, per_choice, (top_logprobs or 0) if logprobs else 0,
@@ -494,12 +448,9 @@ def stop_list(body: dict[str, Any]) -> tuple[str, ...]:
         return (stop,)
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         if len(stop) > 4:
-            raise APIError(400, "Invalid 'stop': array too long. Expected an array with "
-                           f"maximum length 4, but got an array with length {len(stop)} "
-                           "instead.", param="stop", code="array_above_max_length")
+            raise E.array_too_long.at("stop", max_len=4, length=len(stop))
         return tuple(stop)
-    raise APIError(400, "Invalid type for 'stop': expected one of a string or array "
-                   "of strings.", param="stop", code="invalid_type")
+    raise E.invalid_type.at("stop", expected="one of a string or array of strings")
 
 
 def min_tokens_of(v: V, limit: int | None, limit_param: str, profile: ModelProfile) -> int:
@@ -508,10 +459,10 @@ def min_tokens_of(v: V, limit: int | None, limit_param: str, profile: ModelProfi
     min_tokens = v.int("min_tokens", 0, lo=0) or 0
     top = limit if limit is not None else profile.max_output_tokens
     if min_tokens > top:
-        raise APIError(400, "min_tokens must be less than or equal to "
-                       + (f"{limit_param}={limit}" if limit is not None else
-                          f"the model's {profile.max_output_tokens} completion tokens")
-                       + f", got {min_tokens}.", param="min_tokens", code="invalid_value")
+        raise E.min_tokens_too_large.at(
+            "min_tokens", value=min_tokens,
+            bound=f"{limit_param}={limit}" if limit is not None else
+            f"the model's {profile.max_output_tokens} completion tokens")
     return min_tokens
 
 

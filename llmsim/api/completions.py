@@ -33,7 +33,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..errors import APIError, missing
+from ..errors import APIError, E, missing
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import text as txt
 from ..sim import tokens as tok
@@ -114,12 +114,9 @@ def vocab_size(encoding: str) -> int:
 def token_array(value: list[Any], param: str, vocab: int) -> list[int]:
     for i, t in enumerate(value):
         if type(t) is not int:
-            raise APIError(400, f"Invalid type for '{param}[{i}]': expected an integer, but got "
-                           f"{got(t)} instead.", param=param, code="invalid_type")
+            raise E.invalid_type_got.at(f"{param}[{i}]", expected="an integer", got=got(t))
         if not 0 <= t < vocab:
-            raise APIError(400, f"Invalid token in '{param}': {t} is not a token id of this "
-                           f"model's vocabulary (0 to {vocab - 1}).", param=param,
-                           code="invalid_value")
+            raise E.invalid_token.at(param, token=t, top=vocab - 1)
     return value
 
 
@@ -148,17 +145,12 @@ def text_or_tokens(body: dict[str, Any], key: str, limit_items: int, encoding: s
             raise empty
         return [p]
     if not isinstance(p, list):
-        raise APIError(400, f"Invalid type for '{key}': expected one of a string, array of "
-                       f"strings, array of integers or array of arrays of integers, but got "
-                       f"{got(p)} instead.", param=key, code="invalid_type")
+        raise E.invalid_type_got.at(key, got=got(p), expected="one of a string, array of "
+                                    "strings, array of integers or array of arrays of integers")
     if not p:
-        raise empty or APIError(400, f"Invalid '{key}': empty array. Expected an array with "
-                                "minimum length 1, but got an empty array instead.",
-                                param=key, code="empty_array")
+        raise empty or E.empty_array.at(key, min_len=1)
     if len(p) > limit_items:
-        raise APIError(400, f"Invalid '{key}': array too long. Expected an array with maximum "
-                       f"length {limit_items}, but got an array with length {len(p)} instead.",
-                       param=key, code="array_above_max_length")
+        raise E.array_too_long.at(key, max_len=limit_items, length=len(p))
     if all(type(x) is int for x in p):
         return [token_array(p, key, vocab)]
     out: list[str | list[int]] = []
@@ -170,9 +162,8 @@ def text_or_tokens(body: dict[str, Any], key: str, limit_items: int, encoding: s
         elif isinstance(x, list) and x:
             out.append(token_array(x, f"{key}[{i}]", vocab))
         else:
-            raise APIError(400, f"Invalid type for '{key}[{i}]': expected a string or a "
-                           f"non-empty array of integers, but got {got(x)} instead.",
-                           param=f"{key}[{i}]", code="invalid_type")
+            raise E.invalid_type_got.at(f"{key}[{i}]", got=got(x), expected="a string or a "
+                                        "non-empty array of integers")
     return out
 
 
@@ -184,8 +175,7 @@ async def parse(req: Request, app: App) -> CompletionRequest:
     model = body["model"]
     for key in body:
         if key not in KNOWN_FIELDS and key not in SERVER_EXTENSIONS:
-            raise APIError(400, f"Unrecognized request argument supplied: {key}",
-                           param=None, code=None)
+            raise E.unrecognized_argument.at(key=key)
     enc = profile.encoding
     raw = text_or_tokens(body, "prompt", app.config.max_input_items, enc)
     stream, include_usage = stream_flags(v)
@@ -193,17 +183,14 @@ async def parse(req: Request, app: App) -> CompletionRequest:
     best_of = v.int("best_of", None, lo=1, hi=MAX_BEST_OF)
     if best_of is not None:
         if best_of < n:
-            raise APIError(400, f"best_of must be greater than or equal to n, got best_of="
-                           f"{best_of} and n={n}.", param="best_of", code="invalid_value")
+            raise E.best_of_below_n.at("best_of", best_of=best_of, n=n)
         if stream and best_of > 1:
-            raise APIError(400, "Cannot stream results with best_of greater than 1.",
-                           param="best_of", code="invalid_value")
+            raise E.best_of_stream.at("best_of")
     limit = v.int("max_tokens", None, lo=0)
     limit = DEFAULT_MAX_TOKENS if limit is None else limit
     if limit > profile.max_output_tokens:
-        raise APIError(400, f"max_tokens is too large: {limit}. This model supports at most "
-                       f"{profile.max_output_tokens} completion tokens, whereas you provided "
-                       f"{limit}.", param="max_tokens", code="invalid_value")
+        raise E.limit_too_large.at("max_tokens", limit=limit, max=profile.max_output_tokens,
+                                   unit="completion")
     logprobs = v.int("logprobs", None, lo=0, hi=MAX_LOGPROBS)
     echo = bool(v.bool("echo", False))
     v.num("temperature", None, lo=0, hi=2)
@@ -230,12 +217,9 @@ async def parse(req: Request, app: App) -> CompletionRequest:
     for i, c in enumerate(counts):
         if c + limit > cw:
             least = "at least " if type(c) is tok.Bound else ""
-            raise APIError(400, f"This model's maximum context length is {cw} tokens, however "
-                           f"you requested {least}{c + limit} tokens ({least}{c} in your "
-                           f"prompt; {limit} for the completion). Please reduce your prompt; "
-                           "or completion length.",
-                           param="prompt" if len(counts) == 1 else f"prompt[{i}]",
-                           code="context_length_exceeded")
+            raise E.context_prompt.at("prompt" if len(counts) == 1 else f"prompt[{i}]",
+                                      window=cw, least=least, total=c + limit, prompt=c,
+                                      completion=limit)
     check_request_work(n * len(raw), txt.most_tokens(app.config, limit, min_tokens=min_tokens,
                                                      echoed=max(counts)),
                        logprobs or 0, param="n")

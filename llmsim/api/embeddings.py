@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import JSONResponse, Request
 from ..sim import tokens as tok
 from ..sim.decide import Usage
@@ -35,9 +35,7 @@ KNOWN_FIELDS = frozenset(("input", "model", "dimensions", "encoding_format", "us
 
 
 def _invalid_input() -> APIError:
-    return APIError(400, "'$.input' is invalid. Please check the API reference: "
-                    "https://platform.openai.com/docs/api-reference.", param="input",
-                    code="invalid_value")
+    return E.embeddings_invalid_input.at("input")
 
 
 async def create(req: Request, app: App) -> JSONResponse:
@@ -47,16 +45,14 @@ async def create(req: Request, app: App) -> JSONResponse:
     model = body["model"]
     for key in body:
         if key not in KNOWN_FIELDS:
-            raise APIError(400, f"Unrecognized request argument supplied: {key}",
-                           param=None, code=None)
+            raise E.unrecognized_argument.at(key=key)
     enc = profile.encoding
     inputs = text_or_tokens(body, "input", MAX_INPUTS, enc, empty=_invalid_input())
     fmt = v.str("encoding_format", "float", choices=("float", "base64"))
     v.str("user")
     dims = v.int("dimensions", None, lo=1, hi=profile.dimensions)
     if dims is not None and not profile.shortenable:
-        raise APIError(400, "This model does not support specifying dimensions.",
-                       param="dimensions", code="invalid_value")
+        raise E.dimensions_unsupported.at("dimensions")
     limit = profile.context_window
     total = 0
     token_lists: list[list[str]] = []
@@ -69,16 +65,12 @@ async def create(req: Request, app: App) -> JSONResponse:
             text = decode_tokens(x, enc)
         if n > limit:
             least = "at least " if type(n) is tok.Bound else ""
-            raise APIError(400, f"This model's maximum context length is {limit} tokens, "
-                           f"however you requested {least}{n} tokens ({least}{n} in your "
-                           "prompt; 0 for the completion). Please reduce your prompt; or "
-                           "completion length.",
-                           param="input" if len(inputs) == 1 else f"input[{i}]",
-                           code="context_length_exceeded")
+            raise E.context_prompt.at("input" if len(inputs) == 1 else f"input[{i}]",
+                                      window=limit, least=least, total=n, prompt=n,
+                                      completion=0)
         total += n
         if total > MAX_TOTAL_TOKENS:
-            raise APIError(400, f"Requested {total} tokens, max {MAX_TOTAL_TOKENS} tokens per "
-                           "request.", param="input", code="max_tokens_per_request")
+            raise E.max_tokens_per_request.at("input", total=total, max=MAX_TOTAL_TOKENS)
         # token ids embed as their decoded text (or, undecodable, as the ids themselves)
         token_lists.append(tok.split_pieces(text, enc) if text else [str(t) for t in x])
     seed = app.config.seed or 0

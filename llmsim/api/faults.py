@@ -38,8 +38,15 @@ import asyncio
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from ..errors import APIError
-from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from ..errors import APIError, E
+from ..messages import (
+    JSONResponse,
+    RawResponse,
+    Request,
+    Result,
+    StreamResponse,
+    error_result,
+)
 from ..routing import Route
 from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
@@ -106,17 +113,9 @@ def check_api_key(keys: frozenset[str], req: Request) -> None:
         return
     key = req.api_key
     if key is None:
-        raise APIError(401, "You didn't provide an API key. You need to provide your API "
-                       "key in an Authorization header using Bearer auth (i.e. "
-                       "Authorization: Bearer YOUR_KEY), or as the password field (with "
-                       "blank username) if you're accessing the API from your browser and "
-                       "are prompted for a username and password. You can obtain an API "
-                       "key from https://platform.openai.com/account/api-keys.",
-                       type="invalid_request_error", code=None)
+        raise E.api_key_missing.at()
     if key not in keys:
-        raise APIError(401, f"Incorrect API key provided: {_mask(key)}. You can find your "
-                       "API key at https://platform.openai.com/account/api-keys.",
-                       type="invalid_request_error", code="invalid_api_key")
+        raise E.api_key_invalid.at(key=_mask(key))
 
 
 def _auth_hook(keys: frozenset[str]) -> Any:
@@ -140,16 +139,10 @@ def check_admin_key(keys: frozenset[str], admin: bool, req: Request) -> None:
     key = req.headers.get(ADMIN_HEADER, "").strip() or req.api_key
     name, flag = ("admin key", "--admin-key") if admin else ("API key", "--api-key")
     if key is None:
-        raise APIError(401, f"You didn't provide an {name}. Changes under /llmsim/ (fault "
-                       f"rules, stats reset) require one of the {flag} keys: send it in an "
-                       "Authorization header using Bearer auth (i.e. Authorization: Bearer "
-                       "YOUR_KEY) or in an X-LLMSim-Admin-Key header.",
-                       type="invalid_request_error", code=None)
+        raise E.admin_key_missing.at(name=name, flag=flag)
     if key not in keys:
-        raise APIError(401, f"Incorrect {name} provided: {_mask(key)}. Changes under /llmsim/ "
-                       f"(fault rules, stats reset) require one of the {flag} keys.",
-                       type="invalid_request_error",
-                       code="invalid_admin_key" if admin else "invalid_api_key")
+        entry = E.admin_key_invalid if admin else E.admin_api_key_invalid
+        raise entry.at(name=name, key=_mask(key), flag=flag)
 
 
 def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
@@ -166,9 +159,9 @@ def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
 
 def _reset_result() -> RawResponse:
     # what a transport that cannot drop the connection shows instead
-    body = APIError(502, "Connection reset by peer (injected fault).", type="server_error",
-                    code="connection_reset").body()
-    return RawResponse(body, 502, "application/json", [], abort=True)
+    res = error_result(E.connection_reset.at())
+    res.abort = True
+    return res
 
 
 class Faults:
@@ -216,10 +209,8 @@ class Faults:
             try:
                 fault = eng.decide(**where, header=header)
             except ValueError as exc:
-                raise APIError(400, f"Invalid value for header 'X-LLMSim-Fault': {header!r} "
-                               f"({exc}). Expected 'none' or {SPEC_HELP}.",
-                               type="invalid_request_error", param="X-LLMSim-Fault",
-                               code="invalid_value") from None
+                raise E.fault_header_invalid.at("X-LLMSim-Fault", value=repr(header),
+                                                reason=exc, help=SPEC_HELP) from None
         if fault is None:
             return None
         if fault.mid_stream and not _streaming(req, route):
@@ -267,11 +258,9 @@ class Faults:
             rule = self.engine.add_rule(body, now) if self.shared is None else \
                 await self.shared.add(body, now)
         except OverflowError as exc:
-            raise APIError(429, str(exc), type="invalid_request_error",
-                           code="too_many_rules") from None
+            raise E.too_many_fault_rules.at(reason=exc) from None
         except ValueError as exc:  # a RuleError names its field; nothing is parsed back
-            raise APIError(400, f"Invalid fault rule: {exc}", type="invalid_request_error",
-                           param=getattr(exc, "param", None), code="invalid_value") from None
+            raise E.fault_rule_invalid.at(getattr(exc, "param", None), reason=exc) from None
         return self._view(rule)
 
     async def post(self, req: Request, app: App) -> JSONResponse:
@@ -298,7 +287,7 @@ class Faults:
         for r in await self._rules():
             if r.id == rid:
                 return r
-        raise APIError(404, f"No fault rule with id '{rid}'.", param="id", code="not_found")
+        raise E.fault_rule_not_found.at("id", id=rid)
 
     async def get_one(self, req: Request, app: App) -> JSONResponse:
         return JSONResponse(self._view(await self._find(req.params["id"])))
@@ -509,11 +498,8 @@ class Capacity:
 
     def overloaded(self, req: Request) -> APIError:
         status = self.config.reject_status
-        return APIError(status, "That model is currently overloaded with other requests. You "
-                        "can retry your request, or contact us through our help center at "
-                        "help.openai.com if the error persists. (Please include the request ID "
-                        f"{req.request_id} in your message.)", type="server_error", code=None,
-                        headers=retry_headers(1000.0), overloaded=True)
+        return E.capacity_overloaded.at(status=status, request_id=req.request_id,
+                                        headers=retry_headers(1000.0))
 
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
         slot, req.notes.slot = req.notes.slot, None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from ..errors import APIError, missing
+from ..errors import E, missing
 from ..messages import JSONResponse, Request
 from ..sim import tokens as tok
 from ..sim.prompt import content_text
@@ -31,8 +31,7 @@ async def get_model(req: Request, app: App) -> JSONResponse:
     mid = req.params["id"]
     prof = app.registry.get(mid)
     if prof is None:
-        raise APIError(404, f"The model '{mid}' does not exist", param="model",
-                       code="model_not_found")
+        raise E.model_not_found_retrieve.at("model", model=mid)
     return JSONResponse(prof.public())
 
 
@@ -56,9 +55,7 @@ async def tokenize(req: Request, app: App) -> JSONResponse:
             raise missing("prompt")
     count = await paced(tok.count_tokens_steps(text, enc, cap=profile.context_window))
     if count > profile.context_window:
-        raise APIError(400, f"This model's maximum context length is {profile.context_window} "
-                       f"tokens; the prompt has at least {count}.", param="prompt",
-                       code="context_length_exceeded")
+        raise E.context_tokenize.at("prompt", window=profile.context_window, count=count)
     encoder = tok.get_encoding(enc)
     if encoder is not None:
         ids = list(encoder.encode_ordinary(text))
@@ -79,9 +76,7 @@ async def detokenize(req: Request, app: App) -> JSONResponse:
         raise missing("tokens")
     token_array(ids, "tokens", vocab_size(profile.encoding))
     if tok.get_encoding(profile.encoding) is None:
-        raise APIError(501, "Detokenizing needs the exact tokenizer: install llmsim's "
-                       "'tokens' extra (tiktoken) and do not use --tokenizer estimate.",
-                       type="server_error", param=None, code="not_implemented")
+        raise E.detokenize_unavailable.at()
     return JSONResponse({"prompt": decode_tokens(ids, profile.encoding)})
 
 

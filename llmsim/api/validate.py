@@ -9,7 +9,7 @@ import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import APIError
+from ..errors import APIError, E, quoted
 
 if TYPE_CHECKING:
     from ..app import App
@@ -32,8 +32,7 @@ def got(v: Any) -> str:
 
 
 def _bad_type(param: str, expected: str) -> APIError:
-    return APIError(400, f"Invalid type for '{param}': expected {expected}.", param=param,
-                    code="invalid_type")
+    return E.invalid_type.at(param, expected=expected)
 
 
 class V:
@@ -49,8 +48,7 @@ class V:
     def required(self, key: builtins.str) -> Any:
         v = self.body.get(key)
         if v is None:
-            raise APIError(400, f"Missing required parameter: '{self.name(key)}'.",
-                           param=self.name(key), code="missing_required_parameter")
+            raise E.missing.at(self.name(key))
         return v
 
     def bool(self, key: builtins.str, default: bool | None = None) -> bool | None:
@@ -94,14 +92,13 @@ class V:
         # the value is shown as sent (``shown``: 1e+30, not its 31-digit integer).
         if shown is None:
             shown = v
+        integer = kind == "integer"
         if lo is not None and v < lo:
-            raise APIError(400, f"Invalid '{self.name(key)}': {kind} below minimum value. "
-                           f"Expected a value >= {lo}, but got {shown} instead.",
-                           param=self.name(key), code=f"{kind}_below_min_value")
+            below = E.integer_below_min if integer else E.decimal_below_min
+            raise below.at(self.name(key), lo=lo, value=shown)
         if hi is not None and v > hi:
-            raise APIError(400, f"Invalid '{self.name(key)}': {kind} above maximum value. "
-                           f"Expected a value <= {hi}, but got {shown} instead.",
-                           param=self.name(key), code=f"{kind}_above_max_value")
+            above = E.integer_above_max if integer else E.decimal_above_max
+            raise above.at(self.name(key), hi=hi, value=shown)
 
     def str(self, key: builtins.str, default: builtins.str | None = None, *,
             choices: tuple[str, ...] | None = None, max_len: builtins.int | None = None) -> builtins.str | None:
@@ -111,14 +108,9 @@ class V:
         if not isinstance(v, str):
             raise _bad_type(self.name(key), "a string")
         if choices is not None and v not in choices:
-            opts = ", ".join(f"'{c}'" for c in choices)
-            raise APIError(400, f"Invalid value: '{v}'. Supported values are: {opts}.",
-                           param=self.name(key), code="invalid_value")
+            raise E.invalid_value.at(self.name(key), value=v, allowed=quoted(choices))
         if max_len is not None and len(v) > max_len:
-            raise APIError(400, f"Invalid '{self.name(key)}': string too long. Expected a "
-                           f"string with maximum length {max_len}, but got a string with "
-                           f"length {len(v)} instead.", param=self.name(key),
-                           code="string_above_max_length")
+            raise E.string_too_long.at(self.name(key), max_len=max_len, length=len(v))
         return v
 
     def list(self, key: builtins.str, default: list[Any] | None = None, *,
@@ -129,16 +121,11 @@ class V:
         if not isinstance(v, list):
             raise _bad_type(self.name(key), "an array")
         if min_len is not None and len(v) < min_len:
-            raise APIError(400, f"Invalid '{self.name(key)}': empty array. Expected an array "
-                           f"with minimum length {min_len}, but got an empty array instead."
-                           if not v else f"Invalid '{self.name(key)}': array too short.",
-                           param=self.name(key), code="empty_array" if not v
-                           else "array_below_min_length")
+            if not v:
+                raise E.empty_array.at(self.name(key), min_len=min_len)
+            raise E.array_too_short.at(self.name(key))
         if max_len is not None and len(v) > max_len:
-            raise APIError(400, f"Invalid '{self.name(key)}': array too long. Expected an "
-                           f"array with maximum length {max_len}, but got an array with "
-                           f"length {len(v)} instead.", param=self.name(key),
-                           code="array_above_max_length")
+            raise E.array_too_long.at(self.name(key), max_len=max_len, length=len(v))
         return v
 
     def dict(self, key: builtins.str, default: builtins.dict[builtins.str, Any] | None = None) -> builtins.dict[builtins.str, Any] | None:
@@ -156,31 +143,19 @@ class V:
             return None
         p = self.name(key)
         if len(md) > 16:
-            raise APIError(400, f"Invalid '{p}': too many properties. Expected an object with "
-                           f"at most 16 properties, but got an object with {len(md)} "
-                           "properties instead.", param=p, code="object_above_max_properties")
+            raise E.too_many_properties.at(p, max=16, count=len(md))
         for k, v in md.items():
             if len(k) > 64:
-                raise APIError(400, f"Invalid '{p}': key '{k[:70]}' is too long. Expected a "
-                               "key with maximum length 64.", param=p,
-                               code="metadata_key_too_long")
+                raise E.metadata_key_too_long.at(p, key=k[:70])
             if not isinstance(v, str):
-                raise APIError(400, f"Invalid type for '{p}.{k}': expected a string.",
-                               param=f"{p}.{k}", code="invalid_type")
+                raise E.invalid_type.at(f"{p}.{k}", expected="a string")
             if len(v) > 512:
-                raise APIError(400, f"Invalid '{p}.{k}': string too long. Expected a string "
-                               "with maximum length 512.", param=f"{p}.{k}",
-                               code="string_above_max_length")
+                raise E.string_too_long.at(f"{p}.{k}", max_len=512, length=len(v))
         return md
 
 
 def unsupported(param: builtins.str, model: builtins.str, hint: builtins.str = "") -> APIError:
-    return APIError(400, f"Unsupported parameter: '{param}' is not supported with this model."
-                    + (f" {hint}" if hint else ""), param=param, code="unsupported_parameter")
-
-
-def unsupported_value(param: builtins.str, msg: builtins.str) -> APIError:
-    return APIError(400, f"Unsupported value: {msg}", param=param, code="unsupported_value")
+    return E.unsupported_parameter.at(param, hint=f" {hint}" if hint else "")
 
 
 # Bound on the simulation work of one request: choices × tokens × (1 + top_logprobs). The whole
@@ -193,12 +168,9 @@ def check_request_work(n: builtins.int, tokens: builtins.int, top_logprobs: buil
     """400 ``request_too_large`` when one request asks for more simulation than the bound."""
     work = n * tokens * (1 + top_logprobs)
     if work > MAX_REQUEST_WORK:
-        raise APIError(400, f"This request asks llmsim to simulate {n} × {tokens} tokens"
-                       + (f" with {top_logprobs} top_logprobs each" if top_logprobs else "")
-                       + f", above the simulator's per-request bound of {MAX_REQUEST_WORK} "
-                       "token-units (choices × max tokens × (1 + top_logprobs)). Lower the "
-                       "token limit, 'n' or 'top_logprobs'.", param=param,
-                       code="request_too_large")
+        raise E.request_work_too_large.at(
+            param, n=n, tokens=tokens, bound=MAX_REQUEST_WORK,
+            each=f" with {top_logprobs} top_logprobs each" if top_logprobs else "")
 
 
 # A stepwise computation (token counting: :func:`llmsim.sim.tokens.count_tokens_steps` and the
@@ -253,6 +225,5 @@ def stream_flags(v: V) -> tuple[bool, bool]:
     stream = bool(v.bool("stream", False))
     so = v.dict("stream_options")
     if so is not None and not stream:
-        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is "
-                       "enabled.", param="stream_options", code="invalid_value")
+        raise E.stream_options_without_stream.at("stream_options")
     return stream, bool(V(so or {}, "stream_options.").bool("include_usage", False))

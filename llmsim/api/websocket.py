@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import Request, Result
 
 if TYPE_CHECKING:
@@ -21,12 +21,8 @@ __all__ = ["register", "upgrade_required"]
 
 async def upgrade_required(req: Request, app: App) -> Result:
     """``GET /v1/responses`` without ``Upgrade: websocket``."""
-    raise APIError(426, "GET /v1/responses is the Responses WebSocket endpoint: connect with "
-                   "'Connection: Upgrade' and 'Upgrade: websocket' (the SDK's "
-                   "client.responses.connect()), or create a response with POST "
-                   "/v1/responses.", type="invalid_request_error",
-                   code="websocket_upgrade_required",
-                   headers=[("upgrade", "websocket"), ("sec-websocket-version", "13")])
+    raise E.websocket_upgrade_required.at(
+        headers=[("upgrade", "websocket"), ("sec-websocket-version", "13")])
 
 
 def register(app: App) -> None:

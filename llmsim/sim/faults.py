@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
-from ..errors import APIError, server_error
+from ..errors import APIError, E, server_error
 from ..stream import DISCONNECT, STOP, PlanItem
 
 if TYPE_CHECKING:
@@ -177,7 +177,6 @@ def parse_spec(spec: str, *, source: str = "") -> Fault:
 # Error bodies and headers, in the real API's words
 # ------------------------------------------------------------------------------------------
 
-RATE_LIMIT_URL = "Visit https://platform.openai.com/account/rate-limits to learn more."
 
 
 def fmt_duration(seconds: float) -> str:
@@ -206,11 +205,9 @@ def rate_limit_error(model: str, variant: str, limit: int, used: int, requested:
                      wait_s: float, headers: list[tuple[str, str]] | None = None) -> APIError:
     """The real 429 for an exceeded RPM/TPM bucket (type ``requests`` or ``tokens``)."""
     what = "requests per min (RPM)" if variant == "requests" else "tokens per min (TPM)"
-    return APIError(
-        429, f"Rate limit reached for {model} in organization org-llmsim on {what}: Limit "
-        f"{limit}, Used {used}, Requested {requested}. Please try again in "
-        f"{fmt_duration(wait_s)}. {RATE_LIMIT_URL}", type=variant, param=None,
-        code="rate_limit_exceeded", headers=(headers or []) + retry_headers(wait_s * 1000))
+    return E.rate_limited.at(type=variant, model=model, what=what, limit=limit, used=used,
+                             requested=requested, wait=fmt_duration(wait_s),
+                             headers=(headers or []) + retry_headers(wait_s * 1000))
 
 
 def fault_error(fault: Fault, model: str | None, retry_after_ms: float,
@@ -221,10 +218,7 @@ def fault_error(fault: Fault, model: str | None, retry_after_ms: float,
     ra = fault.retry_after_ms if fault.retry_after_ms is not None else retry_after_ms
     if status == 429:
         if fault.variant == "quota":
-            return APIError(429, "You exceeded your current quota, please check your plan and "
-                            "billing details. For more information on this error, read the "
-                            "docs: https://platform.openai.com/docs/guides/error-codes/"
-                            "api-errors.", type="insufficient_quota", code="insufficient_quota")
+            return E.insufficient_quota.at()
         if fault.variant == "tokens":
             return rate_limit_error(model, "tokens", 30000, 30000, 1000, ra / 1000)
         return rate_limit_error(model, "requests", 500, 500, 1, ra / 1000)
@@ -232,20 +226,16 @@ def fault_error(fault: Fault, model: str | None, retry_after_ms: float,
     if status == 500:
         return server_error(500, None, retry)
     if status == 502:
-        return APIError(502, "Bad gateway.", type="server_error", code=None, headers=retry)
+        return E.bad_gateway.at(headers=retry)
     if status == 503:
-        return APIError(503, "The engine is currently overloaded, please try again later.",
-                        type="server_error", code=None,
-                        headers=retry + retry_headers(ra))
+        return E.engine_overloaded.at(headers=retry + retry_headers(ra))
     if status == 504:
-        return APIError(504, "Gateway timeout: the server did not answer in time. Please try "
-                        "again later.", type="timeout_error", code=None, headers=retry)
+        return E.gateway_timeout.at(headers=retry)
     if status == 529:
-        return APIError(529, "The server is currently overloaded, please try again later.",
-                        type="overloaded_error", code="overloaded", headers=retry)
+        return E.overloaded_529.at(headers=retry)
     if status >= 500:
         return server_error(status, None, retry)
-    return APIError(status, f"Injected fault: HTTP {status}.", code="injected_fault")
+    return E.injected.at(status=status)
 
 
 # ------------------------------------------------------------------------------------------
@@ -594,11 +584,9 @@ def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
 def mid_stream_error(status: int) -> APIError:
     """The error object reported inside a stream that fails after it started."""
     if status == 429:
-        return APIError(429, "Rate limit reached while generating the response. Please try "
-                        "again later.", type="requests", code="rate_limit_exceeded")
+        return E.mid_stream_rate_limited.at()
     if status in (503, 529):
-        return APIError(status, "The server is currently overloaded, please try again later.",
-                        type="server_error", code="server_error")
+        return E.mid_stream_overloaded.at(status=status)
     if status >= 500:
         return server_error(status)
-    return APIError(status, f"Injected fault: HTTP {status}.", code="injected_fault")
+    return E.injected.at(status=status)

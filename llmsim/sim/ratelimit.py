@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RateLimitConfig
-from ..errors import APIError
-from .faults import RATE_LIMIT_URL, fmt_duration, rate_limit_error
+from ..errors import E
+from .faults import fmt_duration, rate_limit_error
 
 __all__ = ["Bucket", "RateLimiter", "Snapshot", "estimate_tokens", "judge", "MAX_BUCKETS"]
 
@@ -149,11 +149,8 @@ def judge(model: str, req: Bucket | None, tok: Bucket | None, tokens: int) -> Sn
     decision atomically in Redis and calls this to word a refusal."""
     snap = Snapshot(req, tok)
     if tok is not None and tokens > tok.limit:
-        raise APIError(429, f"Request too large for {model} in organization org-llmsim on "
-                       f"tokens per min (TPM): Limit {tok.limit}, Requested {tokens}. The "
-                       "input or output tokens must be reduced in order to run "
-                       f"successfully. {RATE_LIMIT_URL}", type="tokens",
-                       code="rate_limit_exceeded", headers=snap.headers())
+        raise E.request_too_large_tpm.at(model=model, limit=tok.limit, requested=tokens,
+                                         headers=snap.headers())
     if req is not None and (w := req.wait_for(1)) > 0:
         raise rate_limit_error(model, "requests", req.limit, req.limit - req.remaining, 1,
                                w, snap.headers())

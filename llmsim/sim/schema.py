@@ -220,11 +220,8 @@ _BUDGET_WHAT = {
 def _budget_error(param: str | None, what: str) -> errors.APIError:
     """The 400 for a generation that ran out of :class:`Work`."""
     where = f"'{param}'" if param else "the schema"
-    return errors.invalid(
-        param, f"Generating a value for {where} needs {_BUDGET_WHAT.get(what, what)}. This is "
-        "a bound of the simulator, not of the API: simplify the schema (fewer nested or "
-        "combined subschemas, smaller minItems/minLength/repetition counts) or ask for fewer "
-        "choices ('n').", code="request_too_large")
+    return errors.E.schema_generation_bound.at(param, where=where,
+                                               what=_BUDGET_WHAT.get(what, what))
 
 
 # ---------------------------------------------------------------------------
@@ -1538,12 +1535,12 @@ class _Refused(Exception):
         self.over = over
 
     def error(self, param: str, label: str, code: str) -> errors.APIError:
-        where = f"In context={self.path!r}, {self.detail}."
+        context = repr(self.path)
         if self.over:
-            return errors.invalid(param, f"Schema for {label} is over llmsim's work bound: "
-                                  f"{where} This is a limit of the simulator, not of the API.",
-                                  code="request_too_large")
-        return errors.invalid(param, f"Invalid schema for {label}: {where}", code=code)
+            return errors.E.schema_over_bound.at(param, label=label, context=context,
+                                                 detail=self.detail)
+        return errors.E.invalid_schema.at(param, code=code, label=label, context=context,
+                                          detail=self.detail)
 
 
 def _is_count(value: Any) -> bool:

@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import APIError
+from ..errors import APIError, E, scripted
 from . import schema as sch
 from . import tokens as tok
 from .decide import CALL_TOKENS, Ask, Call, Choice, Decision, Reasoning, Timing, Usage
@@ -118,11 +118,11 @@ def _turn(t: Any, where: str) -> Turn:
             raise ScriptError(f"{where}.error.retry_after_s", "a number of seconds, 0-3600")
         headers = [] if ra is None else [("retry-after", str(int(ra))),
                                          ("retry-after-ms", str(int(ra * 1000)))]
-        err = APIError(status, _str(e.get("message", f"Scripted error (HTTP {status})."),
+        err = scripted(status, _str(e.get("message", f"Scripted error (HTTP {status})."),
                                     f"{where}.error.message"),
-                       type=_str(e["type"], f"{where}.error.type", 64) if "type" in e else None,
-                       code=_str(e["code"], f"{where}.error.code", 64) if "code" in e else None,
-                       headers=headers)
+                       _str(e["type"], f"{where}.error.type", 64) if "type" in e else None,
+                       _str(e["code"], f"{where}.error.code", 64) if "code" in e else None,
+                       headers)
         return Turn(error=err)
     if "fault" in t:
         try:
@@ -325,9 +325,7 @@ class Script:
         if rule.then == "loop":
             return rule.reply[n % len(rule.reply)]
         if rule.then == "error":
-            raise APIError(400, f"Script rule {i} has no turn left for this session "
-                           f"({len(rule.reply)} turns, then: error).", param=None,
-                           code="script_exhausted")
+            raise E.script_exhausted.at(rule=i, turns=len(rule.reply))
         return None  # "simulate"
 
     def turn(self, *, model: str, endpoint: str, api_key: str | None,

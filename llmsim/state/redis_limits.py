@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import APIError
+from ..errors import APIError, E
 from ..sim.faults import MAX_RULES, Fault, FaultEngine, Rule, build_rule, too_many_rules
 from ..sim.ratelimit import Bucket, RateLimiter, Snapshot, judge
 from ..sim.script import SESSION_HEADER, session_key
@@ -149,8 +149,7 @@ class SharedLimiter:
         if int(ok):
             return Snapshot(req, tok)
         judge(model, req, tok, tokens)  # raises the refusal in the in-memory words
-        raise APIError(429, "Rate limit reached.", type="requests",  # pragma: no cover
-                       code="rate_limit_exceeded")
+        raise E.rate_limited_shared.at()  # pragma: no cover
 
     def charge(self, key: str, model: str, tokens: int) -> None:
         """Charge output tokens known only at the end (see ``RateLimiter.charge``), in the

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..errors import APIError
+from ..errors import APIError, E
 
 __all__ = ["SharedState", "open_shared_state", "unavailable", "TIMEOUT_S", "SYNC_TIMEOUT_S",
            "HEARTBEAT_S", "OWNER_TTL_S"]
@@ -56,9 +56,7 @@ background responses it owned (a GC pause or a busy loop shorter than this is no
 
 def unavailable(reason: str) -> APIError:
     """The answer to a request that needs shared state while Redis cannot be reached."""
-    return APIError(503, f"Shared state is unavailable ({reason}); try again shortly.",
-                    type="server_error", code="shared_state_unavailable",
-                    headers=[("retry-after", "1")])
+    return E.shared_state_unavailable.at(reason=reason, headers=[("retry-after", "1")])
 
 
 class SharedState:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import encode
 from ...dialect import Dialect
-from ...errors import APIError, missing
+from ...errors import APIError, E, missing
 from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
@@ -78,13 +78,11 @@ numbered by the stream."""
 
 
 def _not_found(rid: str) -> APIError:
-    return APIError(404, f"Response with id '{rid}' not found.", param="response_id",
-                    code=None)
+    return E.response_not_found.at("response_id", id=rid)
 
 
 def _prev_not_found(rid: str) -> APIError:
-    return APIError(400, f"Previous response with id '{rid}' not found.",
-                    param="previous_response_id", code="previous_response_not_found")
+    return E.previous_response_not_found.at("previous_response_id", id=rid)
 
 
 # ------------------------------------------------------------------------------------------
@@ -137,8 +135,7 @@ def _find_previous(req: Request, st: ResponsesState, rid: str) -> Record | Snaps
     if rec is None:
         raise _prev_not_found(rid)
     if not rec.terminal:
-        raise APIError(400, f"Previous response with id '{rid}' is still in progress.",
-                       param="previous_response_id", code="previous_response_in_progress")
+        raise E.previous_response_in_progress.at("previous_response_id", id=rid)
     return rec
 
 
@@ -158,8 +155,7 @@ def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) ->
         if hit is None:
             hit = st.items.find(it["id"], st.store)
             if hit is None:
-                raise APIError(404, f"Item with id '{it['id']}' not found.",
-                               param=f"input[{i}]", code=None)
+                raise E.item_not_found.at(f"input[{i}]", id=it["id"])
             known[it["id"]] = hit
         out.append(hit)
     return out
@@ -178,8 +174,7 @@ def _check_call_ids(items: list[Item], history: list[Item]) -> None:
             calls.add(it.get("call_id"))
         elif t in ("function_call_output", "custom_tool_call_output") \
                 and it.get("call_id") not in calls:
-            raise APIError(400, "No tool call found for function call output with call_id "
-                           f"{it.get('call_id')}.", param=f"input[{i}]", code=None)
+            raise E.no_tool_call_for_output.at(f"input[{i}]", call_id=it.get("call_id"))
 
 
 class Prepared:
@@ -216,8 +211,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
     elif rr.conversation is not None:
         conv = st.conversations.get(rr.conversation)
         if conv is None:
-            raise APIError(404, f"Conversation with id '{rr.conversation}' not found.",
-                           param="conversation", code=None)
+            raise E.conversation_not_found.at("conversation", id=rr.conversation)
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
     _check_call_ids(items, history)
@@ -233,9 +227,8 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
     if total > cap:
         least = "at least " if type(total) is tok.Bound else ""
         asked = f" + {rr.limit} max_output_tokens" if rr.limit and not count_only else ""
-        raise APIError(400, f"Your input exceeds the context window of this model "
-                       f"({least}{total} tokens{asked} > {cw}). Please adjust your input and "
-                       "try again.", param="input", code="context_length_exceeded")
+        raise E.context_window_exceeded.at("input", least=least, total=total, asked=asked,
+                                           window=cw)
     if not count_only:
         per_choice = txt.most_tokens(app.config, rr.limit, echoed=total)
         logprobs = "message.output_text.logprobs" in rr.include
@@ -275,13 +268,9 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         st.shared.check()  # --state redis: 503 now if Redis is down (it must be stored there)
     if rr.background:
         if not st.store.enabled:
-            raise APIError(400, "Background mode requires stored responses, which are "
-                           "disabled on this server (responses.store_max_entries = 0).",
-                           param="background", code="invalid_value")
+            raise E.background_needs_store.at("background")
         if st.active_background >= cfg.background_max_active:
-            raise APIError(429, "Too many background responses in progress on this server "
-                           f"(limit {cfg.background_max_active}). Try again later.",
-                           param="background", code="rate_limit_exceeded")
+            raise E.too_many_background.at("background", limit=cfg.background_max_active)
     rid, created_at = new_id("resp_"), int(app.clock.time())
     if rr.generate:
         rng = request_rng(app.config.seed, "/v1/responses", body)
@@ -305,12 +294,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     elif rr.store and rr.background:
         # a foreground response too big to store is answered and not kept (as if evicted at
         # once: clients already see stored responses expire); a background one must be kept
-        raise APIError(400, f"This response is too large to store: about {rec.nbytes} bytes "
-                       "in memory (input, output and the earlier turns it keeps), above this "
-                       f"server's budget of {cfg.store_max_bytes} bytes for stored responses "
-                       "(responses.store_max_bytes). Background mode needs a stored response: "
-                       "send a smaller input or create it without background.",
-                       param="background", code="request_too_large")
+        raise E.response_too_large_to_store.at("background", size=rec.nbytes,
+                                               budget=cfg.store_max_bytes)
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
@@ -399,8 +384,7 @@ def _bool_query(req: Request, name: str) -> bool:
         return True
     if v.lower() in ("false", "0", ""):
         return False
-    raise APIError(400, f"Invalid value for '{name}': expected a boolean.", param=name,
-                   code="invalid_value")
+    raise E.not_a_boolean.at(name)
 
 
 def _int_query(req: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -410,11 +394,9 @@ def _int_query(req: Request, name: str, default: int, lo: int, hi: int) -> int:
     try:
         n = int(v)
     except ValueError:
-        raise APIError(400, f"Invalid type for '{name}': expected an integer.", param=name,
-                       code="invalid_type") from None
+        raise E.invalid_type.at(name, expected="an integer") from None
     if not lo <= n <= hi:
-        raise APIError(400, f"Invalid '{name}': expected a value between {lo} and {hi}, but "
-                       f"got {n} instead.", param=name, code="invalid_value")
+        raise E.out_of_range.at(name, lo=lo, hi=hi, value=n)
     return n
 
 
@@ -425,12 +407,7 @@ async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
         after = _int_query(req, "starting_after", -1, -1, 1 << 40)
         if type(rec) is Snapshot:
             if not rec.terminal:
-                raise APIError(400, f"Response '{rec.id}' is still {rec.status} on another "
-                               "llmsim worker or replica: its events can be followed live "
-                               "only on the one that runs it (with --workers 1 and no --state, "
-                               "from any connection). Once it has finished, the whole stream "
-                               "can be replayed from any of them.",
-                               param="stream", code="invalid_value")
+                raise E.follow_on_other_worker.at("stream", id=rec.id, state=rec.status)
             rec = rec.replay(app)
         assert type(rec) is Record
         return _follow(rec, after, app, rec.echo["model"])
@@ -467,8 +444,7 @@ async def cancel(req: Request, app: App) -> JSONResponse:
     unchanged with 200, as the real API does."""
     rec = _record(app, req)
     if not rec.background:
-        raise APIError(400, "Only responses created with background=true can be cancelled.",
-                       param=None, code=None)
+        raise E.cancel_not_background.at()
     if rec.terminal:
         return JSONResponse(rec.response if type(rec) is Snapshot
                             else rec.response())  # type: ignore[operator]
@@ -509,8 +485,7 @@ def _page(req: Request, items: list[Item]) -> dict[str, Any]:
     limit = _int_query(req, "limit", 20, 1, 100)
     order = req.query_one("order", "desc")
     if order not in ("asc", "desc"):
-        raise APIError(400, f"Invalid value: '{order}'. Supported values are: 'asc' and "
-                       "'desc'.", param="order", code="invalid_value")
+        raise E.invalid_value.at("order", value=order, allowed="'asc' and 'desc'")
     seq = items if order == "asc" else items[::-1]
     after = req.query_one("after")
     if after:
@@ -519,8 +494,7 @@ def _page(req: Request, items: list[Item]) -> dict[str, Any]:
                 seq = seq[i + 1:]
                 break
         else:
-            raise APIError(400, f"Invalid 'after': no item with id '{after}'.", param="after",
-                           code="invalid_value")
+            raise E.after_not_found.at("after", id=after)
     data = seq[:limit]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": len(seq) > limit}
@@ -547,7 +521,7 @@ def _conv(app: App, req: Request) -> Conversation:
     cid = req.params.get("id", "")
     conv = state(app).conversations.get(cid)
     if conv is None:
-        raise APIError(404, f"Conversation with id '{cid}' not found.", param=None, code=None)
+        raise E.conversation_not_found.at(id=cid)
     return conv
 
 
@@ -555,16 +529,14 @@ def _items_body(body: dict[str, Any], key: str = "items") -> list[Item]:
     raw = V(body).list(key, [], max_len=20) or []
     items, refs = normalize_input(raw)
     if refs:
-        raise APIError(400, "item_reference items are not supported here.", param=key,
-                       code="invalid_value")
+        raise E.item_reference_unsupported.at(key)
     return items
 
 
 async def conv_create(req: Request, app: App) -> JSONResponse:
     st = state(app)
     if not st.conversations.enabled:
-        raise APIError(400, "Conversations are disabled on this server "
-                       "(responses.conversations_max_entries = 0).", param=None, code=None)
+        raise E.conversations_disabled.at()
     body = req.json_object() if req.body else {}
     metadata = V(body).metadata() or {}
     items = _items_body(body)
@@ -593,7 +565,7 @@ async def conv_update(req: Request, app: App) -> JSONResponse:
 async def conv_delete(req: Request, app: App) -> JSONResponse:
     cid = req.params.get("id", "")
     if state(app).conversations.pop(cid) is None:
-        raise APIError(404, f"Conversation with id '{cid}' not found.", param=None, code=None)
+        raise E.conversation_not_found.at(id=cid)
     return JSONResponse({"id": cid, "object": "conversation.deleted", "deleted": True})
 
 

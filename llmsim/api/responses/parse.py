@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import APIError, missing
+from ...errors import APIError, E, missing, quoted
 from ...sim import schema as sch
 from ...sim.decide import TEXT, TOOL_CHOICES, Ask, Output, Tool, ToolChoice
 from ...sim.models import ModelProfile
@@ -102,17 +102,12 @@ class RespRequest:
         return [t for t in self.tools if t["type"] in CALLABLE_TOOLS]
 
 
-def _err(param: str, msg: str, code: str | None = "invalid_value") -> APIError:
-    return APIError(400, msg, param=param, code=code)
-
-
 def _missing(param: str) -> APIError:
     return missing(param)
 
 
 def _bad_value(param: str, value: Any, allowed: tuple[str, ...]) -> APIError:
-    opts = ", ".join(f"'{a}'" for a in allowed)
-    return _err(param, f"Invalid value: '{value}'. Supported values are: {opts}.")
+    return E.invalid_value.at(param, value=value, allowed=quoted(allowed))
 
 
 def _need_str(d: dict[str, Any], key: str, p: str) -> str:
@@ -120,8 +115,7 @@ def _need_str(d: dict[str, Any], key: str, p: str) -> str:
     if v is None:
         raise _missing(f"{p}.{key}")
     if not isinstance(v, str):
-        raise _err(f"{p}.{key}", f"Invalid type for '{p}.{key}': expected a string, but got "
-                   f"{type(v).__name__} instead.", "invalid_type")
+        raise E.invalid_type_got.at(f"{p}.{key}", expected="a string", got=got(v))
     return v
 
 
@@ -136,9 +130,8 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
         return [{"type": "output_text", "text": content, "annotations": []} if assistant
                 else {"type": "input_text", "text": content}]
     if not isinstance(content, list):
-        raise _err(f"{p}.content", f"Invalid type for '{p}.content': expected one of a string "
-                   f"or array of input item content, but got {got(content)} instead.",
-                   "invalid_type")
+        raise E.invalid_type_got.at(f"{p}.content", got=got(content), expected="one of a "
+                                    "string or array of input item content")
     allowed = ASSISTANT_PARTS if assistant else USER_PARTS
     out = []
     for j, part in enumerate(content):
@@ -153,8 +146,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
         elif t == "input_image":
             if not isinstance(part.get("image_url"), str) and \
                     not isinstance(part.get("file_id"), str):
-                raise _err(pp, f"Invalid '{pp}': one of 'image_url' or 'file_id' is "
-                           "required.", "missing_required_parameter")
+                raise E.one_of_required.at(pp, fields="'image_url' or 'file_id'")
             detail = part.get("detail", "auto")
             if detail not in ("low", "high", "auto", "original"):
                 raise _bad_value(f"{pp}.detail", detail, ("low", "high", "auto", "original"))
@@ -163,8 +155,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
         else:  # input_file
             if not any(isinstance(part.get(k), str)
                        for k in ("file_id", "file_data", "file_url")):
-                raise _err(pp, f"Invalid '{pp}': one of 'file_id', 'file_data' or 'file_url' "
-                           "is required.", "missing_required_parameter")
+                raise E.one_of_required.at(pp, fields="'file_id', 'file_data' or 'file_url'")
             out.append({k: part[k] for k in ("type", "file_id", "file_data", "file_url",
                                               "filename") if part.get(k) is not None})
     return out
@@ -205,15 +196,14 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
         return [{"id": new_id("msg_"), "type": "message", "role": "user",
                  "content": [{"type": "input_text", "text": raw}], "status": "completed"}], []
     if not isinstance(raw, list):
-        raise _err("input", "Invalid type for 'input': expected one of a string or array of "
-                   f"input items, but got {got(raw)} instead.", "invalid_type")
+        raise E.invalid_type_got.at("input", got=got(raw), expected="one of a string or array "
+                                    "of input items")
     items: list[dict[str, Any]] = []
     refs: list[str] = []
     for i, it in enumerate(raw):
         p = f"input[{i}]"
         if not isinstance(it, dict):
-            raise _err(p, f"Invalid type for '{p}': expected an input item object.",
-                       "invalid_type")
+            raise E.invalid_type.at(p, expected="an input item object")
         t = it.get("type")
         if t is None:
             if "role" in it:
@@ -239,8 +229,8 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             if out is None:
                 raise _missing(f"{p}.output")
             if not isinstance(out, (str, list)):
-                raise _err(f"{p}.output", f"Invalid type for '{p}.output': expected one of a "
-                           "string or array of content items.", "invalid_type")
+                raise E.invalid_type.at(f"{p}.output", expected="one of a string or array of "
+                                        "content items")
             pre = "fco_" if t == "function_call_output" else "ctco_"
             items.append({"id": it.get("id") if isinstance(it.get("id"), str) else new_id(pre),
                           "type": t, "call_id": call_id, "output": out,
@@ -248,8 +238,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
         elif t == "reasoning":
             summ = it.get("summary", [])
             if not isinstance(summ, list):
-                raise _err(f"{p}.summary", f"Invalid type for '{p}.summary': expected an "
-                           "array.", "invalid_type")
+                raise E.invalid_type.at(f"{p}.summary", expected="an array")
             summary = []
             for j, s in enumerate(summ):
                 if not isinstance(s, dict) or not isinstance(s.get("text"), str):
@@ -276,7 +265,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
 def _typed(obj: Any, p: str, allowed: tuple[str, ...]) -> str:
     """``obj['type']`` of an object at ``p``, or the 400 naming what is wrong."""
     if not isinstance(obj, dict):
-        raise _err(p, f"Invalid type for '{p}': expected an object.", "invalid_type")
+        raise E.invalid_type.at(p, expected="an object")
     t = obj.get("type")
     if t is None:
         raise _missing(f"{p}.type")
@@ -298,16 +287,14 @@ def _tools(raw: list[Any], work: sch.Work) -> list[dict[str, Any]]:
         if tt in ("function", "custom"):
             name = _need_str(t, "name", p)
             if not FUNCTION_NAME.match(name):
-                raise _err(f"{p}.name", f"Invalid '{p}.name': string does not match pattern. "
-                           "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.")
+                raise E.name_pattern.at(f"{p}.name")
             if name in names:
-                raise _err(f"{p}.name", f"Duplicate tool name: '{name}'.")
+                raise E.duplicate_tool_name.at(f"{p}.name", name=name)
             names.add(name)
         if tt == "function":
             params = t.get("parameters")
             if params is not None and not isinstance(params, dict):
-                raise _err(f"{p}.parameters", f"Invalid type for '{p}.parameters': expected "
-                           "an object.", "invalid_type")
+                raise E.invalid_type.at(f"{p}.parameters", expected="an object")
             if params is not None:
                 sch.check(params, param=f"{p}.parameters", label=f"function '{name}'",
                           code="invalid_function_parameters", work=work)
@@ -316,8 +303,7 @@ def _tools(raw: list[Any], work: sch.Work) -> list[dict[str, Any]]:
                     "description": t.get("description"), "parameters": params,
                     "strict": t.get("strict", True)}
         elif tt == "mcp" and t.get("server_url") is None and t.get("connector_id") is None:
-            raise _err(p, f"Invalid '{p}': one of 'server_url' or 'connector_id' is "
-                       "required.", "missing_required_parameter")
+            raise E.one_of_required.at(p, fields="'server_url' or 'connector_id'")
         out.append(tool)
     return out
 
@@ -330,19 +316,17 @@ def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
         if tc not in ("none", "auto", "required"):
             raise _bad_value("tool_choice", tc, ("none", "auto", "required"))
         if tc == "required" and not tools:
-            raise _err("tool_choice", "Tool choice 'required' must be specified with 'tools' "
-                       "parameter.")
+            raise E.tool_choice_required_without_tools.at("tool_choice")
         return tc
     if not isinstance(tc, dict):
-        raise _err("tool_choice", "Invalid type for 'tool_choice': expected one of a string or "
-                   "an object.", "invalid_type")
+        raise E.invalid_type.at("tool_choice", expected="one of a string or an object")
     t = tc.get("type")
     if t is None:
         raise _missing("tool_choice.type")
     if t in ("function", "custom"):
         name = _need_str(tc, "name", "tool_choice")
         if name not in names:
-            raise _err("tool_choice", f"Tool choice '{t}' not found in 'tools' parameter.")
+            raise E.tool_choice_not_in_tools.at("tool_choice", name=t)
         return {"type": t, "name": name}
     if t == "allowed_tools":
         mode = tc.get("mode")
@@ -385,20 +369,17 @@ def _text(v: V, work: sch.Work) -> tuple[dict[str, Any], str]:
         return {"type": ft}, verbosity
     name = _need_str(fmt, "name", "text.format")
     if not FUNCTION_NAME.match(name):
-        raise _err("text.format.name", "Invalid 'text.format.name': string does not match "
-                   "pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.")
+        raise E.name_pattern.at("text.format.name")
     schema = fmt.get("schema")
     if schema is None:
         raise _missing("text.format.schema")
     if not isinstance(schema, dict):
-        raise _err("text.format.schema", "Invalid type for 'text.format.schema': expected an "
-                   "object.", "invalid_type")
+        raise E.invalid_type.at("text.format.schema", expected="an object")
     sch.check(schema, param="text.format.schema", label=f"response_format '{name}'",
               code="invalid_json_schema", work=work)
     strict = fmt.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise _err("text.format.strict", "Invalid type for 'text.format.strict': expected a "
-                   "boolean.", "invalid_type")
+        raise E.invalid_type.at("text.format.strict", expected="a boolean")
     return {"type": "json_schema", "name": name, "schema": schema,
             "description": fmt.get("description"), "strict": strict}, verbosity
 
@@ -412,7 +393,7 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
     """Validate a ``POST /v1/responses`` body (or an ``input_tokens`` body: ``count_only``)."""
     for key in body:
         if key not in KNOWN_FIELDS and not (transport == "ws" and key == "generate"):
-            raise _err(key, f"Unknown parameter: '{key}'.", "unknown_parameter")
+            raise E.unknown_parameter.at(key)
     v = V(body)
     if count_only and body.get("model") is None:
         profile = app.registry.get("gpt-4o") or app.model("gpt-4o")
@@ -444,22 +425,18 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
         elif isinstance(conv, dict) and isinstance(conv.get("id"), str):
             conv_id = conv["id"]
         else:
-            raise _err("conversation", "Invalid type for 'conversation': expected a string or "
-                       "an object with an 'id'.", "invalid_type")
+            raise E.invalid_type.at("conversation", expected="a string or an object with an "
+                                    "'id'")
         if prev is not None:
-            raise _err("conversation", "Mutually exclusive parameters: Ensure you are only "
-                       "providing one of: 'previous_response_id' or 'conversation'.",
-                       "mutually_exclusive_parameters")
+            raise E.mutually_exclusive.at("conversation", names="'previous_response_id' or "
+                                          "'conversation'")
     limit = v.int("max_output_tokens", None)
     if limit is not None:
         if limit < 16:
-            raise _err("max_output_tokens", "Invalid 'max_output_tokens': integer below "
-                       f"minimum value. Expected a value >= 16, but got {limit} instead.",
-                       "integer_below_min_value")
+            raise E.integer_below_min.at("max_output_tokens", lo=16, value=limit)
         if limit > profile.max_output_tokens:
-            raise _err("max_output_tokens", f"max_output_tokens is too large: {limit}. This "
-                       f"model supports at most {profile.max_output_tokens} output tokens, "
-                       f"whereas you provided {limit}.")
+            raise E.limit_too_large.at("max_output_tokens", limit=limit,
+                                       max=profile.max_output_tokens, unit="output")
     max_tool_calls = v.int("max_tool_calls", None, lo=1)
     schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
     tools = _tools(v.list("tools", []) or [], schema_work)
@@ -483,15 +460,13 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
     retention = v.str("prompt_cache_retention", None, choices=("in_memory", "24h"))
     so = v.dict("stream_options")
     if so is not None and not stream and transport != "ws":
-        raise _err("stream_options", "The 'stream_options' parameter is only allowed when "
-                   "'stream' is enabled.")
+        raise E.stream_options_without_stream.at("stream_options")
     v.dict("prompt")
     generate = True
     if transport == "ws":
         g = body.get("generate", True)
         if not isinstance(g, bool):
-            raise _err("generate", "Invalid type for 'generate': expected a boolean.",
-                       "invalid_type")
+            raise E.invalid_type.at("generate", expected="a boolean")
         generate = g
     # reasoning
     reasoning = v.dict("reasoning")
@@ -514,23 +489,19 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
                               model)
         if e is not None:
             if e not in profile.efforts:
-                opts = ", ".join(f"'{x}'" for x in profile.efforts)
-                raise APIError(400, f"Unsupported value: '{e}' is not supported with the "
-                               f"'{model}' model. Supported values are: {opts}.",
-                               param="reasoning.effort", code="unsupported_value")
+                raise E.unsupported_value_for_model.at("reasoning.effort", value=e, model=model,
+                                                       allowed=quoted(profile.efforts))
             effort = e
     if top_logprobs and profile.reasoning:
         raise unsupported("top_logprobs", model)
     if not store and background:
-        raise _err("background", "Background mode requires 'store' to be true.")
+        raise E.background_needs_store_true.at("background")
     if transport == "ws" and background:
-        raise _err("background", "Background mode is not supported over WebSocket.",
-                   "unsupported_parameter")
+        raise E.background_over_websocket.at("background")
     if text_format["type"] == "json_object" and not count_only:
         words = " ".join(_texts(items)) + " " + (instructions or "")
         if "json" not in words.lower() and prev is None and conv_id is None:
-            raise _err("text", "Response input messages must contain the word 'json' in some "
-                       "form to use 'text.format' of type 'json_object'.")
+            raise E.json_word_required_input.at("text")
     return RespRequest(
         body=body, profile=profile, model=model, input_items=items, raw_refs=refs,
         instructions=instructions, stream=stream or transport == "ws", background=background,

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from ...errors import APIError, invalid
+from ...errors import APIError, E
 from ...state import shared
 from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
@@ -421,8 +421,9 @@ class Snapshot:
         ``response.failed``."""
         if self.terminal:
             return self
+        err = E.response_orphaned.at()
         resp = render.snapshot(self.echo, self.out, "failed", self.output_items(),
-                               error={"code": "server_error", "message": ORPHANED_MESSAGE})
+                               error={"code": err.code, "message": err.message})
         # created (+ queued if background) (+ in_progress if it had started), then failed
         seq = 1 + int(self.background) + int(self.status == "in_progress")
         self.failed_event = {"type": "response.failed", "sequence_number": seq,
@@ -432,9 +433,6 @@ class Snapshot:
         return self
 
 
-ORPHANED_MESSAGE = ("An error occurred while processing your request. You can retry your "
-                    "request, or contact us through our help center at help.openai.com if the "
-                    "error persists. (The llmsim worker running this response ended.)")
 DELETED = "deleted"
 CANCEL = "cancel"
 
@@ -911,11 +909,7 @@ class ResponsesState:
         if cap:
             for i, n in enumerate(sizes):
                 if n > cap:
-                    raise invalid(
-                        f"{param}[{i}]", f"This item is too large to keep in a conversation: "
-                        f"about {n} bytes in memory, above this server's bound of {cap} bytes "
-                        "per conversation (responses.conversation_max_bytes). Send a smaller "
-                        "item.", code="request_too_large")
+                    raise E.conversation_item_too_large.at(f"{param}[{i}]", size=n, cap=cap)
         return sizes
 
 
