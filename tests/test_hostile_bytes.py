@@ -294,7 +294,8 @@ async def test_stored_response_does_not_keep_a_deleted_conversation() -> None:
     await _create(app, {"model": MODEL, "input": "warm"})
     tracemalloc.start()  # (it only sees the frees of what it saw allocated)
     try:
-        conv = await app.dispatch(_req({"items": [_item(0, 300_000)]}, path="/v1/conversations"))
+        conv = await app.dispatch(_req({"items": [_item(0, 1_000_000)]},
+                                        path="/v1/conversations"))
         cid = conv.data["id"]  # type: ignore[union-attr]
         data = await _create(app, {"model": MODEL, "input": "hi", "conversation": cid})
         rec = state(app).store.get(data["id"])
@@ -306,7 +307,8 @@ async def test_stored_response_does_not_keep_a_deleted_conversation() -> None:
         freed = before - tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert freed >= 290_000 and state(app).conversations.bytes == 0
+    # (a 1 MB item: the allocator and first-run caches move tens of KB either way)
+    assert freed >= 950_000 and state(app).conversations.bytes == 0
 
 
 def test_conversations_total_budget_evicts_oldest(make_server: Any) -> None:
