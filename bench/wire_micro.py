@@ -1,0 +1,171 @@
+"""Per-request and per-event CPU of the whole server path, without sockets:
+``python bench/wire_micro.py [--kind chat|responses|rps] [--profile]``.
+
+Both servers run their real protocol objects (llmsim's :class:`~llmsim.protocol.HTTPProtocol`,
+the anchor's ``baseline_h11.Proto``) against fake transports that count the bytes written, and
+are fed the same raw HTTP request bytes the load generator sends. Streams are paced on a
+manual clock that jumps from deadline to deadline, so no time is spent waiting and the figure
+is pure CPU: request parsing, dispatch, pacing, framing, stats, everything but the syscalls
+(which cost both servers the same per write). The ratio is what the socket benchmark's
+"CPU per token ÷ anchor" converges to when the write syscall is taken out; quiet or busy box,
+it moves little. ``--profile`` prints the top of cProfile for llmsim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import orjson  # noqa: E402
+from pump_micro import ManualClock  # noqa: E402
+
+from llmsim import Config  # noqa: E402
+from llmsim.protocol import HTTPProtocol  # noqa: E402
+from llmsim.server import Server  # noqa: E402
+
+
+class Transport:
+    """What both protocols need of an asyncio transport; ``write`` counts and drops."""
+
+    def __init__(self, sink: list[int]) -> None:
+        self.sink = sink
+
+    def write(self, data: bytes) -> None:
+        self.sink[0] += 1
+        self.sink[1] += len(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.sink[2] += 1
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    resume_reading = pause_reading
+
+
+def request(kind: str, tokens: int) -> bytes:
+    if kind == "responses":
+        path = "/v1/responses"
+        body: dict[str, Any] = {"model": "gpt-4o-mini", "input": "Hi",
+                                "max_output_tokens": tokens, "stream": True}
+    else:
+        path = "/v1/chat/completions"
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": tokens}
+        if kind == "chat":
+            body["stream"] = True
+    data = orjson.dumps(body)
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer sk-bench\r\nContent-Length: {len(data)}\r\n\r\n"
+            ).encode() + data
+
+
+async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
+                     profile: bool) -> tuple[float, int]:
+    clock = ManualClock()
+    srv = Server(Config(port=0, latency="instant" if kind == "rps" else "realistic",
+                        ttft_ms=100, itl_ms=10, seed=1, quiet=True, max_tokens_mode="exact"),
+                 clock=clock)
+    raw = request(kind, tokens)
+    sink = [0, 0, 0]
+    protos = []
+    for _ in range(n):
+        p = HTTPProtocol(srv)
+        p.connection_made(Transport(sink))  # type: ignore[arg-type]
+        protos.append(p)
+    protos[0].data_received(raw)  # warm-up: tokenizer, caches
+    clock.run()
+    await asyncio.sleep(0)
+    sink[:] = [0, 0, 0]
+    prof = cProfile.Profile() if profile else None
+    if prof:
+        prof.enable()
+    c0 = time.process_time()
+    for _ in range(rounds):
+        for p in protos:
+            p.data_received(raw)
+        clock.run()
+        for _ in range(3):
+            await asyncio.sleep(0)  # handlers that yielded once (none on this path)
+    c1 = time.process_time()
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    for p in protos:
+        p.connection_lost(None)
+    return c1 - c0, sink[0]
+
+
+def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]:
+    import baseline_h11 as b
+
+    from pump_micro import _AnchorLoop
+
+    loop = _AnchorLoop()
+    b.Proto.pacer = b.Pacer(loop)  # type: ignore[arg-type]
+    raw = request("chat" if kind != "rps" else "rps", tokens)
+    sink = [0, 0, 0]
+    protos = []
+    for _ in range(n):
+        p = b.Proto()
+        p.connection_made(Transport(sink))  # type: ignore[arg-type]
+        protos.append(p)
+    c0 = time.process_time()
+    for _ in range(rounds):
+        for p in protos:
+            p.data_received(raw)
+        while loop.handle is not None:
+            h = loop.handle
+            loop.handle = None
+            loop.t = max(loop.t, h.when)
+            h.cb()
+    return time.process_time() - c0, sink[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=["chat", "responses", "rps"], default="chat")
+    ap.add_argument("-n", type=int, default=500, help="connections (concurrent streams)")
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=0, help="requests per connection")
+    ap.add_argument("--repeat", type=int, default=3, help="repeats; the median is printed")
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    kind = a.kind
+    tokens = 16 if kind == "rps" else a.tokens
+    rounds = a.rounds or (40 if kind == "rps" else 2)
+    unit = "request" if kind == "rps" else "write"
+    res: dict[str, list[float]] = {"anchor": [], "llmsim": []}
+    for _ in range(a.repeat):
+        cpu, writes = anchor_run(kind, a.n, tokens, rounds)
+        res["anchor"].append(1e6 * cpu / (a.n * rounds if kind == "rps" else writes))
+        cpu, writes = asyncio.run(llmsim_run(kind, a.n, tokens, rounds, a.profile))
+        a.profile = False
+        res["llmsim"].append(1e6 * cpu / (a.n * rounds if kind == "rps" else writes))
+    med = {k: sorted(v)[len(v) // 2] for k, v in res.items()}
+    print(f"{kind}: {a.n} connections x {rounds} requests"
+          + ("" if kind == "rps" else f" x {tokens} tokens"))
+    print(f"  anchor  {med['anchor']:7.2f} us per {unit}")
+    print(f"  llmsim  {med['llmsim']:7.2f} us per {unit}   ({med['llmsim'] / med['anchor']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
