@@ -115,7 +115,6 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
 
 def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]:
     import baseline_h11 as b
-
     from pump_micro import _AnchorLoop
 
     loop = _AnchorLoop()
