@@ -32,6 +32,8 @@ from llmsim import Config  # noqa: E402
 from llmsim.protocol import HTTPProtocol  # noqa: E402
 from llmsim.server import Server  # noqa: E402
 
+SPLIT: list[float] = []  # CPU seconds spent in data_received (request in, head out), per run
+
 
 class Transport:
     """What both protocols need of an asyncio transport; ``write`` counts and drops."""
@@ -98,13 +100,17 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
     if prof:
         prof.enable()
     c0 = time.process_time()
+    split = 0.0
     for _ in range(rounds):
+        s0 = time.process_time()
         for p in protos:
             p.data_received(raw)
+        split += time.process_time() - s0
         clock.run()
         for _ in range(3):
             await asyncio.sleep(0)  # handlers that yielded once (none on this path)
     c1 = time.process_time()
+    SPLIT.append(split)
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
@@ -127,14 +133,18 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
         p.connection_made(Transport(sink))  # type: ignore[arg-type]
         protos.append(p)
     c0 = time.process_time()
+    split = 0.0
     for _ in range(rounds):
+        s0 = time.process_time()
         for p in protos:
             p.data_received(raw)
+        split += time.process_time() - s0
         while loop.handle is not None:
             h = loop.handle
             loop.handle = None
             loop.t = max(loop.t, h.when)
             h.cb()
+    SPLIT.append(split)
     return time.process_time() - c0, sink[0]
 
 
@@ -147,23 +157,37 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="requests per connection")
     ap.add_argument("--repeat", type=int, default=3, help="repeats; the median is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--only", choices=["anchor", "llmsim"],
+                    help="run one server only (instruction counting under callgrind)")
     a = ap.parse_args()
     kind = a.kind
     tokens = 16 if kind == "rps" else a.tokens
     rounds = a.rounds or (40 if kind == "rps" else 2)
     unit = "request" if kind == "rps" else "write"
     res: dict[str, list[float]] = {"anchor": [], "llmsim": []}
+    req: dict[str, list[float]] = {"anchor": [], "llmsim": []}
     for _ in range(a.repeat):
-        cpu, writes = anchor_run(kind, a.n, tokens, rounds)
-        res["anchor"].append(1e6 * cpu / (a.n * rounds if kind == "rps" else writes))
+        if a.only != "llmsim":
+            cpu, writes = anchor_run(kind, a.n, tokens, rounds)
+            res["anchor"].append(1e6 * cpu / (a.n * rounds if kind == "rps" else writes))
+            req["anchor"].append(1e6 * SPLIT[-1] / (a.n * rounds))
+        if a.only == "anchor":
+            continue
         cpu, writes = asyncio.run(llmsim_run(kind, a.n, tokens, rounds, a.profile))
         a.profile = False
         res["llmsim"].append(1e6 * cpu / (a.n * rounds if kind == "rps" else writes))
+        req["llmsim"].append(1e6 * SPLIT[-1] / (a.n * rounds))
+    if a.only:
+        return
     med = {k: sorted(v)[len(v) // 2] for k, v in res.items()}
+    rq = {k: sorted(v)[len(v) // 2] for k, v in req.items()}
     print(f"{kind}: {a.n} connections x {rounds} requests"
           + ("" if kind == "rps" else f" x {tokens} tokens"))
-    print(f"  anchor  {med['anchor']:7.2f} us per {unit}")
-    print(f"  llmsim  {med['llmsim']:7.2f} us per {unit}   ({med['llmsim'] / med['anchor']:.2f}x)")
+    extra = {k: "" if kind == "rps" else f"   (of which request in, head out: {rq[k]:.1f} us"
+             " per request)" for k in rq}
+    print(f"  anchor  {med['anchor']:7.2f} us per {unit}{extra['anchor']}")
+    print(f"  llmsim  {med['llmsim']:7.2f} us per {unit}   ({med['llmsim'] / med['anchor']:.2f}x)"
+          f"{extra['llmsim']}")
 
 
 if __name__ == "__main__":

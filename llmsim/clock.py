@@ -168,6 +168,8 @@ class RealClock(Clock):
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = float("inf")
         self._time: Callable[[], float] | None = loop.time if loop is not None else None
+        if loop is not None:
+            self.now = loop.time  # type: ignore[method-assign]  (see now())
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -176,9 +178,12 @@ class RealClock(Clock):
         return self._loop
 
     def now(self) -> float:
-        t = self._time  # the loop's bound ``time`` once known: this is called per event
+        # called per event: once the loop is known, ``now`` becomes the loop's own bound
+        # ``time`` (an instance attribute shadowing this method: one call instead of two)
+        t = self._time
         if t is None:
             t = self._time = self.loop.time
+        self.now = t  # type: ignore[method-assign]
         return t()
 
     def _arm(self) -> None:

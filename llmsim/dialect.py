@@ -11,6 +11,11 @@ layers ask it:
   payload (None: the family has no WebSocket mode);
 - ``is_token(type, data)``: does this event carry one generated token (pacing, TTFT/ITL,
   "fail after N tokens");
+- ``token_types``: when given, exactly the events of these types are token events (then
+  ``is_token`` is derived from it, and the pump checks the type without a call);
+- ``bytes_tokens``: a ``bytes`` payload in this family's plans is always one token's event,
+  already rendered as JSON by the plan (the hot path: the pump frames it with the encoder's
+  ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.flow.Pump`);
 - ``terminals``: the event types that end a stream (a fault due after the last token fires
   before these);
 - ``error_events(err)``: a mid-stream failure as events of the family (chat: the error chunk
@@ -45,7 +50,7 @@ class Dialect:
     once at import; tests may monkeypatch one (e.g. an encoder that fails)."""
 
     __slots__ = ("endpoint", "numbered", "sse", "ws", "is_token", "terminals",
-                 "error_events", "sse_error")
+                 "error_events", "sse_error", "bytes_tokens", "token_types")
 
     def __init__(self, endpoint: str, *, numbered: bool,
                  sse: Callable[[str, Any], bytes],
@@ -53,15 +58,26 @@ class Dialect:
                  error_events: Callable[[APIError], Events],
                  is_token: Callable[[str, Any], bool] = _no_token,
                  terminals: frozenset[str] = frozenset(),
-                 ws: Callable[[str, Any], bytes] | None = None) -> None:
+                 ws: Callable[[str, Any], bytes] | None = None,
+                 bytes_tokens: bool = False,
+                 token_types: frozenset[str] | None = None) -> None:
         self.endpoint = endpoint
         self.numbered = numbered
         self.sse = sse
         self.ws = ws
+        if token_types is not None:
+            if is_token is not _no_token:
+                raise ValueError("give token_types or is_token, not both")
+            types = token_types
+
+            def is_token(etype: str, data: Any) -> bool:
+                return etype in types
+        self.token_types = token_types
         self.is_token = is_token
         self.terminals = terminals
         self.error_events = error_events
         self.sse_error = sse_error
+        self.bytes_tokens = bytes_tokens
 
     def __repr__(self) -> str:
         return f"Dialect({self.endpoint!r})"

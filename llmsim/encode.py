@@ -25,12 +25,17 @@ def sse_chat(etype: str, data: Any) -> bytes:
     return b"data: " + (data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
+sse_chat.bytes_frame = (b"data: ", b"\n\n")  # type: ignore[attr-defined]
+# ``bytes_frame`` (an encoder's declaration): the frame of a ``bytes`` payload is
+# ``prefix + payload + suffix`` whatever its event type (flow.Pump's hot path)
+
+
 def sse_responses(etype: str, data: Any) -> bytes:
     """Responses SSE: ``event: <type>\\ndata: {json}\\n\\n`` (the event line equals data.type)."""
     prefix = _EVENT_PREFIX.get(etype)
     if prefix is None:
         prefix = _EVENT_PREFIX[etype] = b"event: " + etype.encode() + b"\ndata: "
-    return prefix + _dumps(data) + b"\n\n"
+    return prefix + (data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
 def sse_error_chat(err: dict[str, Any], seq: int) -> bytes:
@@ -51,6 +56,9 @@ def sse_error_responses(err: dict[str, Any], seq: int) -> bytes:
 def ws_text(etype: str, data: Any) -> bytes:
     """A WebSocket text frame payload: the event's JSON (UTF-8)."""
     return data if type(data) is bytes else _dumps(data)
+
+
+ws_text.bytes_frame = (b"", b"")  # type: ignore[attr-defined]
 
 
 def chunk(payload: bytes) -> bytes:

@@ -71,7 +71,7 @@ class Pump:
 
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
-                 "_unobserved")
+                 "_unobserved", "_bytes_frame", "_token_types")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -94,6 +94,12 @@ class Pump:
         self._per_write: Callable[[int, float], None] | None = getattr(observer, "per_write",
                                                                        None)
         self._is_token = stream.dialect.is_token
+        self._token_types = stream.dialect.token_types
+        # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
+        # and suffix (both declared: the dialect's ``bytes_tokens``, the encoder's
+        # ``bytes_frame``); None: every payload goes through ``encode``
+        self._bytes_frame: tuple[bytes, bytes] | None = (
+            getattr(encode, "bytes_frame", None) if stream.dialect.bytes_tokens else None)
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
 
     def start(self) -> None:
@@ -133,8 +139,8 @@ class Pump:
     def claim(self) -> int:
         """A sequence number for an event of this stream written now, ahead of the event
         the pump holds until its deadline (:meth:`EventStream.claim`)."""
-        ev = self._pending
-        return self.stream.claim(ev[2] if ev is not None else None)
+        n, self._pending = self.stream.claim_ahead(self._pending)
+        return n
 
     def _fail(self, frames: list[bytes]) -> None:
         """Called from an ``except`` block: end the stream with a terminal error frame."""
@@ -166,92 +172,105 @@ class Pump:
         self._finish("error")
 
     def _tick(self) -> None:
+        """Write what is due, then arm the timer for the next deadline (or end the stream).
+
+        The per-event path of every stream (issue 15): one call per firing, the plan's
+        ``next()``, the encode, one write and one observation per write, one heap push.
+        A payload that is ``bytes`` is one token's JSON rendered by the plan (the dialect's
+        ``bytes_tokens``): it is framed here with the encoder's ``bytes_frame`` prefix and
+        suffix, without an encoder or token-check call."""
         fired = self._timer  # (None when called by start or resume)
         self._timer = None
         if self._done:
             return
         frames: list[bytes] = []
+        tokens = 0  # token events in ``frames`` (observed once per write)
         try:
-            self._step(frames, fired)
-        except Exception:
-            self._fail(frames)
-
-    def _step(self, frames: list[bytes], fired: Timer | None) -> None:
-        sink = self.sink
-        if sink.paused:
-            if self._paused_at is None:
-                self._paused_at = self.clock.now()
-            return
-        clock = self.clock
-        now = clock.now()
-        same = clock.coalesce
-        limit = now + same
-        behind = now - clock.catch_up  # an event due before this is late: catch up
-        stream = self.stream
-        encode = self.encode
-        per_write = self._per_write
-        is_token = self._is_token
-        observer = self.observer if per_write is None else None
-        tokens = 0  # token events in ``frames`` (per_write observation)
-        last = None  # deadline of the last event encoded in this pass
-        try:
+            sink = self.sink
+            if sink.paused:
+                if self._paused_at is None:
+                    self._paused_at = self.clock.now()
+                return
+            clock = self.clock
+            now = clock.now()
+            same = clock.coalesce
+            limit = now + same
+            behind = now - clock.catch_up  # an event due before this is late: catch up
+            pull = self.stream.pull
+            encode = self.encode
+            is_token = self._is_token
+            token_types = self._token_types
+            per_write = self._per_write
+            observer = self.observer if per_write is None else None
+            frame = self._bytes_frame
+            if frame is not None:
+                pre, post = frame
+            last = None  # deadline of the last event encoded in this pass
             while True:
                 ev = self._pending
                 if ev is None:
-                    ev = stream.pull()
+                    ev = pull()
                     if ev is None:
-                        if frames:
-                            self._write(frames, tokens, now)
-                            tokens = 0
-                        self._finish("completed")
-                        return
+                        end: str | None = "completed"
+                        break
                     self._pending = ev  # until written (a failure reports its number)
-                deadline = ev[0]
+                deadline, etype, data = ev
                 # the coalescing rule (Clock.catch_up): a later event joins this write
                 # only when it is due at the same instant as the last one or already late
                 if deadline > limit or (last is not None and deadline - last > same
                                         and deadline >= behind):
-                    if frames:
-                        self._write(frames, tokens, now)
-                        tokens = 0
-                    if not self._done:
-                        self._timer = (clock.call_at(deadline, self._tick)
-                                       if fired is None or not fired.cancelled
-                                       else clock.recall(fired, deadline))
-                    return
-                etype = ev[1]
+                    end = None
+                    break
                 if etype[0] == "_":
                     self._pending = None
-                    if frames:
-                        self._write(frames, tokens, now)
-                        tokens = 0
-                    if etype == DISCONNECT:
-                        sink.abort()
-                        self._finish("disconnect")
-                    elif etype == STOP:
-                        self._finish("stopped")
-                    if self._done:
-                        return
-                    continue  # unknown control items are ignored
-                data = ev[2]
-                frames.append(encode(etype, data))
+                    end = etype
+                    break
+                if frame is not None and type(data) is bytes:  # a token rendered by the plan
+                    frames.append(pre + data + post)
+                    if per_write is not None:
+                        tokens += 1
+                    elif observer is not None:
+                        observer(etype, data, now)
+                else:
+                    frames.append(encode(etype, data))
+                    if per_write is not None:
+                        if (etype in token_types if token_types is not None
+                                else is_token(etype, data)):
+                            tokens += 1
+                    elif observer is not None:
+                        observer(etype, data, now)
                 self._pending = None
                 last = deadline
-                if per_write is not None:
-                    if is_token(etype, data):
-                        tokens += 1
-                elif observer is not None:
-                    observer(etype, data, now)
                 if len(frames) >= MAX_BATCH:
-                    self._write(frames, tokens, now)
-                    tokens = 0
+                    n, tokens = tokens, 0
+                    self._write(frames, n, now)
                     if sink.paused or self._done:
                         if not self._done:
                             self._paused_at = now
                         return
-        except BaseException:
+            if frames:
+                sink.write_events(frames)
+                frames.clear()
+                if tokens:
+                    n, tokens = tokens, 0
+                    per_write(n, now)  # type: ignore[misc]  (tokens > 0: per_write is set)
+            if end is None:
+                if not self._done:
+                    self._timer = (clock.call_at(deadline, self._tick)
+                                   if fired is None or not fired.cancelled
+                                   else clock.recall(fired, deadline))
+            elif end == "completed":
+                self._finish("completed")
+            elif end == DISCONNECT:
+                sink.abort()
+                self._finish("disconnect")
+            elif end == STOP:
+                self._finish("stopped")
+            elif not self._done:
+                self._tick()  # an unknown control item is ignored: carry on
+        except Exception:
             self._unobserved = tokens  # the frames _fail writes still count
-            raise
+            self._fail(frames)
 
     def _write(self, frames: list[bytes], tokens: int, now: float) -> None:
         """Write ``frames`` (then empty the list for reuse) and observe the ``tokens``

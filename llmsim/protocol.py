@@ -142,6 +142,7 @@ _LENGTH = 1  # Content-Length
 _CHUNKED = 2  # Transfer-Encoding: chunked (HTTP/1.1 streams)
 _CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
 _NOBODY = 4  # HEAD, 204, 304: the head alone
+_CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: % (len(data), data)
 
 
 class Phase(enum.Enum):
@@ -680,7 +681,7 @@ class HTTPProtocol(asyncio.Protocol):
             head.append(b"\r\n")
             if data and framing is not _NOBODY:
                 head.append(data if framing is not _CHUNKED
-                            else b"%x\r\n%b\r\n" % (len(data), data))
+                            else _CHUNK % (len(data), data))
                 ex.written += len(data)
             if end and framing is _CHUNKED:
                 head.append(b"0\r\n\r\n")
@@ -696,7 +697,7 @@ class HTTPProtocol(asyncio.Protocol):
             if data and framing is not _NOBODY:
                 ex.written += len(data)
                 if framing is _CHUNKED:
-                    data = b"%x\r\n%b\r\n" % (len(data), data)
+                    data = _CHUNK % (len(data), data)
                     if end:
                         data += b"0\r\n\r\n"
                 tr.write(data)
@@ -708,7 +709,15 @@ class HTTPProtocol(asyncio.Protocol):
 
     # Sink interface for the pump
     def write_events(self, frames: list[bytes]) -> None:
-        self._out(frames[0] if len(frames) == 1 else b"".join(frames))
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        ex = self.exchange
+        if ex is not None and ex.framing is _CHUNKED and self.phase is Phase.STREAMING:
+            # the hot path (one call per event): a chunk of the body whose framing _out
+            # decided with the head, written as _out's body branch writes it
+            ex.written += len(data)
+            self.transport.write(_CHUNK % (len(data), data))  # type: ignore[union-attr]
+        else:
+            self._out(data)
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -9,7 +9,10 @@ lazy generation keeps memory per stream small however long the output is.
 :class:`EventStream` wraps the plan, turns offsets into absolute deadlines anchored at the
 stream's start (so delays never accumulate lateness), and, when its
 :class:`~llmsim.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
-every event in the order the transport will emit them. It is the only place that decides a
+every event in the order the transport will emit them. A payload is a dict, or ``bytes``: an
+object the plan rendered itself (the per-token hot path); in a numbering dialect such bytes
+stop just before the ``sequence_number`` value (they end with ``"sequence_number":``) and the
+stream appends the number and the closing brace. It is the only place that decides a
 sequence number: a resumed stream starts at ``first_seq``, an out-of-band event that belongs to
 the stream (a WebSocket error or steer answer) takes :meth:`EventStream.claim`, and a replay
 counts events with :func:`numbered` (the same rule). The same EventStream feeds SSE (HTTP) and
@@ -48,8 +51,14 @@ Plan = Iterable[PlanItem]
 
 def numbered(etype: str, data: Any) -> bool:
     """Does this plan event take a sequence number (in a numbering dialect)? Every event the
-    client sees (not a control type) whose payload is an object."""
-    return etype[0] != "_" and type(data) is dict
+    client sees (not a control type) whose payload is an object: a dict, or ``bytes`` (an
+    object rendered by the plan, see :class:`EventStream`)."""
+    return etype[0] != "_" and (type(data) is dict or type(data) is bytes)
+
+
+def _stamped(data: bytes, seq: int) -> bytes:
+    """A pre-rendered event (JSON cut just before its ``sequence_number`` value) numbered."""
+    return data + b"%d}" % seq
 
 
 class EventStream:
@@ -57,12 +66,13 @@ class EventStream:
     numbers events (see the module doc)."""
 
     __slots__ = ("_it", "dialect", "model", "id", "usage", "fail", "seq", "start", "deadline",
-                 "finished", "on_event", "_numbered")
+                 "finished", "on_event", "_numbered", "_observed")
 
     def __init__(self, plan: Plan, dialect: Dialect, *, model: str | None = None,
                  id: str | None = None, usage: Usage | None = None,
                  fail: Callable[[APIError], Events] | None = None,
                  on_event: Callable[[str, Any], None] | None = None,
+                 observed: frozenset[str] | None = None,
                  first_seq: int = 0) -> None:
         self._it: Iterator[PlanItem] = iter(plan)
         self.dialect = dialect
@@ -75,7 +85,8 @@ class EventStream:
         self.start: float | None = None
         self.deadline = 0.0
         self.finished = False
-        self.on_event = on_event  # observes every event as it is pulled (e.g. a store)
+        self.on_event = on_event  # observes events as they are pulled (e.g. a store) …
+        self._observed = observed  # … of these types only (None: every event)
 
     def claim(self, unsent: Any = None) -> int:
         """A sequence number for an event of this stream sent now, outside its plan (a
@@ -90,6 +101,18 @@ class EventStream:
             n = unsent["sequence_number"]
             unsent["sequence_number"] = n + 1
         return n
+
+    def claim_ahead(self, unsent: PlanItem | None) -> tuple[int, PlanItem | None]:
+        """:meth:`claim` ahead of ``unsent``, the ``(deadline, type, data)`` pulled but not
+        yet written: returns the number and ``unsent`` as it must now be written (a
+        pre-rendered event cannot be renumbered in place: it comes back re-rendered)."""
+        if unsent is None or type(unsent[2]) is not bytes or not self._numbered:
+            return self.claim(unsent[2] if unsent is not None else None), unsent
+        data = unsent[2]
+        cut = data.rindex(b":") + 1  # (the number and the brace _stamped appended)
+        n = int(data[cut:-1])
+        self.seq += 1
+        return n, (unsent[0], unsent[1], _stamped(data[:cut], n + 1))
 
     def begin(self, now: float) -> None:
         """Anchor the schedule at ``now`` (the moment the stream is handed to a transport)."""
@@ -111,10 +134,15 @@ class EventStream:
             self.finished = True
             return None
         self.deadline += offset
-        if self._numbered and etype[0] != "_" and type(data) is dict:  # numbered(), inlined
-            data["sequence_number"] = self.seq
-            self.seq += 1
-        if self.on_event is not None and etype[0] != "_":
+        if self._numbered and etype[0] != "_":  # numbered(), inlined
+            if type(data) is dict:
+                data["sequence_number"] = self.seq
+                self.seq += 1
+            elif type(data) is bytes:
+                data = _stamped(data, self.seq)
+                self.seq += 1
+        if self.on_event is not None and etype[0] != "_" and (
+                self._observed is None or etype in self._observed):
             self.on_event(etype, data)
         return self.deadline, etype, data
     def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]]) -> None:

@@ -217,13 +217,18 @@ class Collect:
         pass
 
 
+def _event(data: Any) -> dict[str, Any]:
+    """A plan event's payload as the client reads it (token deltas come pre-rendered)."""
+    return orjson.loads(data) if type(data) is bytes else data
+
+
 def _pump(app: App, res: StreamResponse) -> tuple[list[tuple[float, int, str]],
                                                   asyncio.Future[str]]:
     seen: list[tuple[float, int, str]] = []
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     pump = Pump(res.stream, app.clock, lambda t, d: b"", Collect(),
                 on_done=lambda r: done.done() or done.set_result(r),
-                observer=lambda t, d, now: seen.append((now, d["sequence_number"], t)))
+                observer=lambda t, d, now: seen.append((now, _event(d)["sequence_number"], t)))
     pump.start()
     return seen, done
 

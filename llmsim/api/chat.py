@@ -673,7 +673,7 @@ def error_events(err: APIError) -> list[tuple[str, Any]]:
 CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
                sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
                error_events=error_events, is_token=is_token_event,
-               terminals=frozenset({"done"}))
+               terminals=frozenset({"done"}), bytes_tokens=True)
 """Chat Completions on the wire: ``chat.completion.chunk`` SSE, no sequence numbers,
 ``[DONE]`` at the end, no WebSocket mode."""
 

@@ -56,11 +56,6 @@ TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_
                           "response.reasoning_summary_text.delta"))
 
 
-def is_token_event(etype: str, data: Any) -> bool:
-    """An event that carries one generated token (text, summary or tool-call argument)."""
-    return etype in TOKEN_EVENTS
-
-
 def _error_events(err: APIError) -> list[tuple[str, Any]]:
     """A mid-stream failure of a stream with no response record: the ``error`` event (a
     response's own stream reports ``response.failed`` instead, :meth:`Record.failed`)."""
@@ -70,11 +65,13 @@ def _error_events(err: APIError) -> list[tuple[str, Any]]:
 
 RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
                     sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
-                    error_events=_error_events, is_token=is_token_event,
+                    error_events=_error_events, token_types=TOKEN_EVENTS,
                     terminals=frozenset({"response.completed", "response.incomplete",
                                          "response.failed", "error"}))
 """The Responses API on the wire: named SSE events or WebSocket JSON frames, every event
 numbered by the stream."""
+is_token_event = RESPONSES.is_token
+"""An event that carries one generated token (text, summary or tool-call argument)."""
 
 
 def _not_found(rid: str) -> APIError:
@@ -246,7 +243,8 @@ def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
             first_seq: int = 0, observe: bool = False) -> EventStream:
     """A stream of this response's events (live, background or a replay from ``first_seq``)."""
     return EventStream(plan, RESPONSES, model=model, id=rec.id, usage=rec.out.counts, fail=rec.failed,
-                       on_event=rec.observe if observe else None, first_seq=first_seq)
+                       on_event=rec.observe if observe else None, observed=Record.OBSERVED,
+                       first_seq=first_seq)
 
 
 def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:

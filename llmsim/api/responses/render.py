@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+import orjson
+
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.rng import new_id
 from .parse import RespRequest
@@ -234,6 +236,12 @@ def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> d
             key: item.arguments if done else "", "call_id": item.call_id, "name": item.name}
 
 
+_dumps = orjson.dumps
+_TEXT_DELTA = b'{"type":"response.output_text.delta","item_id":%b,"output_index":%d,' \
+    b'"content_index":0,"delta":'
+_TEXT_DELTA_END = b',"logprobs":[],"sequence_number":'
+
+
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
          warmup: bool = False) -> Iterator[PlanItem]:
     """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
@@ -308,11 +316,16 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
             lps = item.logprobs
-            for k, p in enumerate(item.pieces):
+            if lps is None:  # the hot path: each delta rendered around the token's JSON,
+                # the bytes the dict below gives, numbered by the stream (stream.EventStream)
+                pre = _TEXT_DELTA % (_dumps(rid), idx)
+                for p in item.pieces:
+                    yield next(gaps, 0.0), "response.output_text.delta", \
+                        pre + _dumps(p) + _TEXT_DELTA_END
+            for k, p in enumerate(item.pieces if lps is not None else ()):
                 yield next(gaps, 0.0), "response.output_text.delta", {
                     "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
-                    "content_index": 0, "delta": p,
-                    "logprobs": [lps[k]] if lps is not None else []}
+                    "content_index": 0, "delta": p, "logprobs": [lps[k]]}
             text = item.text
             yield 0.0, "response.output_text.done", {
                 "type": "response.output_text.done", "item_id": rid, "output_index": idx,

@@ -125,7 +125,7 @@ class Record:
     """One response's state (stored, WebSocket-cached, or only live while streaming)."""
 
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
-                 "stream", "pump", "emitted", "cancel_seq", "failed_event", "done_output",
+                 "stream", "pump", "cancel_seq", "failed_event", "done_output",
                  "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
                  "nbytes", "refs")
 
@@ -146,7 +146,6 @@ class Record:
         self.background = background
         self.stream: EventStream | None = None  # the live stream (its schedule anchors replays)
         self.pump: Pump | None = None  # background only
-        self.emitted = 0  # events the live stream has sent
         self.cancel_seq: int | None = None
         self.failed_event: dict[str, Any] | None = None
         self.done_output: list[Item] = []
@@ -211,13 +210,21 @@ class Record:
         return items
 
     # -- the live stream reports here ---------------------------------------------------------
+    # the event types :meth:`observe` acts on (the live stream calls it for these only: not
+    # once per token)
+    OBSERVED = frozenset(("response.output_item.done", "response.in_progress",
+                          "response.completed", "response.incomplete", "response.failed"))
+
+    @property
+    def emitted(self) -> int:
+        """Events the live stream has numbered (pulled for sending) so far."""
+        return self.stream.seq if self.stream is not None else 0
+
     def observe(self, etype: str, data: Any) -> None:
-        """Every event of the live stream, as it is sent (updates status/output/terminal)."""
+        """The live stream's events of the :data:`OBSERVED` types, as they are sent
+        (updates status/output/terminal)."""
         if type(data) is not dict:
             return
-        seq = data.get("sequence_number")
-        if type(seq) is int:
-            self.emitted = seq + 1
         if etype == "response.output_item.done":
             self.done_output.append(data["item"])
         elif etype == "response.in_progress":

@@ -1,0 +1,116 @@
+"""Pre-rendered token events (issue 15's per-token hot path): a plan may yield a token's
+event as ``bytes`` it rendered itself instead of a dict. These tests pin that the bytes are
+exactly what the dict path would put on the wire, that the stream numbers them like dicts,
+that an out-of-band claim renumbers a held one, and that the pump counts them as tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from llmsim import encode
+from llmsim.api.chat import CHAT
+from llmsim.api.responses import RESPONSES
+from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
+from llmsim.clock import FakeClock
+from llmsim.flow import Pump
+from llmsim.stream import EventStream, numbered
+
+TOKENS = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", ""]
+
+
+def _delta_dict(rid: str, idx: int, piece: str, seq: int) -> dict[str, Any]:
+    return {"type": "response.output_text.delta", "item_id": rid, "output_index": idx,
+            "content_index": 0, "delta": piece, "logprobs": [], "sequence_number": seq}
+
+
+def test_text_delta_bytes_equal_the_dict_rendering() -> None:
+    rid = 'msg_"odd%id'
+    plan = [(0.0, "response.output_text.delta",
+             (_TEXT_DELTA % (orjson.dumps(rid), 3)) + orjson.dumps(p) + _TEXT_DELTA_END)
+            for p in TOKENS]
+    stream = EventStream(iter(plan), RESPONSES, first_seq=7)
+    got = stream.drain()
+    assert [numbered(t, d) for _, t, d in plan] == [True] * len(plan)
+    for k, ((etype, data), piece) in enumerate(zip(got, TOKENS, strict=True)):
+        want = _delta_dict(rid, 3, piece, 7 + k)
+        assert data == orjson.dumps(want)
+        assert encode.sse_responses(etype, data) == encode.sse_responses(etype, want)
+        assert encode.ws_text(etype, data) == encode.ws_text(etype, want)
+    assert stream.seq == 7 + len(TOKENS)
+
+
+def test_claim_ahead_renumbers_a_held_prerendered_event() -> None:
+    pre = _TEXT_DELTA % (b'"msg_1"', 0)
+    stream = EventStream(iter([(0.0, "response.output_text.delta",
+                                pre + b'"a"' + _TEXT_DELTA_END)]), RESPONSES, first_seq=41)
+    held = stream.pull()
+    assert held is not None and orjson.loads(held[2])["sequence_number"] == 41
+    n, held2 = stream.claim_ahead(held)
+    assert n == 41 and held2 is not None and held2[:2] == held[:2]
+    assert orjson.loads(held2[2])["sequence_number"] == 42
+    assert orjson.loads(held2[2])["delta"] == "a"
+    assert stream.seq == 43  # the next event continues after the renumbered one
+    # a dict is renumbered in place, as before
+    d = {"type": "x", "sequence_number": 5}
+    stream2 = EventStream(iter([]), RESPONSES, first_seq=5)
+    stream2.seq = 6
+    n2, same = stream2.claim_ahead((0.0, "x", d))
+    assert n2 == 5 and same is not None and same[2] is d and d["sequence_number"] == 6
+    # nothing held: the next number
+    assert stream2.claim_ahead(None) == (7, None)
+
+
+class Sink:
+    paused = False
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write_events(self, frames: list[bytes]) -> None:
+        self.frames.extend(frames)
+
+    def abort(self) -> None:
+        pass
+
+
+async def test_pump_frames_and_counts_prerendered_tokens() -> None:
+    """Chat's bytes payloads are framed with the encoder's ``bytes_frame`` (no encoder call)
+    and counted as tokens; the same stream through the encoder gives the same bytes."""
+    clock = FakeClock(start=0.0)
+    plan = [(0.1, "chunk", {"choices": [{"delta": {"role": "assistant"}}]}),
+            *[(0.01, "chunk", b'{"t":%d}' % i) for i in range(5)], (0.0, "done", None)]
+    counted: list[int] = []
+
+    def observe(etype: str, data: Any, now: float) -> None:
+        raise AssertionError("per_write is used")
+
+    observe.per_write = lambda n, now: counted.append(n)  # type: ignore[attr-defined]
+    sink = Sink()
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    p = Pump(EventStream(iter(plan), CHAT), clock, encode.sse_chat, sink,
+             on_done=done.set_result, observer=observe)
+    p.start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    assert sink.frames == [encode.sse_chat(t, d) for _, t, d in plan]
+    assert sum(counted) == 5
+
+
+async def test_pump_without_bytes_frame_encodes_bytes_through_the_encoder() -> None:
+    """An encoder that declares no ``bytes_frame`` still gets every bytes payload."""
+    clock = FakeClock(start=0.0)
+    seen: list[Any] = []
+
+    def enc(etype: str, data: Any) -> bytes:
+        seen.append(data)
+        return b"x"
+
+    sink = Sink()
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    p = Pump(EventStream(iter([(0.0, "chunk", b"{}"), (0.0, "done", None)]), CHAT), clock,
+             enc, sink, on_done=done.set_result)
+    p.start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    assert seen == [b"{}", None] and sink.frames == [b"x", b"x"]
