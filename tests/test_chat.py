@@ -398,3 +398,41 @@ def test_request_work_is_bounded(srv):
     assert err["param"] == "n" and err["code"] == "request_too_large"
     assert post(srv, {"model": "gpt-4o", "messages": MSG, "n": 32, "max_tokens": 16384}
                 ).status == 200
+
+
+def _parse(app, body):
+    import asyncio
+
+    from llmsim.api import chat
+    from llmsim.messages import Request
+    req = Request("POST", URL, {}, {}, orjson.dumps(body), "req_x")
+    return asyncio.run(chat.parse(req, app))
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"max_tokens": 7}, {"max_completion_tokens": 9, "n": 2, "stream": True},
+    {"temperature": 0.5, "top_p": 0.9, "seed": 3, "user": "u"}])
+def test_plain_body_parses_as_the_full_path(extra):
+    """A body of plain fields only skips the other fields' validation (chat.PLAIN_FIELDS):
+    it must parse to what the full path gives (forced here by a field at its default)."""
+    from dataclasses import astuple
+
+    from llmsim import Config
+    from llmsim.api import chat
+    from llmsim.app import App
+    app = App(Config(quiet=True))
+    body = {"model": "gpt-4o", "messages": MSG, **extra}
+    assert set(body) <= chat.PLAIN_FIELDS
+    plain = _parse(app, body)
+    full = _parse(app, {**body, "parallel_tool_calls": True})
+    assert astuple(plain)[1:] == astuple(full)[1:]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "gpt-4o", "messages": MSG, "seed": "x"}, "seed"),
+    ({"model": "gpt-4o", "messages": MSG, "user": 5}, "user"),
+    ({"model": "gpt-4o", "messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_plain_body_fields_are_validated(srv, body, param):
+    r = post(srv, body)
+    assert r.status == 400 and r.json()["error"]["param"] == param

@@ -306,6 +306,13 @@ _IGNORED_CHECKS: dict[str, Any] = {
 }
 
 
+# The fields of a plain request (a model, its messages, a limit, the sampling knobs and the
+# ignored seed and user). A body with no other key skips the validation of the rest, each of
+# which would only return its default (hot path; one subset check decides it).
+PLAIN_FIELDS = frozenset(("model", "messages", "max_tokens", "max_completion_tokens", "stream",
+                          "n", "temperature", "top_p", "seed", "user"))
+
+
 async def parse(req: Request, app: App) -> ChatRequest:
     """Validate a Chat Completions body; raise APIError naming the first bad parameter.
 
@@ -320,6 +327,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
     if not messages:
         raise E.empty_array.at("messages", min_len=1)
     _check_messages(messages)
+    rare = not PLAIN_FIELDS.issuperset(body)  # False: every block under `if rare` is a no-op
     stream, include_usage = stream_flags(v)
     n = v.int("n", 1, lo=1, hi=128) or 1
     reasoning = profile.reasoning
@@ -332,7 +340,8 @@ async def parse(req: Request, app: App) -> ChatRequest:
         elif key not in KNOWN_FIELDS and key not in SERVER_EXTENSIONS:
             raise E.unrecognized_argument.at(key=key)
     service_tier = v.str("service_tier", None,
-                         choices=("auto", "default", "flex", "scale", "priority"))
+                         choices=("auto", "default", "flex", "scale", "priority")) \
+        if rare else None
     max_tokens = v.int("max_tokens", None, lo=1)
     max_completion = v.int("max_completion_tokens", None, lo=1)
     if reasoning:
@@ -348,23 +357,63 @@ async def parse(req: Request, app: App) -> ChatRequest:
     if limit is not None and limit > profile.max_output_tokens:
         raise E.limit_too_large.at(limit_param, limit=limit, max=profile.max_output_tokens,
                                    unit="completion")
-    min_tokens = min_tokens_of(v, limit, limit_param, profile)
-    stops = list(stop_list(body))
-    logprobs = bool(v.bool("logprobs", False))
-    top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
-    if top_logprobs is not None and not logprobs:
-        raise E.top_logprobs_without_logprobs.at("top_logprobs")
-    if logprobs and reasoning:
-        raise unsupported("logprobs", model)
-    effort = v.str("reasoning_effort", None,
-                   choices=("none", "minimal", "low", "medium", "high", "xhigh"))
-    if effort is not None:
-        if not reasoning:
-            raise unsupported("reasoning_effort", model)
-        if effort not in profile.efforts:
-            raise E.unsupported_value.at("reasoning_effort", value=effort,
-                                         allowed=quoted(profile.efforts))
-    schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
+    min_tokens = 0
+    stops: list[str] = []
+    logprobs = False
+    top_logprobs: int | None = None
+    effort: str | None = None
+    tools: list[dict[str, Any]] = []
+    tool_choice: Any = None
+    parallel: bool | None = True
+    rf: dict[str, Any] | None = None
+    if rare:
+        min_tokens = min_tokens_of(v, limit, limit_param, profile)
+        stops = list(stop_list(body))
+        logprobs = bool(v.bool("logprobs", False))
+        top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
+        if top_logprobs is not None and not logprobs:
+            raise E.top_logprobs_without_logprobs.at("top_logprobs")
+        if logprobs and reasoning:
+            raise unsupported("logprobs", model)
+        effort = v.str("reasoning_effort", None,
+                       choices=("none", "minimal", "low", "medium", "high", "xhigh"))
+        if effort is not None:
+            if not reasoning:
+                raise unsupported("reasoning_effort", model)
+            if effort not in profile.efforts:
+                raise E.unsupported_value.at("reasoning_effort", value=effort,
+                                             allowed=quoted(profile.efforts))
+        tools, tool_choice, parallel, rf = _check_tooling(v, body, messages)
+    enc = profile.encoding
+    cw = profile.context_window
+    # counted up to what can fit: a prompt that cannot is refused without tokenizing it whole
+    prompt_tokens = await paced(chat_prompt_steps(messages, tools or None, enc,
+                                                  cap=cw - (limit or 0)))
+    if prompt_tokens + (limit or 0) > cw:
+        # the real API's two wordings; "at least" when counting stopped at what could fit
+        least = "at least " if type(prompt_tokens) is tok.Bound else ""
+        if limit:
+            raise E.context_chat_completion.at("messages", window=cw, least=least,
+                                               total=prompt_tokens + limit,
+                                               prompt=prompt_tokens, completion=limit)
+        raise E.context_chat_messages.at("messages", window=cw, least=least,
+                                         prompt=prompt_tokens)
+    per_choice = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=prompt_tokens)
+    raised = limit is None and min_tokens > app.config.output_tokens_max  # min_tokens drives it
+    check_request_work(n, per_choice, (top_logprobs or 0) if logprobs else 0,
+                       param="min_tokens" if raised and min_tokens == per_choice else "n")
+    ignore_eos = bool(v.bool("ignore_eos", False)) if rare else False
+    return ChatRequest(body, profile, model, messages, n, stream, include_usage, limit, stops,
+                       tools, tool_choice, bool(parallel), rf, logprobs, top_logprobs or 0,
+                       (effort or profile.default_effort) if reasoning else None,
+                       prompt_tokens, service_tier, ignore_eos, min_tokens)
+
+
+def _check_tooling(v: V, body: dict[str, Any], messages: list[dict[str, Any]]
+                   ) -> tuple[list[dict[str, Any]], Any, bool | None, dict[str, Any] | None]:
+    """``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``, in that
+    order (their schemas share one work bound, llmsim.sim.schema)."""
+    schema_work = sch.Work()
     tools = _check_tools(v.list("tools", []) or [], schema_work)
     names = {_tool_name(t) for t in tools}
     tool_choice = body.get("tool_choice")
@@ -411,32 +460,7 @@ async def parse(req: Request, app: App) -> ChatRequest:
         if rtype == "json_object" and not any(
                 "json" in content_text(m.get("content"))[0].lower() for m in messages):
             raise E.json_word_required.at("messages")
-    enc = profile.encoding
-    cw = profile.context_window
-    # counted up to what can fit: a prompt that cannot is refused without tokenizing it whole
-    prompt_tokens = await paced(chat_prompt_steps(messages, tools or None, enc,
-                                                  cap=cw - (limit or 0)))
-    if prompt_tokens + (limit or 0) > cw:
-        # the real API's two wordings; "at least" when counting stopped at what could fit
-        least = "at least " if type(prompt_tokens) is tok.Bound else ""
-        if limit:
-            raise E.context_chat_completion.at("messages", window=cw, least=least,
-                                               total=prompt_tokens + limit,
-                                               prompt=prompt_tokens, completion=limit)
-        raise E.context_chat_messages.at("messages", window=cw, least=least,
-                                         prompt=prompt_tokens)
-    per_choice = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=prompt_tokens)
-    raised = limit is None and min_tokens > app.config.output_tokens_max  # min_tokens drives it
-    check_request_work(n, per_choice, (top_logprobs or 0) if logprobs else 0,
-                       param="min_tokens" if raised and min_tokens == per_choice else "n")
-    return ChatRequest(
-        body=body, profile=profile, model=model, messages=messages, n=n, stream=stream,
-        include_usage=include_usage, limit=limit, stops=stops, tools=tools,
-        tool_choice=tool_choice, parallel_tool_calls=bool(parallel), response_format=rf,
-        logprobs=logprobs, top_logprobs=top_logprobs or 0,
-        effort=(effort or profile.default_effort) if reasoning else None,
-        prompt_tokens=prompt_tokens, service_tier=service_tier,
-        ignore_eos=bool(v.bool("ignore_eos", False)), min_tokens=min_tokens)
+    return tools, tool_choice, parallel, rf
 
 
 def stop_list(body: dict[str, Any]) -> tuple[str, ...]:
