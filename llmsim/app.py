@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["App"]
 
 log = logging.getLogger("llmsim")
+LATENCY_CACHE = 1024  # latency models kept (App.latency)
 
 # A hook runs before the handler; it may return a Result (e.g. an injected fault) or raise
 # APIError (auth, rate limit) to answer instead of the handler.
@@ -79,6 +80,7 @@ class App:
                                  served=self.config.served_model_name)
         self.script = Script(load_script(self.config.script) if self.config.script else None)
         self.router = Router()
+        self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
         self.stats = Stats()
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []
@@ -156,9 +158,18 @@ class App:
         return decide(ask, self.config, rng, lat)
 
     def latency(self, profile: ModelProfile) -> Latency:
+        """The latency model of ``profile`` under this app's config (a value: built once per
+        profile and config, ``LATENCY_CACHE`` of them)."""
         c = self.config
-        return Latency(profile, instant=c.latency == "instant", fixed_ttft_ms=c.ttft_ms,
-                       fixed_itl_ms=c.itl_ms)
+        hit = self._latency.get(profile.id)
+        if hit is not None and hit[0] is c and hit[1].profile is profile:
+            return hit[1]
+        lat = Latency(profile, instant=c.latency == "instant", fixed_ttft_ms=c.ttft_ms,
+                      fixed_itl_ms=c.itl_ms)
+        if len(self._latency) >= LATENCY_CACHE:  # (bounded: model names come from clients)
+            self._latency.clear()
+        self._latency[profile.id] = (c, lat)
+        return lat
 
     # -- dispatch --------------------------------------------------------------------------
     def resolve(self, req: Request) -> tuple[Route, dict[str, str]]:
