@@ -409,7 +409,12 @@ class HTTPProtocol(asyncio.Protocol):
         headers = ex.headers
         te = cl = False
         length = b""
-        for name, value in ev.headers:
+        # (h11's own (raw name, name, value) list when it has one: its Sequence view costs
+        # ~0.3 µs a header through collections.abc)
+        items = getattr(ev.headers, "_full_items", None)
+        if items is None:
+            items = [(name, name, value) for name, value in ev.headers]
+        for _raw, name, value in items:
             size += len(name) + len(value) + 4
             k = name.decode("latin-1")
             v = value.decode("latin-1")
