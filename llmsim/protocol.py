@@ -468,10 +468,9 @@ class HTTPProtocol(asyncio.Protocol):
         parts = ex.body
         body = b"".join(parts) if len(parts) != 1 else parts[0]
         ex.body = []
-        req = Request(method=ev.method.decode("ascii"), path=path,
-                      query=parse_qs(qs, keep_blank_values=True) if qs else {},
-                      headers=headers, body=body, request_id=ex.rid, client=self.peer,
-                      received_at=self.app.clock.now())
+        req = Request.http(ev.method.decode("ascii"), path,
+                           parse_qs(qs, keep_blank_values=True) if qs else {}, headers, body,
+                           ex.rid, self.peer, self.app.clock.now())
         self.app.stats.request_open()
         ex.counted = True
         if headers.get("upgrade", "").lower() == "websocket" and not ex.ambiguous:

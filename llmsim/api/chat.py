@@ -719,8 +719,10 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,
                              usage=decision.usage)
         return StreamResponse(stream, usage=decision.usage)
-    await deliver_after(app, cr.model, out.total_time())
-    return JSONResponse(completion_json(cr, out), model=cr.model, usage=decision.usage)
+    wait = out.total_time()
+    if wait > 0:  # (instant: no coroutine to run)
+        await deliver_after(app, cr.model, wait)
+    return JSONResponse(completion_json(cr, out), 200, [], cr.model, decision.usage)
 
 
 def register(app: App) -> None:
