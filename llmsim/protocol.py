@@ -380,6 +380,10 @@ class HTTPProtocol(asyncio.Protocol):
                 self._protocol_error(exc)
                 return
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
+                if self.phase is Phase.READING and self._timer_kind != "body":
+                    # a head whose body is still to come: the body deadline, from now (armed
+                    # here, not with the head, so a request that arrived whole arms none)
+                    self._arm("body", self.cfg.header_timeout_s)
                 return
             t = type(ev)
             if t is h11.Request:
@@ -440,7 +444,6 @@ class HTTPProtocol(asyncio.Protocol):
             ex.ambiguous = True
         if self.conn.they_are_waiting_for_100_continue:
             self._out(status=100)
-        self._arm("body", self.cfg.header_timeout_s)
 
     def _too_large(self) -> None:
         err = E.body_too_large.at(limit=self.cfg.max_body_bytes)

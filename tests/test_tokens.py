@@ -495,3 +495,16 @@ def test_short_count_cache_is_bounded(monkeypatch):
     for i in range(50):
         assert T.count_tokens(f"w{i}") >= 1
     assert len(T._short_counts) <= 8
+
+
+def test_draw_length_draws_as_lognormvariate():
+    import math
+
+    from llmsim.sim import text as txt
+    for seed in range(500):
+        for mean, sigma in ((200.0, 0.5), (5.3, 1.2), (900.0, 0.05)):
+            a, b = Random(seed), Random(seed)
+            mu = math.log(mean) - sigma * sigma / 2.0
+            want = int(min(4096, max(1, round(b.lognormvariate(mu, sigma)))))
+            assert txt.draw_length(a, mean, sigma, 1, 4096) == want
+            assert a.getstate() == b.getstate()

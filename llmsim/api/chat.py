@@ -145,6 +145,7 @@ class ChatOut:
 # ------------------------------------------------------------------------------------------
 
 def _check_messages(messages: list[Any]) -> None:
+    turns = False  # a tool message or a tool call: the ordering rules apply
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -182,17 +183,21 @@ def _check_messages(messages: list[Any]) -> None:
         elif not isinstance(content, str):
             raise E.invalid_type_got.at(f"{p}.content", got=got(content),
                                         expected="one of a string or array of objects")
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            raise missing(f"{p}.tool_call_id")
+        if role == "tool":
+            turns = True
+            if not isinstance(m.get("tool_call_id"), str):
+                raise missing(f"{p}.tool_call_id")
         tcs = m.get("tool_calls")
         if tcs is not None:
+            turns = True
             if role != "assistant" or not isinstance(tcs, list):
                 raise E.invalid_param.at(f"{p}.tool_calls")
             for j, tc in enumerate(tcs):
                 if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict) \
                         or not isinstance(tc.get("id"), str):
                     raise E.invalid_tool_call.at(f"{p}.tool_calls[{j}]")
-    _check_tool_turns(messages)
+    if turns:  # (without either, no rule can be broken)
+        _check_tool_turns(messages)
 
 
 def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
