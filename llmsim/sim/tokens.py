@@ -47,6 +47,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Generator, Iterator
+from operator import is_
 from typing import Any, TypeVar
 
 __all__ = [
@@ -551,6 +552,7 @@ CAP_WORDS: tuple[str, ...] = tuple(" " + w for w in FIRST_WORDS)
 PUNCT: tuple[str, ...] = (",", ".")
 
 _COMMA_PROB = 0.1
+_WORD_INDEX = {w: i for i, w in enumerate(WORDS)}
 _OPENERS = 35  # FIRST_WORDS and CAP_WORDS (lorem_pieces draws an index below this, 6 bits)
 assert len(FIRST_WORDS) == len(CAP_WORDS) == _OPENERS
 
@@ -571,8 +573,8 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
     # same RNG state, same state afterwards), inlined as CPython's ``random`` module
     # makes them: ``randint``/``choice`` are ``_randbelow`` (``getrandbits`` of the
     # bound's bit length, redrawn while too large), ``choices`` is
-    # ``floor(random() * len)``. Words are drawn as indices, so an adjacent repeat is
-    # replaced by the next word without a lookup.
+    # ``floor(random() * len)``. An adjacent repeat (the same string object) is replaced
+    # by the next word.
     out: list[str] = []
     rand = rng.random
     bits = rng.getrandbits
@@ -585,14 +587,11 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
         while r >= 13:
             r = bits(4)
         length = 6 + r
-        prev = -1
-        body = []
-        for _ in range(length - 2):
-            i = int(rand() * fwords)
-            if i == prev:
-                i = (i + 1) % nwords
-            prev = i
-            body.append(words[i])
+        body = [words[int(rand() * fwords)] for _ in range(length - 2)]
+        if any(map(is_, body, body[1:])):  # (rare: a word drawn twice in a row)
+            for i in range(1, length - 2):
+                if body[i] is body[i - 1]:
+                    body[i] = words[(_WORD_INDEX[body[i]] + 1) % nwords]
         if rand() < _COMMA_PROB * (length - 4):
             # a comma after the opener's first word at the earliest, never last
             m = length - 4  # randint(1, m): 1 + _randbelow(m)
