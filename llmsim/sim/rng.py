@@ -45,9 +45,8 @@ def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> ra
         canon = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     except TypeError:
         canon = repr(body).encode()
-    h = hashlib.blake2b(f"{seed}|{path}|{salt}|".encode(), digest_size=16)
-    h.update(canon)
-    return seeded(int.from_bytes(h.digest(), "little"))
+    digest = _blake2b(f"{seed}|{path}|{salt}|".encode() + canon, digest_size=16).digest()
+    return seeded(int.from_bytes(digest, "little"))
 
 
 def seeded(seed: int) -> random.Random:
@@ -59,6 +58,7 @@ def seeded(seed: int) -> random.Random:
     return r
 
 
+_blake2b = hashlib.blake2b
 _new = random.Random.__new__
 _c_seed: Any = random.Random.__mro__[1].seed  # type: ignore[attr-defined]  # _random's
 
