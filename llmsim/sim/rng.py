@@ -10,7 +10,7 @@ from a separate source so identical requests can still be stored side by side.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import os
 import random
@@ -73,6 +73,8 @@ def derive(rng: random.Random, label: str) -> random.Random:
 _UNSEEDED = random.Random()
 _ID_RNG = random.Random()  # ids: unique, never part of a seeded answer  # shared by every unseeded request (runs vary, as documented)
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_b64 = binascii.b2a_base64
+_ALT_AB = bytes.maketrans(b"+/", b"Ab")  # ids are alphanumeric: "+" -> "A", "/" -> "b"
 
 
 def _reseed_after_fork() -> None:
@@ -95,6 +97,7 @@ def new_id(prefix: str, length: int = 24) -> str:
     """A unique id like the real API's: ``chatcmpl-…``, ``resp_…``, ``msg_…``, ``call_…``."""
     if length == 24:  # the common case: 144 random bits as 24 alphanumerics, no syscall
         raw = _ID_RNG.getrandbits(144).to_bytes(18, "little")
-        return prefix + base64.b64encode(raw, b"Ab").decode()
+        # base64.b64encode(raw, b"Ab") without its per-call translation table
+        return prefix + _b64(raw, newline=False).translate(_ALT_AB).decode()
     raw = os.urandom(length)
     return prefix + "".join(_ALNUM[b % 62] for b in raw)
