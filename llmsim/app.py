@@ -131,12 +131,22 @@ class App:
             raise E.model_not_supported.at(param, model=name, what=what)
         return prof
 
+    def answer_now(self, ask: Ask, rng: random.Random, lat: Latency) -> Decision | None:
+        """:meth:`answer` when it has nothing to await, without a coroutine (hot path): with
+        no script rules, the simulation; None when a rule may apply (await :meth:`answer`)."""
+        if self.script.rules:
+            return None
+        return decide(ask, self.config, rng, lat)
+
     async def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
                lat: Latency, response_id: str | None = None) -> Decision:
         """The answer to ``ask``: a scripted turn when a script rule matches (its error or
         status fault raised, its mid-stream fault left for the stream hook), else the
         simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this. With
         ``--state`` the script's cursors are shared by the replicas (in Redis)."""
+        now = self.answer_now(ask, rng, lat)
+        if now is not None:
+            return now
         script = self.script
         if script.rules:
             kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,

@@ -366,3 +366,14 @@ def test_one_generator_per_request_and_the_first_choice_whatever_n(monkeypatch):
     a = rngmod.request_rng(1, "/v1/chat/completions", {"model": "m", "stream": True})
     b = rngmod.request_rng(1, "/v1/chat/completions", {"model": "m"})
     assert len(seeded) == 2 and a.getstate() == b.getstate()  # delivery-only fields dropped
+
+
+def test_answer_now_only_without_script_rules():
+    app = App(Config(latency="instant", seed=5, quiet=True))
+    ask = Ask(app.registry.get("gpt-4o"), 10, limit=8)
+    lat = app.latency(ask.profile)
+    d = app.answer_now(ask, Random(1), lat)
+    assert d is not None and d.choices[0].pieces == decide(ask, app.config, Random(1),
+                                                            lat).choices[0].pieces
+    app.script.rules = [object()]  # type: ignore[list-item]  # any rule: answer() decides
+    assert app.answer_now(ask, Random(1), lat) is None

@@ -717,8 +717,10 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    decision = await app.answer(req, "chat.completions", ask(cr, json_hint(req.body)), rng,
-                          app.latency(cr.profile))
+    a = ask(cr, json_hint(req.body))
+    lat = app.latency(cr.profile)
+    decision = app.answer_now(a, rng, lat) or \
+        await app.answer(req, "chat.completions", a, rng, lat)
     out = ChatOut.of(decision, int(app.clock.time()))
     if cr.stream:
         stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,
