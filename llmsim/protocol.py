@@ -442,7 +442,8 @@ class HTTPProtocol(asyncio.Protocol):
         if cl and te:
             ex.keep_alive = False
             ex.ambiguous = True
-        if self.conn.they_are_waiting_for_100_continue:
+        # (h11 waits for a 100 Continue only after an Expect header: no property chain else)
+        if "expect" in headers and self.conn.they_are_waiting_for_100_continue:
             self._out(status=100)
 
     def _too_large(self) -> None:
