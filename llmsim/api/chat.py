@@ -338,10 +338,11 @@ async def parse(req: Request, app: App) -> ChatRequest:
     _check_messages(messages)
     rare = not PLAIN_FIELDS.issuperset(body)  # False: every block under `if rare` is a no-op
     stream, include_usage = stream_flags(v)
-    n = v.int("n", 1, lo=1, hi=128) or 1
+    # (`key in body and`: an absent field is its default without a getter call, hot path)
+    n = v.int("n", 1, lo=1, hi=128) or 1 if "n" in body else 1
     reasoning = profile.reasoning
-    temperature = v.num("temperature", None, lo=0, hi=2)
-    top_p = v.num("top_p", None, lo=0, hi=1)
+    temperature = v.num("temperature", None, lo=0, hi=2) if "temperature" in body else None
+    top_p = v.num("top_p", None, lo=0, hi=1) if "top_p" in body else None
     for key in body:  # accepted-and-ignored fields: validated only when present (hot path)
         check = _IGNORED_CHECKS.get(key)
         if check is not None:
@@ -352,7 +353,8 @@ async def parse(req: Request, app: App) -> ChatRequest:
                          choices=("auto", "default", "flex", "scale", "priority")) \
         if rare else None
     max_tokens = v.int("max_tokens", None, lo=1)
-    max_completion = v.int("max_completion_tokens", None, lo=1)
+    max_completion = v.int("max_completion_tokens", None, lo=1) \
+        if "max_completion_tokens" in body else None
     if reasoning:
         if max_tokens is not None:
             raise unsupported("max_tokens", model, "Use 'max_completion_tokens' instead.")
