@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["App"]
 
 log = logging.getLogger("llmsim")
+LATENCY_CACHE = 1024  # latency models kept (App.latency)
 
 # A hook runs before the handler; it may return a Result (e.g. an injected fault) or raise
 # APIError (auth, rate limit) to answer instead of the handler.
@@ -79,6 +80,7 @@ class App:
                                  served=self.config.served_model_name)
         self.script = Script(load_script(self.config.script) if self.config.script else None)
         self.router = Router()
+        self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
         self.stats = Stats()
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []
@@ -129,12 +131,22 @@ class App:
             raise E.model_not_supported.at(param, model=name, what=what)
         return prof
 
+    def answer_now(self, ask: Ask, rng: random.Random, lat: Latency) -> Decision | None:
+        """:meth:`answer` when it has nothing to await, without a coroutine (hot path): with
+        no script rules, the simulation; None when a rule may apply (await :meth:`answer`)."""
+        if self.script.rules:
+            return None
+        return decide(ask, self.config, rng, lat)
+
     async def answer(self, req: Request, endpoint: str, ask: Ask, rng: random.Random,
                lat: Latency, response_id: str | None = None) -> Decision:
         """The answer to ``ask``: a scripted turn when a script rule matches (its error or
         status fault raised, its mid-stream fault left for the stream hook), else the
         simulation (:func:`llmsim.sim.decide.decide`). Every API family calls this. With
         ``--state`` the script's cursors are shared by the replicas (in Redis)."""
+        now = self.answer_now(ask, rng, lat)
+        if now is not None:
+            return now
         script = self.script
         if script.rules:
             kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,
@@ -156,9 +168,18 @@ class App:
         return decide(ask, self.config, rng, lat)
 
     def latency(self, profile: ModelProfile) -> Latency:
+        """The latency model of ``profile`` under this app's config (a value: built once per
+        profile and config, ``LATENCY_CACHE`` of them)."""
         c = self.config
-        return Latency(profile, instant=c.latency == "instant", fixed_ttft_ms=c.ttft_ms,
-                       fixed_itl_ms=c.itl_ms)
+        hit = self._latency.get(profile.id)
+        if hit is not None and hit[0] is c and hit[1].profile is profile:
+            return hit[1]
+        lat = Latency(profile, instant=c.latency == "instant", fixed_ttft_ms=c.ttft_ms,
+                      fixed_itl_ms=c.itl_ms)
+        if len(self._latency) >= LATENCY_CACHE:  # (bounded: model names come from clients)
+            self._latency.clear()
+        self._latency[profile.id] = (c, lat)
+        return lat
 
     # -- dispatch --------------------------------------------------------------------------
     def resolve(self, req: Request) -> tuple[Route, dict[str, str]]:

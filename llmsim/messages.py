@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -136,6 +136,30 @@ class Request:
         check_json_depth(data, self.body)
         return data
 
+    @classmethod
+    def http(cls, method: str, path: str, query: Mapping[str, list[str]],
+             headers: Mapping[str, str], body: bytes, request_id: str, client: str,
+             received_at: float) -> Request:
+        """A request of the HTTP transport, every other field at its default: the same value
+        the constructor builds, in half its time (the slots are filled directly rather than
+        through the frozen class's ``object.__setattr__``, ~0.8 µs a request)."""
+        r = _new_request(cls)
+        (s_method, s_path, s_query, s_headers, s_body, s_id, s_transport, s_client, s_params,
+         s_received, s_context, s_notes) = _REQUEST_SLOTS
+        s_method(r, method)
+        s_path(r, path)
+        s_query(r, query)
+        s_headers(r, headers)
+        s_body(r, body)
+        s_id(r, request_id)
+        s_transport(r, "http")
+        s_client(r, client)
+        s_params(r, {})
+        s_received(r, received_at)
+        s_context(r, None)
+        s_notes(r, Notes())
+        return r
+
     def json_object(self) -> dict[str, Any]:
         data = self.json()
         if not isinstance(data, dict):
@@ -152,6 +176,14 @@ class Request:
         if auth[:7].lower() == "bearer ":
             return auth[7:].strip() or None
         return self.headers.get("api-key") or self.headers.get("x-api-key") or None
+
+
+_new_request = object.__new__
+# each field's slot setter, in field order (Request.http)
+_REQUEST_SLOTS = tuple(getattr(Request, f.name).__set__ for f in fields(Request))
+assert tuple(f.name for f in fields(Request)) == (
+    "method", "path", "query", "headers", "body", "request_id", "transport", "client", "params",
+    "received_at", "context", "notes")  # (Request.http fills them in this order)
 
 
 @dataclass(slots=True)

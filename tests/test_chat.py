@@ -398,3 +398,83 @@ def test_request_work_is_bounded(srv):
     assert err["param"] == "n" and err["code"] == "request_too_large"
     assert post(srv, {"model": "gpt-4o", "messages": MSG, "n": 32, "max_tokens": 16384}
                 ).status == 200
+
+
+def _parse(app, body):
+    import asyncio
+
+    from llmsim.api import chat
+    from llmsim.messages import Request
+    req = Request("POST", URL, {}, {}, orjson.dumps(body), "req_x")
+    return asyncio.run(chat.parse(req, app))
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"max_tokens": 7}, {"max_completion_tokens": 9, "n": 2, "stream": True},
+    {"temperature": 0.5, "top_p": 0.9, "seed": 3, "user": "u"}])
+def test_plain_body_parses_as_the_full_path(extra):
+    """A body of plain fields only skips the other fields' validation (chat.PLAIN_FIELDS):
+    it must parse to what the full path gives (forced here by a field at its default)."""
+    from dataclasses import astuple
+
+    from llmsim import Config
+    from llmsim.api import chat
+    from llmsim.app import App
+    app = App(Config(quiet=True))
+    body = {"model": "gpt-4o", "messages": MSG, **extra}
+    assert set(body) <= chat.PLAIN_FIELDS
+    plain = _parse(app, body)
+    full = _parse(app, {**body, "parallel_tool_calls": True})
+    assert astuple(plain)[1:] == astuple(full)[1:]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "gpt-4o", "messages": MSG, "seed": "x"}, "seed"),
+    ({"model": "gpt-4o", "messages": MSG, "user": 5}, "user"),
+    ({"model": "gpt-4o", "messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_plain_body_fields_are_validated(srv, body, param):
+    r = post(srv, body)
+    assert r.status == 400 and r.json()["error"]["param"] == param
+
+
+def test_ask_carries_every_request_field_by_name():
+    """chat.ask builds the Ask positionally (hot path): each field lands in its own slot."""
+    from llmsim import Config
+    from llmsim.api import chat
+    from llmsim.app import App
+    from llmsim.sim.decide import ToolChoice
+    app = App(Config(quiet=True))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    cr = _parse(app, {"model": "gpt-4o", "messages": MSG, "max_tokens": 40, "n": 3,
+                      "stop": ["zz"], "logprobs": True, "top_logprobs": 4,
+                      "parallel_tool_calls": False, "min_tokens": 5, "ignore_eos": True,
+                      "tools": [tool], "tool_choice": "required"})
+    a = chat.ask(cr, json_hint=True)
+    assert (a.profile, a.prompt_tokens, a.cached_tokens) == (cr.profile, cr.prompt_tokens, 0)
+    assert a.user_text() == "hello there" and a.prompt_texts() == ["hello there"]
+    assert a.json_hint is True and a.after_tool_result is False
+    assert [t.name for t in a.tools] == ["f"] and a.tool_choice == ToolChoice("required")
+    assert a.parallel_tool_calls is False and a.max_tool_calls is None
+    assert a.output.kind == "text" and a.limit == 40 and a.min_tokens == 5
+    assert a.ignore_eos is True and a.stops == ("zz",) and a.effort is None
+    assert a.summary is None and a.encrypted is False
+    assert (a.n, a.logprobs, a.top_logprobs) == (3, True, 4)
+
+
+def test_latency_model_cached_per_profile_and_config():
+    from dataclasses import replace
+
+    from llmsim import Config
+    from llmsim.app import App
+    app = App(Config(quiet=True, latency="instant"))
+    p = app.model("gpt-4o")
+    lat = app.latency(p)
+    assert app.latency(p) is lat and lat.profile is p and lat.instant
+    other = app.model("gpt-4o-mini")
+    assert app.latency(other).profile is other
+    fixed = replace(p, ttft_ms=p.ttft_ms + 1)  # same id, another profile: not the cached one
+    assert app.latency(fixed).profile is fixed
+    app.config = replace(app.config, latency="realistic", ttft_ms=7)  # another config
+    lat2 = app.latency(fixed)
+    assert not lat2.instant and lat2.fixed_ttft_ms == 7

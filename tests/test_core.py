@@ -267,3 +267,21 @@ async def test_the_body_is_parsed_once_with_fault_hooks_on(monkeypatch):
                          "max_tokens": 2})
     res = await app.dispatch(Request("POST", "/v1/chat/completions", {}, {}, body, "r1"))
     assert res.status == 200 and len(calls) == 1
+
+
+def test_new_id_is_prefix_and_24_alphanumerics():
+    import base64
+    import random as _random
+
+    from llmsim.sim import rng
+    ids = {rng.new_id("chatcmpl-") for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(i.startswith("chatcmpl-") and len(i) == 33 and i[9:].isalnum() for i in ids)
+    state = rng._ID_RNG.getstate()  # the same bits as base64 with "Ab" for "+/"
+    try:
+        rng._ID_RNG.seed(7)
+        got = rng.new_id("x_")
+        raw = _random.Random(7).getrandbits(144).to_bytes(18, "little")
+        assert got == "x_" + base64.b64encode(raw, b"Ab").decode()
+    finally:
+        rng._ID_RNG.setstate(state)

@@ -337,3 +337,43 @@ def test_agent_policy_parallel_calls_every_equally_relevant_tool(client):
     r = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=AGENT_TOOLS, seed=1,
                                        parallel_tool_calls=False)
     assert len(r.choices[0].message.tool_calls) == 1
+
+
+def test_one_generator_per_request_and_the_first_choice_whatever_n(monkeypatch):
+    """The first choice is drawn from the request's RNG itself (no second generator seeded
+    per request); further choices from generators derived after it: the first choice is the
+    same for any ``n``, the others differ from it, and all repeat for the same RNG state."""
+    from dataclasses import replace
+
+    from llmsim.sim import rng as rngmod
+    app = App(Config(latency="instant", seed=5, quiet=True))
+    ask = Ask(app.registry.get("gpt-4o"), 10, limit=30)
+    lat = app.latency(ask.profile)
+    seeded: list[int] = []
+    real = rngmod.seeded
+    monkeypatch.setattr(rngmod, "seeded", lambda s: seeded.append(s) or real(s))
+    for seed in range(6):
+        seeded.clear()
+        one = decide(ask, app.config, Random(seed), lat)
+        assert seeded == []  # n=1: no generator besides the request's
+        three = decide(replace(ask, n=3), app.config, Random(seed), lat)
+        assert len(seeded) == 2
+        assert one.choices[0].pieces == three.choices[0].pieces
+        assert three.choices[1].pieces != three.choices[0].pieces
+        again = decide(replace(ask, n=3), app.config, Random(seed), lat)
+        assert [c.pieces for c in again.choices] == [c.pieces for c in three.choices]
+    seeded.clear()
+    a = rngmod.request_rng(1, "/v1/chat/completions", {"model": "m", "stream": True})
+    b = rngmod.request_rng(1, "/v1/chat/completions", {"model": "m"})
+    assert len(seeded) == 2 and a.getstate() == b.getstate()  # delivery-only fields dropped
+
+
+def test_answer_now_only_without_script_rules():
+    app = App(Config(latency="instant", seed=5, quiet=True))
+    ask = Ask(app.registry.get("gpt-4o"), 10, limit=8)
+    lat = app.latency(ask.profile)
+    d = app.answer_now(ask, Random(1), lat)
+    assert d is not None and d.choices[0].pieces == decide(ask, app.config, Random(1),
+                                                            lat).choices[0].pieces
+    app.script.rules = [object()]  # type: ignore[list-item]  # any rule: answer() decides
+    assert app.answer_now(ask, Random(1), lat) is None

@@ -273,3 +273,22 @@ async def test_max_pipelined_pauses_reading_then_serves_every_request():
         if bytes(tr.out).count(b"HTTP/1.1 200") == 4:
             break
     assert bytes(tr.out).count(b"HTTP/1.1 200") == 4 and tr.reading
+
+
+def test_request_http_is_the_constructors_value():
+    """Request.http fills the slots directly (hot path): the same value as the constructor,
+    still frozen, with fresh mutable defaults."""
+    import dataclasses
+
+    import pytest as _pytest
+
+    from llmsim.messages import Request
+    args = ("POST", "/v1/x", {"a": ["1"]}, {"h": "v"}, b"{}", "req_1", "1.2.3.4:5", 7.5)
+    a = Request.http(*args)
+    b = Request(method="POST", path="/v1/x", query={"a": ["1"]}, headers={"h": "v"},
+                body=b"{}", request_id="req_1", client="1.2.3.4:5", received_at=7.5)
+    assert a == b and type(a) is Request
+    with _pytest.raises(dataclasses.FrozenInstanceError):
+        a.path = "/other"  # type: ignore[misc]
+    c = Request.http(*args)
+    assert c.params is not a.params and c.notes is not a.notes

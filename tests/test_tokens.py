@@ -435,3 +435,76 @@ def test_get_encoding_thread_safe_single_load():
         cwd=os.path.dirname(os.path.dirname(__file__)),
     )
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------
+# Hot-path forms must not change what they compute
+# ---------------------------------------------------------------------------
+
+def _reference_lorem(n: int, rng: Random) -> list[str]:
+    """lorem_pieces as first written with the ``random`` API (randint, choices, choice): the
+    inlined form must give the same pieces and leave the RNG in the same state."""
+    out: list[str] = []
+    index = {w: i for i, w in enumerate(T.WORDS)}
+    while len(out) < n:
+        length = rng.randint(6, 18)
+        body = rng.choices(T.WORDS, k=length - 2)
+        for i in range(1, len(body)):
+            if body[i] == body[i - 1]:
+                body[i] = T.WORDS[(index[body[i]] + 1) % len(T.WORDS)]
+        if rng.random() < 0.1 * (length - 4):
+            body[rng.randint(1, length - 4)] = ","
+        out.append(rng.choice(T.FIRST_WORDS) if not out else rng.choice(T.CAP_WORDS))
+        out.extend(body)
+        out.append(".")
+    del out[n:]
+    return out
+
+
+def test_lorem_pieces_draws_as_the_random_api():
+    for seed in range(400):
+        for n in (0, 1, 16, 17, 100):
+            a, b = Random(seed), Random(seed)
+            assert T.lorem_pieces(n, a) == _reference_lorem(n, b), (seed, n)
+            assert a.getstate() == b.getstate(), (seed, n)
+
+
+def test_short_count_cache_is_per_encoding_and_mode(monkeypatch):
+    """Short texts are counted once per tokenizer: the same text counted with the other
+    encoding, or estimated, is not answered from the first count."""
+    encs = _both()
+    T._short_counts.clear()
+    for text in ("日本語のテキスト", "Ωμέγα кириллица", "emoji 👍🏽"):
+        for enc in encs + encs[::-1]:
+            assert T.count_tokens(text, enc.name) == len(enc.encode_ordinary(text))
+    with monkeypatch.context() as m:
+        m.setattr(T, "get_encoding", lambda name: None)
+        assert T.count_tokens("Ωμέγα кириллица", "o200k_base") == \
+            len(T._estimate_pieces("Ωμέγα кириллица")) == 15
+    assert T.count_tokens("Ωμέγα кириллица", "o200k_base") == 6
+    T._short_counts.clear()
+    with monkeypatch.context() as m:
+        m.setattr(T, "get_encoding", lambda name: None)
+        assert T.count_tokens("Ωμέγα кириллица", "o200k_base") == 15
+    assert T.count_tokens("Ωμέγα кириллица", "o200k_base") == 6
+
+
+def test_short_count_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(T, "SHORT_COUNT_ENTRIES", 8)
+    T._short_counts.clear()
+    for i in range(50):
+        assert T.count_tokens(f"w{i}") >= 1
+    assert len(T._short_counts) <= 8
+
+
+def test_draw_length_draws_as_lognormvariate():
+    import math
+
+    from llmsim.sim import text as txt
+    for seed in range(500):
+        for mean, sigma in ((200.0, 0.5), (5.3, 1.2), (900.0, 0.05)):
+            a, b = Random(seed), Random(seed)
+            mu = math.log(mean) - sigma * sigma / 2.0
+            want = int(min(4096, max(1, round(b.lognormvariate(mu, sigma)))))
+            assert txt.draw_length(a, mean, sigma, 1, 4096) == want
+            assert a.getstate() == b.getstate()

@@ -319,3 +319,29 @@ async def test_a_handler_status_that_cannot_be_sent_becomes_a_500(status: int) -
     st = server.app.stats
     assert st.active_requests == 0 and st.requests_n == 1  # counted once, as the 500
     assert [k[3] for k in st.requests] == [500]
+
+
+async def test_body_deadline_runs_from_the_head_when_the_body_is_late() -> None:
+    """A head whose body has not all arrived arms the body deadline (header_timeout_s from
+    the head, not extended by body bytes that trickle in); a request that arrives whole is
+    answered with no body deadline armed."""
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, header_timeout_s=10, idle_timeout_s=75)
+    proto, tr = connect(server)
+    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+    assert proto._timer_kind == "body"
+    clock.advance(6)
+    proto.data_received(b'"model"')  # more of the body: the same deadline
+    assert proto._timer_kind == "body"
+    clock.advance(4.1)
+    server._sweep()
+    assert tr.closed
+    await asyncio.sleep(0)
+    proto, tr = connect(server)
+    kinds = []
+    arm = proto._arm
+    proto._arm = lambda kind, s: (kinds.append(kind), arm(kind, s))[1]  # type: ignore[method-assign]
+    proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
+    assert "body" not in kinds and proto._timer_kind == "idle"

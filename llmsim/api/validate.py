@@ -224,6 +224,8 @@ def stream_flags(v: V) -> tuple[bool, bool]:
     the real API's 400 (chat and legacy completions)."""
     stream = bool(v.bool("stream", False))
     so = v.dict("stream_options")
-    if so is not None and not stream:
+    if so is None:
+        return stream, False
+    if not stream:
         raise E.stream_options_without_stream.at("stream_options")
-    return stream, bool(V(so or {}, "stream_options.").bool("include_usage", False))
+    return stream, bool(V(so, "stream_options.").bool("include_usage", False))

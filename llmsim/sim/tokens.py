@@ -47,6 +47,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Generator, Iterator
+from operator import is_
 from typing import Any, TypeVar
 
 __all__ = [
@@ -443,12 +444,29 @@ def count_tokens(text: str, encoding: str = "o200k_base") -> int:
     """
     if not text:
         return 0
-    if len(text) > CHUNK_CHARS:
+    n = len(text)
+    if n > CHUNK_CHARS:
         return run_steps(count_tokens_steps(text, encoding))
     enc = get_encoding(encoding)
-    if enc is None:
-        return len(_estimate_pieces(text))
-    return len(enc.encode_ordinary(text))
+    if n > SHORT_COUNT_CHARS:
+        return len(_estimate_pieces(text)) if enc is None else len(enc.encode_ordinary(text))
+    # a short text (a role, "Hi", a tool name): counted once per tokenizer (hot path)
+    key = (text, encoding if enc is not None else "")
+    c = _short_counts.get(key)
+    if c is None:
+        c = len(_estimate_pieces(text)) if enc is None else len(enc.encode_ordinary(text))
+        if len(_short_counts) >= SHORT_COUNT_ENTRIES:
+            _short_counts.clear()  # (bounded: cheap to refill)
+        _short_counts[key] = c
+    return c
+
+
+SHORT_COUNT_CHARS = 32
+"""Texts up to this long are counted once and remembered (:func:`count_tokens`): roles, short
+prompts and names recur on every request."""
+SHORT_COUNT_ENTRIES = 4096
+# (text, encoding name; "" when estimating) -> tokens
+_short_counts: dict[tuple[str, str], int] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -535,6 +553,8 @@ PUNCT: tuple[str, ...] = (",", ".")
 
 _COMMA_PROB = 0.1
 _WORD_INDEX = {w: i for i, w in enumerate(WORDS)}
+_OPENERS = 35  # FIRST_WORDS and CAP_WORDS (lorem_pieces draws an index below this, 6 bits)
+assert len(FIRST_WORDS) == len(CAP_WORDS) == _OPENERS
 
 
 def lorem_pieces(n: int, rng: random.Random) -> list[str]:
@@ -547,27 +567,45 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
     later sentences start with a :data:`CAP_WORDS` entry. The output simply stops
     when ``n`` pieces have been produced, possibly mid-sentence.
     """
-    # Hot path (one call per simulated answer): draw a sentence's words in one
-    # ``choices`` call and place the optional comma by replacing a word, instead of
-    # one ``choice`` call per word.
+    # Hot path (one call per simulated answer). The draws are exactly those of
+    # ``randint(6, 18)``, ``choices(WORDS, k=length - 2)``, ``random()``,
+    # ``randint(1, length - 4)`` and ``choice(...)`` per sentence (same text for the
+    # same RNG state, same state afterwards), inlined as CPython's ``random`` module
+    # makes them: ``randint``/``choice`` are ``_randbelow`` (``getrandbits`` of the
+    # bound's bit length, redrawn while too large), ``choices`` is
+    # ``floor(random() * len)``. An adjacent repeat (the same string object) is replaced
+    # by the next word.
     out: list[str] = []
-    choices = rng.choices
     rand = rng.random
-    randint = rng.randint
+    bits = rng.getrandbits
     words = WORDS
     nwords = len(words)
+    fwords = float(nwords)
+    append = out.append
     while len(out) < n:
-        length = randint(6, 18)
-        body = choices(words, k=length - 2)
-        for i in range(1, len(body)):
-            if body[i] == body[i - 1]:
-                body[i] = words[(_WORD_INDEX[body[i]] + 1) % nwords]
-        if length >= 6 and rand() < _COMMA_PROB * (length - 4):
+        r = bits(4)  # randint(6, 18): 6 + _randbelow(13)
+        while r >= 13:
+            r = bits(4)
+        length = 6 + r
+        body = [words[int(rand() * fwords)] for _ in range(length - 2)]
+        if any(map(is_, body, body[1:])):  # (rare: a word drawn twice in a row)
+            for i in range(1, length - 2):
+                if body[i] is body[i - 1]:
+                    body[i] = words[(_WORD_INDEX[body[i]] + 1) % nwords]
+        if rand() < _COMMA_PROB * (length - 4):
             # a comma after the opener's first word at the earliest, never last
-            body[randint(1, length - 4)] = ","
-        out.append(choice_first(rng) if not out else rng.choice(CAP_WORDS))
+            m = length - 4  # randint(1, m): 1 + _randbelow(m)
+            k = m.bit_length()
+            r = bits(k)
+            while r >= m:
+                r = bits(k)
+            body[1 + r] = ","
+        r = bits(6)  # choice() of an opener: _randbelow(_OPENERS)
+        while r >= _OPENERS:
+            r = bits(6)
+        append(FIRST_WORDS[r] if not out else CAP_WORDS[r])
         out.extend(body)
-        out.append(".")
+        append(".")
     del out[n:]
     return out
 
