@@ -169,7 +169,7 @@ class RealClock(Clock):
         self._armed_at = float("inf")
         self._time: Callable[[], float] | None = loop.time if loop is not None else None
         if loop is not None:
-            self.now = loop.time  # type: ignore[method-assign]  (see now())
+            self.now = loop.time  # type: ignore[method-assign]  # (see now())
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -253,7 +253,7 @@ class Pump:
                 frames.clear()
                 if tokens:
                     n, tokens = tokens, 0
-                    per_write(n, now)  # type: ignore[misc]  (tokens > 0: per_write is set)
+                    per_write(n, now)  # type: ignore[misc]  # (tokens > 0: per_write is set)
             if end is None:
                 if not self._done:
                     self._timer = (clock.call_at(deadline, self._tick)

@@ -322,10 +322,12 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 for p in item.pieces:
                     yield next(gaps, 0.0), "response.output_text.delta", \
                         pre + _dumps(p) + _TEXT_DELTA_END
-            for k, p in enumerate(item.pieces if lps is not None else ()):
-                yield next(gaps, 0.0), "response.output_text.delta", {
-                    "type": "response.output_text.delta", "item_id": rid, "output_index": idx,
-                    "content_index": 0, "delta": p, "logprobs": [lps[k]]}
+            else:
+                for p, lp in zip(item.pieces, lps, strict=False):
+                    yield next(gaps, 0.0), "response.output_text.delta", {
+                        "type": "response.output_text.delta", "item_id": rid,
+                        "output_index": idx, "content_index": 0, "delta": p,
+                        "logprobs": [lp]}
             text = item.text
             yield 0.0, "response.output_text.done", {
                 "type": "response.output_text.done", "item_id": rid, "output_index": idx,
