@@ -165,7 +165,7 @@ class RealClock(Clock):
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__()
         self._loop = loop
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
         self._time: Callable[[], float] | None = loop.time if loop is not None else None
         if loop is not None:
@@ -198,7 +198,13 @@ class RealClock(Clock):
         if self._handle is not None:
             self._handle.cancel()
         self._armed_at = when
-        self._handle = self.loop.call_at(when, self._fire)
+        loop = self.loop
+        # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
+        # timer. uvloop (libuv) runs a timer re-armed for "now" again in the same timer
+        # phase, so a clock that stays behind would never let the loop read a socket: new
+        # requests waited seconds for their first token while tokens kept flowing.
+        self._handle = (loop.call_soon(self._fire) if when <= loop.time()
+                        else loop.call_at(when, self._fire))
 
     def _fire(self) -> None:
         self._handle = None

@@ -125,3 +125,22 @@ async def test_pump_counts_tokens_per_write() -> None:
     assert await asyncio.wait_for(done, 5) == "completed"
     # role+token 0 (one token), token 1, token 2 + finish + [DONE] (one token)
     assert [n for n, _ in calls] == [1, 1, 1]
+
+
+async def test_real_clock_runs_an_overdue_deadline_after_the_io_poll() -> None:
+    """A deadline already due when the clock arms goes through ``call_soon`` (the loop polls
+    its sockets first), not a timer: uvloop re-runs timers armed for "now" without reading a
+    socket, so a server behind schedule left new requests unread for seconds."""
+    from llmsim.clock import RealClock
+
+    loop = asyncio.get_running_loop()
+    clock = RealClock(loop)
+    ran: list[int] = []
+    clock.call_at(loop.time() - 1.0, lambda: ran.append(1))
+    assert clock._handle is not None and not isinstance(clock._handle, asyncio.TimerHandle)
+    later = clock.call_at(loop.time() + 60.0, lambda: ran.append(2))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert ran == [1]
+    assert isinstance(clock._handle, asyncio.TimerHandle)  # the next one is in the future
+    later.cancel()
