@@ -115,13 +115,25 @@ class Clock:
             return
         await self.sleep_until(self.now() + delay)
 
-    def _run_due(self, now: float) -> None:
+    # A pass of due timers on a real loop ends after this long even if more are due (they run
+    # in the next pass, after the loop polled its sockets): a saturated server keeps reading
+    # requests and accepting connections (uvloop accepts one connection per loop iteration).
+    pass_budget = 0.0005
+
+    def _run_due(self, now: float, stop_at: float = float("inf")) -> None:
+        """Run the timers due by ``now`` (within ``coalesce``); past ``stop_at`` on
+        ``time.monotonic`` (checked every 32 timers), leave the rest for the next pass."""
         heap = self._heap
         limit = now + self.coalesce
         pop = heapq.heappop
+        clock = time.monotonic
+        n = 0
         self._running = True
         try:
             while heap and heap[0][0] <= limit:
+                n += 1
+                if not n & 31 and clock() > stop_at:
+                    break
                 t = pop(heap)[2]
                 if not t.cancelled:
                     t.cancelled = True  # fired; a late cancel() is a no-op
@@ -209,7 +221,7 @@ class RealClock(Clock):
     def _fire(self) -> None:
         self._handle = None
         self._armed_at = float("inf")
-        self._run_due(self.loop.time())
+        self._run_due(self.loop.time(), time.monotonic() + self.pass_budget)
         self._arm()
 
 

@@ -144,3 +144,16 @@ async def test_real_clock_runs_an_overdue_deadline_after_the_io_poll() -> None:
     assert ran == [1]
     assert isinstance(clock._handle, asyncio.TimerHandle)  # the next one is in the future
     later.cancel()
+
+
+async def test_a_clock_pass_stops_at_its_budget() -> None:
+    """A pass of due timers ends once ``stop_at`` has passed (checked every 32 timers); the
+    rest run in the next pass, so a saturated loop still polls its sockets in between."""
+    clock = FakeClock(start=0.0)
+    ran: list[int] = []
+    for i in range(100):
+        clock.call_at(0.0, lambda i=i: ran.append(i))
+    clock._run_due(0.0, stop_at=0.0)  # (time.monotonic() is far past 0.0: the budget is spent)
+    assert ran == list(range(31))  # the 32nd timer's check stops the pass
+    clock._run_due(0.0)  # no budget: everything due runs
+    assert ran == list(range(100))
