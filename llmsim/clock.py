@@ -115,24 +115,19 @@ class Clock:
             return
         await self.sleep_until(self.now() + delay)
 
-    # A pass of due timers on a real loop ends after this long even if more are due (they run
-    # in the next pass, after the loop polled its sockets): a saturated server keeps reading
-    # requests and accepting connections (uvloop accepts one connection per loop iteration).
-    pass_budget = 0.0005
-
     def _run_due(self, now: float, stop_at: float = float("inf")) -> None:
         """Run the timers due by ``now`` (within ``coalesce``); past ``stop_at`` on
         ``time.monotonic`` (checked every 32 timers), leave the rest for the next pass."""
         heap = self._heap
         limit = now + self.coalesce
         pop = heapq.heappop
-        clock = time.monotonic
+        monotonic = time.monotonic
         n = 0
         self._running = True
         try:
             while heap and heap[0][0] <= limit:
                 n += 1
-                if not n & 31 and clock() > stop_at:
+                if not n & 31 and monotonic() > stop_at:
                     break
                 t = pop(heap)[2]
                 if not t.cancelled:
@@ -174,12 +169,16 @@ class Clock:
 class RealClock(Clock):
     """The loop's monotonic clock with one armed ``call_at`` for the whole heap."""
 
+    # A pass of due timers ends after this long even if more are due (they run in the next
+    # pass, after the loop polled its sockets): a saturated server keeps reading requests
+    # and accepting connections (uvloop accepts one connection per loop iteration).
+    pass_budget = 0.0005
+
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__()
         self._loop = loop
         self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
-        self._time: Callable[[], float] | None = loop.time if loop is not None else None
         if loop is not None:
             self.now = loop.time  # type: ignore[method-assign]  # (see now())
 
@@ -192,10 +191,7 @@ class RealClock(Clock):
     def now(self) -> float:
         # called per event: once the loop is known, ``now`` becomes the loop's own bound
         # ``time`` (an instance attribute shadowing this method: one call instead of two)
-        t = self._time
-        if t is None:
-            t = self._time = self.loop.time
-        self.now = t  # type: ignore[method-assign]
+        t = self.now = self.loop.time  # type: ignore[method-assign]
         return t()
 
     def _arm(self) -> None:

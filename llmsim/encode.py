@@ -61,9 +61,12 @@ def ws_text(etype: str, data: Any) -> bytes:
 ws_text.bytes_frame = (b"", b"")  # type: ignore[attr-defined]
 
 
+CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: CHUNK % (len(payload), payload)
+
+
 def chunk(payload: bytes) -> bytes:
     """One HTTP/1.1 chunked-transfer chunk (written by hand after h11 sent the head)."""
-    return b"%x\r\n%b\r\n" % (len(payload), payload)
+    return CHUNK % (len(payload), payload)
 
 
 def ws_text_frame(payload: bytes) -> bytes:

@@ -36,6 +36,7 @@ __all__ = ["Pump", "Sink", "NullSink"]
 log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
+_FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 
 
 class Sink(Protocol):
@@ -206,76 +207,69 @@ class Pump:
             if frame is not None:
                 pre, post = frame
             last = None  # deadline of the last event encoded in this pass
-            while True:
-                ev = self._pending
-                if ev is None:
-                    ev = pull()
+            while True:  # one write per turn
+                end: str | None = None  # why the turn ended: None = the next event is not due
+                while True:
+                    ev = self._pending
                     if ev is None:
-                        end: str | None = "completed"
+                        ev = pull()
+                        if ev is None:
+                            end = "completed"
+                            break
+                        self._pending = ev  # until written (a failure reports its number)
+                    deadline, etype, data = ev
+                    # the coalescing rule (Clock.catch_up): a later event joins this write
+                    # only when it is due at the same instant as the last one or already late
+                    if deadline > limit or (last is not None and deadline - last > same
+                                            and deadline >= behind):
                         break
-                    self._pending = ev  # until written (a failure reports its number)
-                deadline, etype, data = ev
-                # the coalescing rule (Clock.catch_up): a later event joins this write
-                # only when it is due at the same instant as the last one or already late
-                if deadline > limit or (last is not None and deadline - last > same
-                                        and deadline >= behind):
-                    end = None
-                    break
-                if etype[0] == "_":
-                    self._pending = None
-                    end = etype
-                    break
-                if frame is not None and type(data) is bytes:  # a token rendered by the plan
-                    frames.append(pre + data + post)
+                    if etype[0] == "_":
+                        self._pending = None
+                        end = etype
+                        break
+                    if frame is not None and type(data) is bytes:  # a token the plan rendered
+                        frames.append(pre + data + post)
+                        plan_token = True
+                    else:
+                        frames.append(encode(etype, data))
+                        plan_token = False
                     if per_write is not None:
-                        tokens += 1
-                    elif observer is not None:
-                        observer(etype, data, now)
-                else:
-                    frames.append(encode(etype, data))
-                    if per_write is not None:
-                        if (etype in token_types if token_types is not None
-                                else is_token(etype, data)):
+                        if plan_token or (etype in token_types if token_types is not None
+                                          else is_token(etype, data)):
                             tokens += 1
                     elif observer is not None:
                         observer(etype, data, now)
-                self._pending = None
-                last = deadline
-                if len(frames) >= MAX_BATCH:
-                    n, tokens = tokens, 0
-                    self._write(frames, n, now)
-                    if sink.paused or self._done:
-                        if not self._done:
-                            self._paused_at = now
+                    self._pending = None
+                    last = deadline
+                    if len(frames) >= MAX_BATCH:
+                        end = _FULL
+                        break
+                if frames:
+                    sink.write_events(frames)
+                    frames.clear()
+                    if tokens:
+                        n, tokens = tokens, 0
+                        per_write(n, now)  # type: ignore[misc]  # (tokens > 0: it is set)
+                if end is None:
+                    if not self._done:
+                        self._timer = (clock.call_at(deadline, self._tick)
+                                       if fired is None or not fired.cancelled
+                                       else clock.recall(fired, deadline))
+                    return
+                if end == _FULL:  # re-check backpressure, then go on
+                    if sink.paused and not self._done:
+                        self._paused_at = now
                         return
-            if frames:
-                sink.write_events(frames)
-                frames.clear()
-                if tokens:
-                    n, tokens = tokens, 0
-                    per_write(n, now)  # type: ignore[misc]  # (tokens > 0: per_write is set)
-            if end is None:
-                if not self._done:
-                    self._timer = (clock.call_at(deadline, self._tick)
-                                   if fired is None or not fired.cancelled
-                                   else clock.recall(fired, deadline))
-            elif end == "completed":
-                self._finish("completed")
-            elif end == DISCONNECT:
-                sink.abort()
-                self._finish("disconnect")
-            elif end == STOP:
-                self._finish("stopped")
-            elif not self._done:
-                self._tick()  # an unknown control item is ignored: carry on
+                elif end == "completed":
+                    self._finish("completed")
+                elif end == DISCONNECT:
+                    sink.abort()
+                    self._finish("disconnect")
+                elif end == STOP:
+                    self._finish("stopped")
+                if self._done:
+                    return
+                # (a full batch, or an unknown control item, which is ignored: carry on)
         except Exception:
             self._unobserved = tokens  # the frames _fail writes still count
             self._fail(frames)
-
-    def _write(self, frames: list[bytes], tokens: int, now: float) -> None:
-        """Write ``frames`` (then empty the list for reuse) and observe the ``tokens``
-        token events among them, once for the write."""
-        self.sink.write_events(frames)
-        frames.clear()
-        if tokens and self._per_write is not None:
-            self._per_write(tokens, now)

@@ -142,7 +142,7 @@ _LENGTH = 1  # Content-Length
 _CHUNKED = 2  # Transfer-Encoding: chunked (HTTP/1.1 streams)
 _CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
 _NOBODY = 4  # HEAD, 204, 304: the head alone
-_CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: % (len(data), data)
+_CHUNK = encode.CHUNK  # one chunk of a chunked body
 
 
 class Phase(enum.Enum):
