@@ -79,11 +79,17 @@ def request(kind: str, tokens: int) -> bytes:
             ).encode() + data
 
 
+PROFILE_SORT = ["tottime"]
+
+
 async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
                      profile: bool) -> tuple[float, int]:
     clock = ManualClock()
     srv = Server(Config(port=0, latency="instant" if kind == "rps" else "realistic",
-                        ttft_ms=100, itl_ms=10, seed=1, quiet=True, max_tokens_mode="exact"),
+                        ttft_ms=100, itl_ms=10, quiet=True, max_tokens_mode="exact",
+                        # (rps unseeded, as bench/run.py starts it; streams seeded: the
+                        # same text every run)
+                        seed=None if kind == "rps" else 1),
                  clock=clock)
     raw = request(kind, tokens)
     sink = [0, 0, 0]
@@ -113,7 +119,7 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
     SPLIT.append(split)
     if prof:
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats(PROFILE_SORT[0]).print_stats(25)
     for p in protos:
         p.connection_lost(None)
     return c1 - c0, sink[0]
@@ -157,9 +163,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="requests per connection")
     ap.add_argument("--repeat", type=int, default=3, help="repeats; the median is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                    help="--profile's order")
     ap.add_argument("--only", choices=["anchor", "llmsim"],
                     help="run one server only (instruction counting under callgrind)")
     a = ap.parse_args()
+    PROFILE_SORT[0] = a.sort
     kind = a.kind
     tokens = 16 if kind == "rps" else a.tokens
     rounds = a.rounds or (40 if kind == "rps" else 2)

@@ -28,6 +28,7 @@ from .state.stats import Stats
 if TYPE_CHECKING:
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
+    from .api.validate import BodyMemo
     from .protocol import HTTPProtocol
     from .websocket import WebSocketState
 
@@ -81,6 +82,9 @@ class App:
         self.script = Script(load_script(self.config.script) if self.config.script else None)
         self.router = Router()
         self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
+        # validated request bodies by their bytes, one memo per API family that keeps them
+        # (api.validate.BodyMemo; bounded; e.g. "chat.completions")
+        self.memos: dict[str, BodyMemo] = {}
         self.stats = Stats()
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []

@@ -471,7 +471,7 @@ class HTTPProtocol(asyncio.Protocol):
         path, _, qs = target.partition("?")
         headers = ex.headers
         parts = ex.body
-        body = b"".join(parts) if len(parts) != 1 else parts[0]
+        body = b"".join(parts)  # (bytes, as Request.body says: h11 hands out bytearrays)
         ex.body = []
         req = Request.http(ev.method.decode("ascii"), path,
                            parse_qs(qs, keep_blank_values=True) if qs else {}, headers, body,

@@ -442,8 +442,9 @@ def test_get_encoding_thread_safe_single_load():
 # ---------------------------------------------------------------------------
 
 def _reference_lorem(n: int, rng: Random) -> list[str]:
-    """lorem_pieces as first written with the ``random`` API (randint, choices, choice): the
-    inlined form must give the same pieces and leave the RNG in the same state."""
+    """The lorem sentences as first written with the ``random`` API (randint, choices,
+    choice): the inlined form must give the same pieces and leave the RNG in the same
+    state."""
     out: list[str] = []
     index = {w: i for i, w in enumerate(T.WORDS)}
     while len(out) < n:
@@ -454,19 +455,48 @@ def _reference_lorem(n: int, rng: Random) -> list[str]:
                 body[i] = T.WORDS[(index[body[i]] + 1) % len(T.WORDS)]
         if rng.random() < 0.1 * (length - 4):
             body[rng.randint(1, length - 4)] = ","
-        out.append(rng.choice(T.FIRST_WORDS) if not out else rng.choice(T.CAP_WORDS))
+        out.append(rng.choice(T.CAP_WORDS))
         out.extend(body)
         out.append(".")
-    del out[n:]
     return out
 
 
-def test_lorem_pieces_draws_as_the_random_api():
+def test_lorem_sentences_draw_as_the_random_api():
     for seed in range(400):
         for n in (0, 1, 16, 17, 100):
             a, b = Random(seed), Random(seed)
-            assert T.lorem_pieces(n, a) == _reference_lorem(n, b), (seed, n)
+            assert T._lorem_sentences(n, a) == _reference_lorem(n, b), (seed, n)
             assert a.getstate() == b.getstate(), (seed, n)
+
+
+def test_lorem_pieces_is_one_draw_and_a_window_of_the_ring():
+    corpus, starts = T._lorem_corpus()
+    assert corpus == _reference_lorem(T.LOREM_CORPUS, Random(0x10AE))  # whole sentences
+    assert starts[0] == 0 and all(corpus[i - 1] == "." for i in starts[1:])
+    for seed in range(50):
+        a, b = Random(seed), Random(seed)
+        out = T.lorem_pieces(40, a)
+        b.random()  # exactly one draw
+        assert a.getstate() == b.getstate()
+        at = starts[int(Random(seed).random() * len(starts))]
+        assert out[1:] == corpus[at + 1:at + 40] and out[0] == corpus[at][1:]
+    assert T.lorem_pieces(0, Random(1)) == []
+
+
+def test_lorem_pieces_wraps_the_ring_at_a_sentence_seam():
+    corpus, starts = T._lorem_corpus()
+
+    class Last(Random):  # picks the ring's last sentence
+        def random(self) -> float:
+            return (len(starts) - 0.5) / len(starts)
+
+    out = T.lorem_pieces(300, Last())
+    tail = len(corpus) - starts[-1]
+    assert out[tail:] == corpus[:300 - tail] and out[tail] in T.CAP_WORDS
+    long = T.lorem_pieces(2 * len(corpus) + 5, Random(3))  # longer than the ring
+    assert len(long) == 2 * len(corpus) + 5
+    for enc in _both():
+        assert len(enc.encode("".join(out))) == 300
 
 
 def test_short_count_cache_is_per_encoding_and_mode(monkeypatch):

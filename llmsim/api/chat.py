@@ -41,10 +41,11 @@ from ..sim.decide import (
 from ..sim.described import json_hint
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..sim.rng import new_id, request_rng
+from ..sim.rng import new_id, request_seed, rng_of
 from ..stream import EventStream
 from .validate import (
     FUNCTION_NAME,
+    BodyMemo,
     V,
     check_request_work,
     deliver_after,
@@ -717,9 +718,19 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 # ------------------------------------------------------------------------------------------
 
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    cr = await parse(req, app)
-    rng = request_rng(app.config.seed, "/v1/chat/completions", cr.body)
-    a = ask(cr, json_hint(req.body))
+    # a body validated before (the same bytes, the same config): its request, the decision's
+    # view of it and its seed, without parsing or counting again (validate.BodyMemo)
+    body = req.body
+    memo = app.memos[MEMO]
+    hit = memo.get(body, app.config)
+    if hit is None:
+        cr = await parse(req, app)
+        a = ask(cr, json_hint(body))
+        seed = request_seed(app.config.seed, "/v1/chat/completions", cr.body)
+        memo.put(body, app.config, (cr, a, seed))
+    else:
+        cr, a, seed = hit
+    rng = rng_of(seed)
     lat = app.latency(cr.profile)
     decision = app.answer_now(a, rng, lat) or \
         await app.answer(req, "chat.completions", a, rng, lat)
@@ -734,6 +745,10 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     return JSONResponse(completion_json(cr, out), 200, [], cr.model, decision.usage)
 
 
+MEMO = "chat.completions"  # this family's validated-body memo in App.memos
+
+
 def register(app: App) -> None:
+    app.memos[MEMO] = BodyMemo()
     app.router.add("POST", "/v1/chat/completions", create, "chat.completions",
                    stream_capable=True)

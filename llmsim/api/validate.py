@@ -14,7 +14,7 @@ from ..errors import APIError, E, quoted
 if TYPE_CHECKING:
     from ..app import App
 
-__all__ = ["V", "got"]
+__all__ = ["V", "got", "BodyMemo"]
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "an array", dict: "an object"}
@@ -205,6 +205,74 @@ async def paced(steps: Generator[int, None, T]) -> T:
             elif now >= deadline:
                 await asyncio.sleep(0)
                 deadline = clock() + PACE_SLICE_S
+
+
+class BodyMemo:
+    """Validated request bodies by their exact bytes: a bounded memo of a handler's pure work.
+
+    Validating a body (parse, field checks, prompt token count, the decision's view of it) is
+    a function of the body's bytes and the app's config alone, and load generators send the
+    same body again and again (``wrk``, a benchmark's fixed prompt, a retried request). A
+    handler looks the bytes up first and, on a miss, stores what it derived once validation
+    passed (a refused body is never stored: it is checked again each time). The values are
+    shared by every request with those bytes, so they must be treated as read-only.
+
+    Bounded: bodies over ``max_body`` bytes are not kept; the kept bodies total at most
+    ``budget`` bytes in at most ``max_entries`` entries, the oldest dropped first. The memo
+    empties itself when the app's config object changes (a test swapping ``app.config``)."""
+
+    MAX_BODY = 16 * 1024
+    BUDGET = 1 << 20
+    MAX_ENTRIES = 1024
+
+    __slots__ = ("_entries", "_bytes", "_config", "max_body", "budget", "max_entries")
+
+    def __init__(self, max_body: builtins.int = MAX_BODY, budget: builtins.int = BUDGET,
+                 max_entries: builtins.int = MAX_ENTRIES) -> None:
+        self._entries: dict[bytes, Any] = {}
+        self._bytes = 0
+        self._config: Any = None
+        self.max_body = max_body
+        self.budget = budget
+        self.max_entries = max_entries
+
+    def __len__(self) -> builtins.int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> builtins.int:
+        """The kept bodies' total size."""
+        return self._bytes
+
+    def get(self, body: builtins.bytes, config: Any) -> Any:
+        """What was stored for ``body`` under ``config``, else None."""
+        if config is not self._config:
+            self.clear()
+            self._config = config
+            return None
+        if len(body) > self.max_body:
+            return None
+        return self._entries.get(body)
+
+    def put(self, body: builtins.bytes, config: Any, value: Any) -> None:
+        size = len(body)
+        if size > self.max_body or config is not self._config:
+            return
+        key = builtins.bytes(body)  # (a bytes subclass or a bytearray: a plain, hashable copy)
+        entries = self._entries
+        if key in entries:
+            return
+        while entries and (self._bytes + size > self.budget
+                           or len(entries) >= self.max_entries):
+            old = next(iter(entries))  # the oldest (dicts keep insertion order)
+            del entries[old]
+            self._bytes -= len(old)
+        entries[key] = value
+        self._bytes += size
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
 
 
 async def deliver_after(app: App, model: str, seconds: float) -> None:

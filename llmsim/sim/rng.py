@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["request_rng", "new_id", "new_request_id", "derive", "seeded", "DELIVERY_ONLY"]
+__all__ = ["request_rng", "request_seed", "rng_of", "new_id", "new_request_id", "derive", "seeded", "DELIVERY_ONLY"]
 
 # Fields that change how an answer is delivered or filed, not what the model says: the same
 # seeded request gives the same text streamed or not, stored or not, tagged or not.
@@ -30,6 +30,17 @@ DELIVERY_ONLY = frozenset({"stream", "stream_options", "background", "store", "m
 
 def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> random.Random:
     """The RNG for one request (see module doc)."""
+    return rng_of(request_seed(seed, path, body, salt=salt))
+
+
+def rng_of(seed: int | None) -> random.Random:
+    """The RNG of a :func:`request_seed` (None: the shared unseeded one)."""
+    return _UNSEEDED if seed is None else seeded(seed)
+
+
+def request_seed(seed: int | None, path: str, body: Any, *, salt: str = "") -> int | None:
+    """The seed :func:`request_rng` seeds a request's RNG with, or None when nothing is to be
+    reproduced (a value: a handler may keep it with the validated body)."""
     req_seed = None
     if isinstance(body, dict):
         s = body.get("seed")
@@ -38,7 +49,7 @@ def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> ra
         elif body.get("temperature") == 0:
             req_seed = 0
     if seed is None and req_seed is None:
-        return _UNSEEDED  # nothing to reproduce: skip seeding a fresh generator (~10 µs)
+        return None  # nothing to reproduce: no fresh generator to seed (~10 µs)
     if isinstance(body, dict) and not DELIVERY_ONLY.isdisjoint(body):
         body = {k: v for k, v in body.items() if k not in DELIVERY_ONLY}
     try:
@@ -46,7 +57,7 @@ def request_rng(seed: int | None, path: str, body: Any, *, salt: str = "") -> ra
     except TypeError:
         canon = repr(body).encode()
     digest = _blake2b(f"{seed}|{path}|{salt}|".encode() + canon, digest_size=16).digest()
-    return seeded(int.from_bytes(digest, "little"))
+    return int.from_bytes(digest, "little")
 
 
 def seeded(seed: int) -> random.Random:

@@ -566,15 +566,48 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
     long (opener, words from :data:`WORDS`, occasional ``","``, final ``"."``);
     later sentences start with a :data:`CAP_WORDS` entry. The output simply stops
     when ``n`` pieces have been produced, possibly mid-sentence.
+
+    The text is a window of :data:`LOREM_CORPUS` pieces (a fixed text of such sentences,
+    read as a ring) starting at a sentence the RNG picks with one draw: the same RNG
+    state gives the same text, a shorter answer is a prefix of a longer one, and the cost
+    is a slice (a per-piece draw cost ~0.3 µs a token on every answer; issue 15).
     """
-    # Hot path (one call per simulated answer). The draws are exactly those of
-    # ``randint(6, 18)``, ``choices(WORDS, k=length - 2)``, ``random()``,
-    # ``randint(1, length - 4)`` and ``choice(...)`` per sentence (same text for the
-    # same RNG state, same state afterwards), inlined as CPython's ``random`` module
-    # makes them: ``randint``/``choice`` are ``_randbelow`` (``getrandbits`` of the
-    # bound's bit length, redrawn while too large), ``choices`` is
-    # ``floor(random() * len)``. An adjacent repeat (the same string object) is replaced
-    # by the next word.
+    if n <= 0:
+        return []
+    corpus, starts = _lorem_corpus()
+    at = starts[int(rng.random() * len(starts))]
+    out = corpus[at:at + n]
+    while len(out) < n:  # past the end: the ring goes on from its first sentence
+        out += corpus[:n - len(out)]
+    out[0] = _FIRST_OF[out[0]]  # a text's first sentence has no leading space
+    return out
+
+
+LOREM_CORPUS = 1 << 16
+"""Pieces in the ring :func:`lorem_pieces` reads (~5,400 sentences; 512 KiB of references to
+the shared word strings; built once per process, on first use, ~20 ms)."""
+_FIRST_OF = dict(zip(CAP_WORDS, FIRST_WORDS, strict=True))
+_corpus: tuple[list[str], list[int]] | None = None
+
+
+def _lorem_corpus() -> tuple[list[str], list[int]]:
+    """The ring of :func:`lorem_pieces` and the index of each of its sentences' first piece
+    (whole sentences, each opened by a :data:`CAP_WORDS` entry, from a fixed seed)."""
+    global _corpus
+    if _corpus is None:
+        # (whole sentences: the ring's seam is a sentence boundary like any other)
+        pieces = _lorem_sentences(LOREM_CORPUS, random.Random(0x10AE))
+        starts = [i for i, p in enumerate(pieces) if i == 0 or pieces[i - 1] == "."]
+        _corpus = (pieces, starts)
+    return _corpus
+
+
+def _lorem_sentences(n: int, rng: random.Random) -> list[str]:
+    """At least ``n`` pieces of whole sentences, each opened by a :data:`CAP_WORDS` entry."""
+    # The draws are those of ``randint(6, 18)``, ``choices(WORDS, k=length - 2)``,
+    # ``random()``, ``randint(1, length - 4)`` and ``choice(...)`` per sentence, inlined as
+    # CPython's ``random`` module makes them. An adjacent repeat (the same string object) is
+    # replaced by the next word.
     out: list[str] = []
     rand = rng.random
     bits = rng.getrandbits
@@ -603,10 +636,9 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
         r = bits(6)  # choice() of an opener: _randbelow(_OPENERS)
         while r >= _OPENERS:
             r = bits(6)
-        append(FIRST_WORDS[r] if not out else CAP_WORDS[r])
+        append(CAP_WORDS[r])
         out.extend(body)
         append(".")
-    del out[n:]
     return out
 
 
