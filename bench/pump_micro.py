@@ -50,9 +50,8 @@ class ManualClock(Clock):
         pass
 
     def run(self) -> None:
-        heap = self._heap
-        while heap:
-            self.t = max(self.t, heap[0][0])
+        while (due := self.next_deadline()) is not None:
+            self.t = max(self.t, due)
             self._run_due(self.t)
 
 

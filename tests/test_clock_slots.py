@@ -1,0 +1,75 @@
+"""The clock's slotted timers (llmsim.clock.Clock): every timer fires at most ``coalesce``
+early and never late, in deadline order across slots, armed-order within one; timers armed
+during a pass for a slot already due run in that pass; odd deadlines do not break it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from llmsim.clock import FakeClock, RealClock
+
+
+async def test_every_timer_fires_within_its_slot_never_late() -> None:
+    clock = FakeClock(start=0.0)
+    rng = random.Random(5)
+    fired: list[tuple[float, float]] = []
+    for _ in range(2000):
+        d = rng.uniform(0.0, 0.5)
+        clock.call_at(d, lambda d=d: fired.append((d, clock.now())))
+    while clock.next_deadline() is not None:
+        await asyncio.sleep(0)
+    assert len(fired) == 2000
+    for d, at in fired:
+        assert d - clock.coalesce <= at <= d + 1e-12
+    # slots run in order: a timer never fires before one of an earlier slot
+    slots = [int(d / clock.coalesce) for d, _ in fired]
+    assert slots == sorted(slots)
+    assert clock.entries == 0 and clock.pending == 0
+
+
+async def test_a_timer_armed_for_a_due_slot_runs_in_the_same_pass() -> None:
+    clock = FakeClock(start=10.0)
+    ran: list[str] = []
+
+    def first() -> None:
+        ran.append("first")
+        clock.call_at(9.0, lambda: ran.append("past"))  # an earlier, already-due slot
+        clock.call_at(10.0, lambda: ran.append("same"))  # this very slot
+
+    clock.call_at(10.0, first)
+    clock.call_at(10.5, lambda: ran.append("later"))
+    clock._run_due(10.0)
+    assert ran == ["first", "past", "same"]
+    assert clock.next_deadline() == 10.5
+
+
+async def test_infinite_and_cancelled_deadlines() -> None:
+    clock = FakeClock(start=0.0)
+    ran: list[str] = []
+    never = clock.call_at(float("inf"), lambda: ran.append("inf"))
+    clock.call_at(float("-inf"), lambda: ran.append("-inf"))
+    gone = clock.call_at(0.1, lambda: ran.append("cancelled"))
+    clock.cancel(gone)
+    clock._run_due(0.0)
+    assert ran == ["-inf"]
+    assert clock.next_deadline() == float("inf") and clock.pending == 1
+    clock.advance(1e9)
+    assert ran == ["-inf"] and not never.cancelled
+
+
+async def test_real_clock_arms_the_exact_earliest_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    clock = RealClock(loop)
+    base = (int(loop.time() / clock.coalesce) + 50) * clock.coalesce  # a slot's start
+    a = clock.call_at(base + 0.00015, lambda: None)
+    assert clock._armed_at == base + 0.00015
+    b = clock.call_at(base + 0.00005, lambda: None)  # same slot, earlier: armed again
+    assert clock._armed_at == base + 0.00005
+    clock.call_at(base + 0.00019, lambda: None)  # same slot, later: no change
+    assert clock._armed_at == base + 0.00005
+    for t in (a, b):
+        clock.cancel(t)
+    clock._arm()
+    assert clock._armed_at <= base + 0.00005  # (cancelled timers leave the armed time)
+    assert clock.next_deadline() == base + 0.00019
