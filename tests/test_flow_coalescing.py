@@ -157,3 +157,80 @@ async def test_a_clock_pass_stops_at_its_budget() -> None:
     assert ran == list(range(31))  # the 32nd timer's check stops the pass
     clock._run_due(0.0)  # no budget: everything due runs
     assert ran == list(range(100))
+
+
+def _reference_hists(t0: float, writes: list[tuple[float, int]]) -> tuple[list, list, int]:
+    """The TTFT and gap histograms as one bucket search per token write made them."""
+    from bisect import bisect_left
+
+    from llmsim.state.stats import BOUNDS, _new_hist
+
+    ttft, itl = _new_hist(), _new_hist()
+    last = -1.0
+    for now, n in writes:
+        for _ in range(n):
+            if last < 0.0:
+                ttft[bisect_left(BOUNDS, now - t0)] += 1
+                ttft[-1] += now - t0
+            else:
+                v = now - last
+                itl[bisect_left(BOUNDS, v)] += 1
+                itl[-1] += v
+            last = now
+    return ttft, itl, sum(n for _, n in writes)
+
+
+def test_folded_token_times_give_the_per_write_histograms() -> None:
+    """The track folds token-write times in batches (``observe.times``, ``fold``): the same
+    buckets and counts as a search per write, read mid-stream (every read folds first) or at
+    the end, with jittered, equal (one write) and far-apart gaps."""
+    import random
+
+    from llmsim.state.stats import FOLD_EVERY, Stats
+
+    rng = random.Random(3)
+    now, writes = 1.0, []
+    for _ in range(1000):
+        now += rng.choice([0.0, 0.01 * rng.lognormvariate(0, 0.3), rng.uniform(0, 2.0)])
+        writes.append((now, rng.choice([1, 1, 1, 2, 5])))
+    st = Stats()
+    t = st.track("m", 0.5, "sse", lambda e, d: True)
+    assert t.observe is not None
+    times = t.observe.times  # type: ignore[attr-defined]
+    for i, (w, n) in enumerate(writes):
+        t.observe.per_write(n, w)  # type: ignore[attr-defined]
+        assert len(times) < FOLD_EVERY  # bounded: folded when full
+        if i == 500:  # a read mid-stream sees every token written so far
+            assert st.delivered_total() == sum(n for _, n in writes[:501])
+            assert not times
+    ttft, itl, count = _reference_hists(0.5, writes)
+    h = st._hist("m")
+    st.raw()
+    assert h[0][:-1] == ttft[:-1] and h[1][:-1] == itl[:-1]
+    assert abs(h[1][-1] - itl[-1]) < 1e-6 and t.tokens == count
+    t.finish("completed", now + 1)
+    assert st.raw()["counters"]["tokens_delivered"] == count
+
+
+@pytest.mark.asyncio
+async def test_pump_appends_token_write_times_and_folds_when_full() -> None:
+    from llmsim.state.stats import FOLD_EVERY, Stats
+
+    clock = FakeClock(start=0.0)
+    st = Stats()
+    track = st.track("m", 0.0, "sse", CHAT.is_token)
+    folds = []
+    inner = track.observe.fold  # type: ignore[union-attr]
+
+    def fold() -> None:
+        folds.append(len(track.observe.times))  # type: ignore[union-attr]
+        inner()
+
+    track.observe.fold = fold  # type: ignore[union-attr]
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    Pump(EventStream(iter(plan(150)), CHAT), clock, encode.sse_chat, WriteLog(clock),
+         on_done=done.set_result, observer=track.observe).start()
+    assert await asyncio.wait_for(done, 5) == "completed"
+    assert folds == [FOLD_EVERY, FOLD_EVERY]  # the pump folded each time the list was full
+    track.finish("completed", clock.now())
+    assert track.tokens == 150 and st.delivered_total() == 150
