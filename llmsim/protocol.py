@@ -157,6 +157,12 @@ class Phase(enum.Enum):
     CLOSED = "closed"  # connection_lost ran
 
 
+# The phases as module constants: the connection's hot paths compare them per request and
+# per event, and an Enum member read through its class costs ~70 ns on CPython 3.11.
+_IDLE, _READING, _HANDLING, _STREAMING = Phase.IDLE, Phase.READING, Phase.HANDLING, Phase.STREAMING
+_CLOSING, _UPGRADED, _CLOSED = Phase.CLOSING, Phase.UPGRADED, Phase.CLOSED
+
+
 class Exchange:
     """One request and its response on a connection: created with the request head (or for a
     protocol error before any), dropped when the response's last byte is written."""
@@ -233,7 +239,7 @@ class HTTPProtocol(asyncio.Protocol):
         self.cfg = server.app.config
         self.transport: asyncio.Transport | None = None
         self.conn = self._new_conn()
-        self.phase = Phase.IDLE
+        self.phase = _IDLE
         self.exchange: Exchange | None = None  # the request in flight (None between them)
         self.paused = False  # write side (backpressure from the client)
         self._reading_paused = False  # mirrors transport.pause_reading()
@@ -255,7 +261,7 @@ class HTTPProtocol(asyncio.Protocol):
     @property
     def _busy(self) -> bool:
         """A request is being answered: input waits in h11's buffer."""
-        return self.phase is Phase.HANDLING or self.phase is Phase.STREAMING
+        return self.phase is _HANDLING or self.phase is _STREAMING
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -273,9 +279,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._arm("header", self.cfg.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.phase is Phase.CLOSED:
+        if self.phase is _CLOSED:
             return
-        self.phase = Phase.CLOSED
+        self.phase = _CLOSED
         self._cancel_timer()
         if self.upgraded is not None:
             self.upgraded.connection_lost(exc)
@@ -361,7 +367,7 @@ class HTTPProtocol(asyncio.Protocol):
         paused): cut it, so a client that never reads cannot hold a stream, its capacity slot
         and its buffered bytes. Abort, not close: close() waits for the unread buffer."""
         self._stall_deadline = _INF
-        if self.phase is Phase.CLOSED or not self.paused or self.transport is None:
+        if self.phase is _CLOSED or not self.paused or self.transport is None:
             return
         log.info("cutting %s: it read nothing for %gs", self.peer or "a client",
                  self.cfg.write_stall_timeout_s)
@@ -374,14 +380,14 @@ class HTTPProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ request parsing
     def _process(self) -> None:
-        while self.phase is Phase.IDLE or self.phase is Phase.READING:
+        while self.phase is _IDLE or self.phase is _READING:
             try:  # (self.conn: a response finished in this loop starts a fresh one)
                 ev = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
-                if self.phase is Phase.READING and self._timer_kind != "body":
+                if self.phase is _READING and self._timer_kind != "body":
                     # a head whose body is still to come: the body deadline, from now (armed
                     # here, not with the head, so a request that arrived whole arms none)
                     self._arm("body", self.cfg.header_timeout_s)
@@ -406,7 +412,7 @@ class HTTPProtocol(asyncio.Protocol):
     def _on_request(self, ev: h11.Request) -> None:
         self._cancel_timer()
         ex = self.exchange = Exchange(ev, new_request_id(), time.perf_counter())
-        self.phase = Phase.READING
+        self.phase = _READING
         # h11 only caps a head that arrives incomplete; a complete one in one read is
         # measured here so the limit holds however the bytes were split
         # (one pass over the headers: the size, the framing headers, the Request's dict)
@@ -464,7 +470,7 @@ class HTTPProtocol(asyncio.Protocol):
         assert ex is not None and ex.head is not None
         ev = ex.head
         self._cancel_timer()
-        self.phase = Phase.HANDLING
+        self.phase = _HANDLING
         self._buffered = 0
         self._heads = 0
         target = ev.target.decode("latin-1")
@@ -492,7 +498,7 @@ class HTTPProtocol(asyncio.Protocol):
             return
         finally:
             self._eager = False
-        if self.exchange is ex and self.phase is not Phase.CLOSED:
+        if self.exchange is ex and self.phase is not _CLOSED:
             self._task = asyncio.get_running_loop().create_task(_resume(coro, awaited))
         else:
             coro.close()
@@ -513,7 +519,7 @@ class HTTPProtocol(asyncio.Protocol):
             except asyncio.CancelledError:
                 accounting.request_gone(app, req, ex.endpoint)
                 return
-            if self.phase is Phase.CLOSED:
+            if self.phase is _CLOSED:
                 accounting.request_gone(app, req, ex.endpoint)
                 if type(res) is StreamResponse and res.on_close is not None:
                     res.on_close("cancelled")  # never pumped: still release what it holds
@@ -532,7 +538,7 @@ class HTTPProtocol(asyncio.Protocol):
                 res = await handler(self, req)
             except asyncio.CancelledError:
                 return
-            if res is not None and self.phase is not Phase.CLOSED:
+            if res is not None and self.phase is not _CLOSED:
                 self._send(req, res)
         except Exception:
             self._failed(req)
@@ -543,7 +549,7 @@ class HTTPProtocol(asyncio.Protocol):
         already sent (streams end their own failures in the pump; this is anything else):
         release the stream and drop the connection. The counters are released either way."""
         log.exception("request failed after dispatch: %s %s", req.method, req.path)
-        if self.phase is Phase.CLOSED:
+        if self.phase is _CLOSED:
             return  # connection_lost released everything
         ex = self.exchange
         try:
@@ -566,7 +572,7 @@ class HTTPProtocol(asyncio.Protocol):
         extra = header_bytes([(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
         self._out(status=101, headers=b"upgrade: websocket\r\nconnection: Upgrade\r\n" + extra)
         self.upgraded = session
-        self.phase = Phase.UPGRADED
+        self.phase = _UPGRADED
         self._cancel_timer()
         ex = self.exchange
         if ex is not None:
@@ -610,7 +616,7 @@ class HTTPProtocol(asyncio.Protocol):
             ex = self.exchange = Exchange(None, new_request_id(), 0.0)
         if close:
             ex.keep_alive = False
-        self.phase = Phase.HANDLING
+        self.phase = _HANDLING
         body = err.body()
         self.app.stats.record("invalid", None, "http", err.status, err.code or err.type)
         self._out(body, status=err.status, headers=header_bytes(err.headers) + _JSON_CT,
@@ -627,7 +633,7 @@ class HTTPProtocol(asyncio.Protocol):
             self._release_stream(ex, "completed")
             self._out(end=True)
             return
-        self.phase = Phase.STREAMING
+        self.phase = _STREAMING
         dialect = stream.dialect
         try:
             ex.track = accounting.stream_started(self.app, req, ex.endpoint, res)
@@ -654,7 +660,7 @@ class HTTPProtocol(asyncio.Protocol):
         the response carries a body."""
         tr = self.transport
         ex = self.exchange
-        if tr is None or ex is None or self.phase is Phase.CLOSED:
+        if tr is None or ex is None or self.phase is _CLOSED:
             return False
         if status:
             line = _status_line(status)  # (an invalid status raises before anything)
@@ -719,7 +725,7 @@ class HTTPProtocol(asyncio.Protocol):
     def write_events(self, frames: list[bytes]) -> None:
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         ex = self.exchange
-        if ex is not None and ex.framing is _CHUNKED and self.phase is Phase.STREAMING:
+        if ex is not None and ex.framing is _CHUNKED and self.phase is _STREAMING:
             # the hot path (one call per event): a chunk of the body whose framing _out
             # decided with the head, written as _out's body branch writes it
             ex.written += len(data)
@@ -737,7 +743,7 @@ class HTTPProtocol(asyncio.Protocol):
         if ex is None:
             return
         self._release_stream(ex, reason)
-        if reason in ("completed", "stopped", "error") and self.phase is not Phase.CLOSED:
+        if reason in ("completed", "stopped", "error") and self.phase is not _CLOSED:
             self._out(end=True)
 
     def _release_stream(self, ex: Exchange, reason: str) -> None:
@@ -774,7 +780,7 @@ class HTTPProtocol(asyncio.Protocol):
         conn = self.conn
         if (not ex.keep_alive or self._shutdown
                 or conn.their_state not in (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)):
-            self.phase = Phase.CLOSING
+            self.phase = _CLOSING
             self._close()
             return
         trailing, closed = conn.trailing_data
@@ -783,7 +789,7 @@ class HTTPProtocol(asyncio.Protocol):
             conn.receive_data(bytes(trailing))
         if closed:
             conn.receive_data(b"")
-        self.phase = Phase.IDLE
+        self.phase = _IDLE
         self._buffered = 0
         self._heads = 0
         if self._reading_paused:
@@ -808,7 +814,7 @@ class HTTPProtocol(asyncio.Protocol):
 
     def reset(self) -> None:
         """Drop the connection with a TCP RST (fault injection: "connection reset by peer")."""
-        if self.transport is None or self.phase is Phase.CLOSED:
+        if self.transport is None or self.phase is _CLOSED:
             return
         sock = self.transport.get_extra_info("socket")
         if sock is not None:

@@ -102,6 +102,7 @@ if TYPE_CHECKING:
 __all__ = ["upgrade", "WebSocketSession", "WebSocketState", "WS_PATHS", "error_event",
            "STREAM_ID_RE", "check_handshake"]
 
+_OPEN = ConnectionState.OPEN  # (an Enum member read through its class: ~70 ns)
 log = logging.getLogger("llmsim")
 
 CLIENT_EVENTS = ("response.create", "response.steer")
@@ -392,7 +393,7 @@ class WebSocketSession:
 
     def write_events(self, frames: list[bytes]) -> None:
         """Sink interface: one JSON text frame per event."""
-        if self.ws.state is not ConnectionState.OPEN or self.closed:
+        if self.ws.state is not _OPEN or self.closed:
             return
         frame = encode.ws_text_frame
         self._write(frame(frames[0]) if len(frames) == 1
@@ -703,6 +704,11 @@ class WebSocketSession:
             if suffix is not None and b[-1:] == b"}":
                 return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
             return b
+
+        if suffix is None and hasattr(ws_text, "bytes_frame"):
+            # a token the plan rendered (bytes: never response.failed) is its own payload
+            # then: the pump frames it without calling enc (issue 15)
+            enc.bytes_frame = ws_text.bytes_frame  # type: ignore[attr-defined]
 
         def error_frame(err: APIError, seq: int) -> bytes:
             ev = error_event(500, err.type, err.message, err.code, stream_id=sid)
