@@ -204,17 +204,19 @@ def test_forked_workers_do_not_repeat_ids():
     stream (two workers once handed out the same response ids)."""
     import os
 
-    from llmsim.sim.rng import new_id
+    from llmsim.sim.rng import new_id, new_request_id
 
+    new_id("resp_"), new_request_id()  # the parent has ids drawn ahead (rng._AHEAD)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        os.write(w, new_id("resp_").encode())
+        os.write(w, (new_id("resp_") + " " + new_request_id()).encode())
         os._exit(0)
     os.close(w)
-    child = os.read(r, 100).decode()
+    child, child_req = os.read(r, 200).decode().split()
     os.waitpid(pid, 0)
     assert child.startswith("resp_") and child != new_id("resp_")
+    assert child_req.startswith("req_") and child_req != new_request_id()
 
 
 async def test_two_servers_in_one_process_keep_their_own_tokenizer_mode():
@@ -280,8 +282,14 @@ def test_new_id_is_prefix_and_24_alphanumerics():
     state = rng._ID_RNG.getstate()  # the same bits as base64 with "Ab" for "+/"
     try:
         rng._ID_RNG.seed(7)
-        got = rng.new_id("x_")
-        raw = _random.Random(7).getrandbits(144).to_bytes(18, "little")
-        assert got == "x_" + base64.b64encode(raw, b"Ab").decode()
+        rng._ALNUMS[:] = ["", 0]
+        got = [rng.new_id("x_") for _ in range(rng._AHEAD + 1)]  # (one more: a new draw)
+        ref = _random.Random(7)
+        text = ""
+        for _ in range(2):
+            raw = ref.getrandbits(144 * rng._AHEAD).to_bytes(18 * rng._AHEAD, "little")
+            text += base64.b64encode(raw, b"Ab").decode()
+        assert got == ["x_" + text[i * 24:(i + 1) * 24] for i in range(rng._AHEAD + 1)]
     finally:
         rng._ID_RNG.setstate(state)
+        rng._ALNUMS[:] = ["", 0]
