@@ -132,6 +132,26 @@ FOLD_EVERY = 64
 two reads of the statistics (every read folds the live streams first)."""
 
 
+class _Observer:
+    """:attr:`StreamTrack.observe`: called per event written (``observe(type, data, now)``);
+    its attributes are the per-write protocol the pump uses instead (see StreamTrack)."""
+
+    __slots__ = ("is_token", "per_write", "times", "fold")
+    fold_every = FOLD_EVERY
+
+    def __init__(self, is_token: Callable[[str, Any], bool],
+                 per_write: Callable[[int, float], None], times: list[float],
+                 fold: Callable[[], None]) -> None:
+        self.is_token = is_token
+        self.per_write = per_write
+        self.times = times
+        self.fold = fold
+
+    def __call__(self, etype: str, data: Any, now: float) -> None:
+        if self.is_token(etype, data):
+            self.per_write(1, now)
+
+
 class StreamTrack:
     """Latency and gauge bookkeeping for one stream, whatever transport writes it.
 
@@ -222,16 +242,8 @@ class StreamTrack:
             if len(times) >= FOLD_EVERY:
                 fold()
 
-        def observe(etype: str, data: Any, now: float) -> None:
-            if is_token(etype, data):
-                per_write(1, now)
-
-        observe.per_write = per_write  # type: ignore[attr-defined]
-        observe.times = times  # type: ignore[attr-defined]
-        observe.fold = fold  # type: ignore[attr-defined]
-        observe.fold_every = FOLD_EVERY  # type: ignore[attr-defined]
         self.fold = fold
-        return observe
+        return _Observer(is_token, per_write, times, fold)
 
     @property
     def ttft(self) -> float | None:
