@@ -132,6 +132,7 @@ class EventStream:
             offset, etype, data = next(self._it)
         except StopIteration:
             self.finished = True
+            self._release()
             return None
         self.deadline += offset
         if self._numbered and etype[0] != "_":  # numbered(), inlined
@@ -157,8 +158,19 @@ class EventStream:
         """Stop the plan (the client is gone); runs the plan's ``finally`` blocks."""
         self.finished = True
         close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
+        try:
+            if close is not None:
+                close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """An ended stream lets go of its plan and its callbacks: they often hold the object
+        that holds the stream (a stored response's record), a cycle only a full garbage
+        collection would free, seconds later, in a pause every stream in flight sees."""
+        self._it = iter(())
+        self.on_event = None
+        self.fail = self.dialect.error_events
 
     def drain(self) -> list[tuple[str, Any]]:
         """Pull every remaining event without timing (tests, non-streamed collection)."""

@@ -256,6 +256,11 @@ class StreamTrack:
         if self.done:
             return
         self.fold()
+        # the observer's closures hold this track: let go of them, so the stream's objects
+        # are freed when it ends, not by a full garbage collection a few seconds later (a
+        # pause every stream in flight sees; issue 15)
+        self.fold = _nothing
+        self.observe = None
         self.done = True
         st = self.stats
         st.active_streams -= 1
