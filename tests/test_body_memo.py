@@ -3,6 +3,7 @@ and counting, answers exactly as a fresh one would, and the memo stays within it
 
 from __future__ import annotations
 
+import h11
 import orjson
 import pytest
 
@@ -93,3 +94,22 @@ def test_memo_follows_the_config(make_server):
     app.config = cfg(seed=1)
     _st, back = _chat(srv, _body())
     assert back["choices"] == one["choices"]
+
+
+def test_many_distinct_bodies_stay_within_the_memo_bounds(make_server):
+    """A client sending ever new bodies cannot grow the memo: the entry and byte bounds hold
+    (the oldest go first) and every answer is still right."""
+    srv = make_server()
+    memo = srv.app.memos[chat.MEMO]
+    sock = rawhttp.connect(srv.url)
+    conn = h11.Connection(h11.CLIENT)
+    try:
+        for i in range(BodyMemo.MAX_ENTRIES + 40):
+            body = _body(max_tokens=1 + i % 5, user=f"u{i}")
+            r = rawhttp.request(srv.url, "POST", "/v1/chat/completions", orjson.dumps(body),
+                                sock=sock, conn=conn)
+            assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 1 + i % 5
+    finally:
+        sock.close()
+    assert len(memo) <= BodyMemo.MAX_ENTRIES and memo.bytes <= BodyMemo.BUDGET
+    assert len(memo) > BodyMemo.MAX_ENTRIES // 2  # (it kept the newest, not nothing)

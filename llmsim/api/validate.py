@@ -218,12 +218,14 @@ class BodyMemo:
     shared by every request with those bytes, so they must be treated as read-only.
 
     Bounded: bodies over ``max_body`` bytes are not kept; the kept bodies total at most
-    ``budget`` bytes in at most ``max_entries`` entries, the oldest dropped first. The memo
-    empties itself when the app's config object changes (a test swapping ``app.config``)."""
+    ``budget`` bytes in at most ``max_entries`` entries, the oldest dropped first. What is
+    kept for a body is its parsed form: about 10× its bytes for ordinary messages, ~30× at
+    worst (a body of tiny objects), so the memo holds a few MB at most. It empties itself
+    when the app's config object changes (a test swapping ``app.config``)."""
 
     MAX_BODY = 16 * 1024
-    BUDGET = 1 << 20
-    MAX_ENTRIES = 1024
+    BUDGET = 256 * 1024
+    MAX_ENTRIES = 256
 
     __slots__ = ("_entries", "_bytes", "_config", "max_body", "budget", "max_entries")
 
