@@ -77,7 +77,7 @@ class Pump:
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
                  "_unobserved", "_bytes_frame", "_token_types", "_times", "_fold",
-                 "_fold_every")
+                 "_fold_every", "_pull", "_same", "_catch_up")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -112,6 +112,10 @@ class Pump:
         self._bytes_frame: tuple[bytes, bytes] | None = (
             getattr(encode, "bytes_frame", None) if stream.dialect.bytes_tokens else None)
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
+        # read once per firing: kept here rather than looked up through the stream and clock
+        self._pull = stream.pull
+        self._same = clock.coalesce
+        self._catch_up = clock.catch_up
 
     def start(self) -> None:
         self.stream.begin(self.clock.now())
@@ -204,10 +208,10 @@ class Pump:
                 return
             clock = self.clock
             now = clock.now()
-            same = clock.coalesce
+            same = self._same
             limit = now + same
-            behind = now - clock.catch_up  # an event due before this is late: catch up
-            pull = self.stream.pull
+            behind = now - self._catch_up  # an event due before this is late: catch up
+            pull = self._pull
             encode = self.encode
             is_token = self._is_token
             token_types = self._token_types

@@ -169,7 +169,7 @@ class Exchange:
 
     __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "headers",
                  "body", "body_len",
-                 "endpoint", "counted", "framing", "status", "written", "req", "track",
+                 "endpoint", "counted", "framing", "status", "req", "track",
                  "on_close")
 
     def __init__(self, head: h11.Request | None, rid: str, t0: float) -> None:
@@ -189,7 +189,6 @@ class Exchange:
         self.counted = False  # the request gauge is open (app.stats.request_open)
         self.framing = _UNSENT
         self.status = 0
-        self.written = 0  # body bytes handed to the transport
         self.req: Request | None = None  # the request whose stream is being written
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
@@ -696,7 +695,6 @@ class HTTPProtocol(asyncio.Protocol):
             if data and framing is not _NOBODY:
                 head.append(data if framing is not _CHUNKED
                             else _CHUNK % (len(data), data))
-                ex.written += len(data)
             if end and framing is _CHUNKED:
                 head.append(b"0\r\n\r\n")
             ex.framing = framing  # (set with the write: a failure above is answered 500)
@@ -709,7 +707,6 @@ class HTTPProtocol(asyncio.Protocol):
             if end:
                 self._release_request(ex)
             if data and framing is not _NOBODY:
-                ex.written += len(data)
                 if framing is _CHUNKED:
                     data = _CHUNK % (len(data), data)
                     if end:
@@ -728,7 +725,6 @@ class HTTPProtocol(asyncio.Protocol):
         if ex is not None and ex.framing is _CHUNKED and self.phase is _STREAMING:
             # the hot path (one call per event): a chunk of the body whose framing _out
             # decided with the head, written as _out's body branch writes it
-            ex.written += len(data)
             self.transport.write(_CHUNK % (len(data), data))  # type: ignore[union-attr]
         else:
             self._out(data)
