@@ -213,20 +213,21 @@ def test_folded_token_times_give_the_per_write_histograms() -> None:
 
 
 @pytest.mark.asyncio
-async def test_pump_appends_token_write_times_and_folds_when_full() -> None:
+async def test_pump_appends_token_write_times_and_folds_when_full(monkeypatch) -> None:
+    from llmsim.state import stats
     from llmsim.state.stats import FOLD_EVERY, Stats
 
     clock = FakeClock(start=0.0)
     st = Stats()
     track = st.track("m", 0.0, "sse", CHAT.is_token)
     folds = []
-    inner = track.observe.fold  # type: ignore[union-attr]
+    inner = stats._Observer.fold
 
-    def fold() -> None:
-        folds.append(len(track.observe.times))  # type: ignore[union-attr]
-        inner()
+    def fold(self: stats._Observer) -> None:
+        folds.append(len(self.times))
+        inner(self)
 
-    track.observe.fold = fold  # type: ignore[union-attr]
+    monkeypatch.setattr(stats._Observer, "fold", fold)
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     Pump(EventStream(iter(plan(150)), CHAT), clock, encode.sse_chat, WriteLog(clock),
          on_done=done.set_result, observer=track.observe).start()

@@ -69,6 +69,7 @@ def _bounds() -> tuple[float, ...]:
 
 BOUNDS: tuple[float, ...] = _bounds()
 NB = len(BOUNDS) + 1  # counts per histogram, the last is the +Inf bucket; then the sum
+_NB = len(BOUNDS)
 
 # indices into BOUNDS exposed as Prometheus ``le`` buckets
 EXPORT_BOUNDS: tuple[int, ...] = tuple(BOUNDS.index(b) for b in _EXPORTED if b <= 1000.0)
@@ -134,18 +135,71 @@ two reads of the statistics (every read folds the live streams first)."""
 
 class _Observer:
     """:attr:`StreamTrack.observe`: called per event written (``observe(type, data, now)``);
-    its attributes are the per-write protocol the pump uses instead (see StreamTrack)."""
+    ``times``, ``fold``, ``fold_every`` and ``per_write`` are the per-write protocol the pump
+    uses instead (see StreamTrack). A small object rather than closures: a stream creates one,
+    and its fold runs once per ``fold_every`` tokens."""
 
-    __slots__ = ("is_token", "per_write", "times", "fold")
+    __slots__ = ("is_token", "track", "ttft_h", "itl_h", "times", "last", "idx", "lo", "hi")
     fold_every = FOLD_EVERY
 
-    def __init__(self, is_token: Callable[[str, Any], bool],
-                 per_write: Callable[[int, float], None], times: list[float],
-                 fold: Callable[[], None]) -> None:
+    def __init__(self, track: StreamTrack, is_token: Callable[[str, Any], bool],
+                 ttft_h: list[Any], itl_h: list[Any]) -> None:
         self.is_token = is_token
-        self.per_write = per_write
-        self.times = times
-        self.fold = fold
+        self.track = track
+        self.ttft_h = ttft_h
+        self.itl_h = itl_h
+        self.times: list[float] = []
+        self.last = -1.0
+        # the last gap's bucket, (lo, hi]: paced gaps mostly fall in the same one (no search)
+        self.idx, self.lo, self.hi = 0, -_INF, BOUNDS[0]
+
+    def fold(self) -> None:
+        """Turn the held token-write times into the histograms and counts."""
+        times = self.times
+        n = len(times)
+        if not n:
+            return
+        bounds = BOUNDS
+        search = bisect_left
+        track = self.track
+        last = self.last
+        it = iter(times)
+        if last < 0.0:  # the first token: its time is the TTFT
+            last = next(it)
+            track.first = last
+            v = last - track.t0
+            self.ttft_h[search(bounds, v)] += 1
+            self.ttft_h[-1] += v
+        itl_h = self.itl_h
+        idx, lo, hi = self.idx, self.lo, self.hi
+        start = last
+        run = 0  # gaps in a row in bucket idx, not yet counted
+        for t in it:
+            v = t - last
+            last = t
+            if lo < v <= hi:
+                run += 1
+            else:
+                itl_h[idx] += run
+                run = 1
+                idx = search(bounds, v)
+                lo = bounds[idx - 1] if idx else -_INF
+                hi = bounds[idx] if idx < _NB else _INF
+        itl_h[idx] += run
+        itl_h[-1] += last - start  # (the gaps' sum: they add up to the span)
+        self.last, self.idx, self.lo, self.hi = last, idx, lo, hi
+        track.tokens += n
+        times.clear()
+
+    def per_write(self, n: int, now: float) -> None:
+        """``n`` (≥ 1) token events written together at ``now``."""
+        times = self.times
+        if n == 1:
+            times.append(now)
+        else:
+            times.extend([now] * n)
+        if len(times) >= FOLD_EVERY:
+            self.fold()
 
     def __call__(self, etype: str, data: Any, now: float) -> None:
         if self.is_token(etype, data):
@@ -187,63 +241,8 @@ class StreamTrack:
         self.observe: Callable[[str, Any, float], None] | None = None
         self.fold: Callable[[], None] = _nothing
         if is_token is not None:
-            self.observe = self._observer(is_token, ttft_h, itl_h)
-
-    def _observer(self, is_token: Callable[[str, Any], bool], ttft_h: list[Any],
-                  itl_h: list[Any]) -> Callable[[str, Any, float], None]:
-        # Closures over locals: the cheapest calls CPython offers. The fold remembers the
-        # bucket of the last gap: paced gaps mostly fall in the same one (no search then).
-        track = self
-        t0 = self.t0
-        bounds = BOUNDS
-        nb = len(bounds)
-        search = bisect_left
-        times: list[float] = []
-        append = times.append
-        last = -1.0
-        idx, lo, hi = 0, -_INF, bounds[0]  # the last gap's bucket: (lo, hi]
-
-        def fold() -> None:
-            nonlocal last, idx, lo, hi
-            n = len(times)
-            if not n:
-                return
-            it = iter(times)
-            if last < 0.0:  # the first token: its time is the TTFT
-                last = next(it)
-                track.first = last
-                v = last - t0
-                ttft_h[search(bounds, v)] += 1
-                ttft_h[-1] += v
-            start = last
-            run = 0  # gaps in a row in bucket idx, not yet counted
-            for t in it:
-                v = t - last
-                last = t
-                if lo < v <= hi:
-                    run += 1
-                else:
-                    itl_h[idx] += run
-                    run = 1
-                    idx = search(bounds, v)
-                    lo = bounds[idx - 1] if idx else -_INF
-                    hi = bounds[idx] if idx < nb else _INF
-            itl_h[idx] += run
-            itl_h[-1] += last - start  # (the gaps' sum: they add up to the span)
-            track.tokens += n
-            times.clear()
-
-        def per_write(n: int, now: float) -> None:
-            # ``n`` (≥ 1) token events written together at ``now``
-            if n == 1:
-                append(now)
-            else:
-                times.extend([now] * n)
-            if len(times) >= FOLD_EVERY:
-                fold()
-
-        self.fold = fold
-        return _Observer(is_token, per_write, times, fold)
+            obs = self.observe = _Observer(self, is_token, ttft_h, itl_h)
+            self.fold = obs.fold
 
     @property
     def ttft(self) -> float | None:
