@@ -16,6 +16,8 @@ layers ask it:
 - ``bytes_tokens``: a ``bytes`` payload in this family's plans is always one token's event,
   already rendered as JSON by the plan (the hot path: the pump frames it with the encoder's
   ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.flow.Pump`);
+  ``bytes_type``: the event type of every such payload, for an encoder whose frame names
+  the type (Responses SSE: ``event: <type>``; the encoder's ``bytes_frame_for(type)``);
 - ``terminals``: the event types that end a stream (a fault due after the last token fires
   before these);
 - ``error_events(err)``: a mid-stream failure as events of the family (chat: the error chunk
@@ -50,7 +52,8 @@ class Dialect:
     once at import; tests may monkeypatch one (e.g. an encoder that fails)."""
 
     __slots__ = ("endpoint", "numbered", "sse", "ws", "is_token", "terminals",
-                 "error_events", "sse_error", "bytes_tokens", "token_types")
+                 "error_events", "sse_error", "bytes_tokens", "bytes_type",
+                 "token_types")
 
     def __init__(self, endpoint: str, *, numbered: bool,
                  sse: Callable[[str, Any], bytes],
@@ -59,7 +62,7 @@ class Dialect:
                  is_token: Callable[[str, Any], bool] = _no_token,
                  terminals: frozenset[str] = frozenset(),
                  ws: Callable[[str, Any], bytes] | None = None,
-                 bytes_tokens: bool = False,
+                 bytes_tokens: bool = False, bytes_type: str | None = None,
                  token_types: frozenset[str] | None = None) -> None:
         self.endpoint = endpoint
         self.numbered = numbered
@@ -78,6 +81,7 @@ class Dialect:
         self.error_events = error_events
         self.sse_error = sse_error
         self.bytes_tokens = bytes_tokens
+        self.bytes_type = bytes_type
 
     def __repr__(self) -> str:
         return f"Dialect({self.endpoint!r})"

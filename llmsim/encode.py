@@ -38,6 +38,14 @@ def sse_responses(etype: str, data: Any) -> bytes:
     return prefix + (data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
+def _sse_responses_frame(etype: str) -> tuple[bytes, bytes]:
+    return b"event: " + etype.encode() + b"\ndata: ", b"\n\n"
+
+
+sse_responses.bytes_frame_for = _sse_responses_frame  # type: ignore[attr-defined]
+# (the frame of every ``bytes`` payload of one event type: Dialect.bytes_type; flow.Pump)
+
+
 def sse_error_chat(err: dict[str, Any], seq: int) -> bytes:
     """The terminal frames of a chat SSE stream that failed after its first byte, from the
     error envelope's fields ``err``: the error chunk then ``[DONE]`` (as the real API ends a

@@ -109,8 +109,13 @@ class Pump:
         # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
         # and suffix (both declared: the dialect's ``bytes_tokens``, the encoder's
         # ``bytes_frame``); None: every payload goes through ``encode``
-        self._bytes_frame: tuple[bytes, bytes] | None = (
-            getattr(encode, "bytes_frame", None) if stream.dialect.bytes_tokens else None)
+        self._bytes_frame: tuple[bytes, bytes] | None = None
+        dialect = stream.dialect
+        if dialect.bytes_tokens:  # (a frame that names the type: the dialect's bytes_type)
+            frame_for = getattr(encode, "bytes_frame_for", None)
+            self._bytes_frame = (frame_for(dialect.bytes_type)
+                                 if frame_for is not None and dialect.bytes_type is not None
+                                 else getattr(encode, "bytes_frame", None))
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         # read once per firing: kept here rather than looked up through the stream and clock
         self._pull = stream.pull

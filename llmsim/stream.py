@@ -58,7 +58,10 @@ def numbered(etype: str, data: Any) -> bool:
 
 def _stamped(data: bytes, seq: int) -> bytes:
     """A pre-rendered event (JSON cut just before its ``sequence_number`` value) numbered."""
-    return data + b"%d}" % seq
+    return data + _STAMP % seq
+
+
+_STAMP = b"%d}"  # what numbers a pre-rendered event (EventStream.pull inlines _stamped)
 
 
 class EventStream:
@@ -140,7 +143,7 @@ class EventStream:
                 data["sequence_number"] = self.seq
                 self.seq += 1
             elif type(data) is bytes:
-                data = _stamped(data, self.seq)
+                data = data + _STAMP % self.seq  # (_stamped, inlined: once per token)
                 self.seq += 1
         if self.on_event is not None and etype[0] != "_" and (
                 self._observed is None or etype in self._observed):

@@ -114,3 +114,41 @@ async def test_pump_without_bytes_frame_encodes_bytes_through_the_encoder() -> N
     p.start()
     assert await asyncio.wait_for(done, 5) == "completed"
     assert seen == [b"{}", None] and sink.frames == [b"x", b"x"]
+
+
+async def test_responses_bytes_payloads_are_all_of_the_dialects_bytes_type() -> None:
+    """The pump frames a Responses ``bytes`` payload with ``event: <bytes_type>`` without
+    looking at its type: every bytes payload a Responses plan yields must be of that type,
+    in every kind of answer (plain, reasoning, tools, logprobs, a refusal-free long text),
+    and the pump's frame is what the encoder writes for it."""
+    from llmsim import Config
+    from llmsim.app import App
+    from llmsim.messages import Request, StreamResponse
+
+    app = App(Config(latency="instant", seed=3, max_tokens_mode="exact"))
+    tool = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    bodies = [
+        {"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": 40},
+        {"model": "o4-mini", "input": "Think", "max_output_tokens": 400,
+         "reasoning": {"effort": "low", "summary": "detailed"}},
+        {"model": "gpt-4o-mini", "input": "Weather in Paris?", "tools": [tool],
+         "tool_choice": "required"},
+        {"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": 20, "top_logprobs": 2,
+         "include": ["message.output_text.logprobs"]},
+        {"model": "gpt-4o-mini", "input": "Answer in JSON", "max_output_tokens": 60,
+         "text": {"format": {"type": "json_object"}}},
+    ]
+    frame = encode.sse_responses.bytes_frame_for(RESPONSES.bytes_type)  # type: ignore[attr-defined]
+    seen_bytes = 0
+    for i, body in enumerate(bodies):
+        req = Request("POST", "/v1/responses", {}, {}, orjson.dumps({**body, "stream": True}),
+                      f"r{i}")
+        res = await app.dispatch(req)
+        assert type(res) is StreamResponse, (body, getattr(res, "data", None))
+        for etype, data in res.stream.drain():
+            if type(data) is bytes:
+                seen_bytes += 1
+                assert etype == RESPONSES.bytes_type
+                assert frame[0] + data + frame[1] == encode.sse_responses(etype, data)
+    assert seen_bytes > 40
