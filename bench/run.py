@@ -259,8 +259,9 @@ CHAT_BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "H
 def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
         path: str = "/v1/chat/completions") -> dict[str, Any]:
     req = write_tmp(http_request(path, body or CHAT_BODY))
-    # a short warm-up so import-on-first-use and caches are not measured
-    drive(server, "rps", ["-c", "64", "-d", "0.5", "-f", req], 30)
+    # a warm-up so import-on-first-use, caches and a server's start-up work (llmsim loads its
+    # tokenizer files in a thread and then settles, see Server.settle) are not measured
+    drive(server, "rps", ["-c", "64", "-d", "1.5", "-f", req], 30)
     r = drive(server, "rps", ["-c", "64", "-d", str(seconds), "-f", req], seconds + 60)
     r["rps"] = r["completed"] / r["elapsed_s"]
     r["rps_per_cpu_s"] = r["completed"] / max(r["server_cpu_s"], 1e-9)
