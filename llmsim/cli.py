@@ -116,7 +116,7 @@ async def _serve(cfg: Config) -> None:
     await server.start()
     if not cfg.quiet:
         print(banner(server.url, cfg), flush=True)
-    settle = asyncio.get_running_loop().create_task(server.settle())  # noqa: F841 (kept)
+    server.settle_soon()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -104,7 +104,7 @@ class Clock:
         timer.deadline = deadline
         timer.cancelled = False
         try:
-            k = int(deadline * self._per_slot)
+            k = int(deadline * self._per_slot)  # (_slot, inlined: once per event)
         except OverflowError:
             k = self._slot(deadline)
         self._entries += 1

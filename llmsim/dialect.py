@@ -16,8 +16,8 @@ layers ask it:
 - ``bytes_tokens``: a ``bytes`` payload in this family's plans is always one token's event,
   already rendered as JSON by the plan (the hot path: the pump frames it with the encoder's
   ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.flow.Pump`);
-  ``bytes_type``: the event type of every such payload, for an encoder whose frame names
-  the type (Responses SSE: ``event: <type>``; the encoder's ``bytes_frame_for(type)``);
+  ``bytes_type``: the event type of every such payload (None: any), for an encoder whose
+  frame names the type (Responses SSE: ``event: <type>``; the encoder's ``bytes_frame``);
 - ``terminals``: the event types that end a stream (a fault due after the last token fires
   before these);
 - ``error_events(err)``: a mid-stream failure as events of the family (chat: the error chunk

@@ -25,9 +25,14 @@ def sse_chat(etype: str, data: Any) -> bytes:
     return b"data: " + (data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
-sse_chat.bytes_frame = (b"data: ", b"\n\n")  # type: ignore[attr-defined]
-# ``bytes_frame`` (an encoder's declaration): the frame of a ``bytes`` payload is
-# ``prefix + payload + suffix`` whatever its event type (flow.Pump's hot path)
+def _chat_frame(etype: str | None) -> tuple[bytes, bytes]:
+    return b"data: ", b"\n\n"
+
+
+sse_chat.bytes_frame = _chat_frame  # type: ignore[attr-defined]
+# ``bytes_frame(type)`` (an encoder's declaration, flow.Pump's hot path): the frame of a
+# ``bytes`` payload of that event type (Dialect.bytes_type; None: of any type) is
+# ``prefix + payload + suffix``; None: no fixed frame, the encoder frames each payload
 
 
 def sse_responses(etype: str, data: Any) -> bytes:
@@ -38,12 +43,12 @@ def sse_responses(etype: str, data: Any) -> bytes:
     return prefix + (data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
-def _sse_responses_frame(etype: str) -> tuple[bytes, bytes]:
-    return b"event: " + etype.encode() + b"\ndata: ", b"\n\n"
+def _responses_frame(etype: str | None) -> tuple[bytes, bytes] | None:
+    # (the event line names the type: a frame only for payloads of one known type)
+    return None if etype is None else (b"event: " + etype.encode() + b"\ndata: ", b"\n\n")
 
 
-sse_responses.bytes_frame_for = _sse_responses_frame  # type: ignore[attr-defined]
-# (the frame of every ``bytes`` payload of one event type: Dialect.bytes_type; flow.Pump)
+sse_responses.bytes_frame = _responses_frame  # type: ignore[attr-defined]
 
 
 def sse_error_chat(err: dict[str, Any], seq: int) -> bytes:
@@ -66,7 +71,11 @@ def ws_text(etype: str, data: Any) -> bytes:
     return data if type(data) is bytes else _dumps(data)
 
 
-ws_text.bytes_frame = (b"", b"")  # type: ignore[attr-defined]
+def _ws_frame(etype: str | None) -> tuple[bytes, bytes]:
+    return b"", b""
+
+
+ws_text.bytes_frame = _ws_frame  # type: ignore[attr-defined]
 
 
 CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: CHUNK % (len(payload), payload)

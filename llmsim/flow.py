@@ -39,10 +39,6 @@ MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 
 
-def _no_fold() -> None:
-    """The fold of an observer without one."""
-
-
 class Sink(Protocol):
     """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session.
     ``write_events`` consumes the list before it returns (the pump reuses it)."""
@@ -102,20 +98,17 @@ class Pump:
         # … and cheaper still (StreamTrack.observe): the write's time appended to ``times``
         # once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
-        self._fold: Callable[[], None] = getattr(observer, "fold", None) or _no_fold
-        self._fold_every: int = getattr(observer, "fold_every", 1)
+        self._fold: Callable[[], None] | None = getattr(observer, "fold", None)
+        self._fold_every: int = getattr(observer, "fold_every", 0)
         self._is_token = stream.dialect.is_token
         self._token_types = stream.dialect.token_types
         # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
-        # and suffix (both declared: the dialect's ``bytes_tokens``, the encoder's
-        # ``bytes_frame``); None: every payload goes through ``encode``
-        self._bytes_frame: tuple[bytes, bytes] | None = None
+        # and suffix (both declared: the dialect's ``bytes_tokens`` and ``bytes_type``, the
+        # encoder's ``bytes_frame(type)``); None: every payload goes through ``encode``
         dialect = stream.dialect
-        if dialect.bytes_tokens:  # (a frame that names the type: the dialect's bytes_type)
-            frame_for = getattr(encode, "bytes_frame_for", None)
-            self._bytes_frame = (frame_for(dialect.bytes_type)
-                                 if frame_for is not None and dialect.bytes_type is not None
-                                 else getattr(encode, "bytes_frame", None))
+        frame_of = getattr(encode, "bytes_frame", None) if dialect.bytes_tokens else None
+        self._bytes_frame: tuple[bytes, bytes] | None = (
+            frame_of(dialect.bytes_type) if frame_of is not None else None)
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         # read once per firing: kept here rather than looked up through the stream and clock
         self._pull = stream.pull
@@ -278,7 +271,7 @@ class Pump:
                                 times.extend([now] * tokens)
                             tokens = 0
                             if len(times) >= self._fold_every:
-                                self._fold()
+                                self._fold()  # type: ignore[misc]  # (set with times)
                 if end is None:
                     if not self._done:
                         self._timer = (clock.call_at(deadline, self._tick)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import random
 import socket
 import threading
 from collections.abc import Collection
@@ -29,7 +28,6 @@ from .sim import tokens
 __all__ = ["Server", "ServerThread"]
 
 log = logging.getLogger("llmsim")
-_SETTLE_RNG = random.Random(0)
 
 
 class Server:
@@ -55,6 +53,7 @@ class Server:
         self._sweep_every = max(0.02, min([1.0, *(t / 2 for t in timeouts)]))
         self.app.drop_departed = self.drop_departed
         self._warming: list[asyncio.Future[Any]] = []  # start-up loads (settle awaits them)
+        self._settling: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -108,9 +107,13 @@ class Server:
                 await fut
             except Exception:  # (a tokenizer that cannot load is the request's business)
                 log.debug("tokenizer warm-up failed", exc_info=True)
-        tokens.lorem_pieces(1, _SETTLE_RNG)  # builds the ring
+        tokens.lorem_ring()
         gc.collect()
         gc.freeze()
+
+    def settle_soon(self) -> None:
+        """Run :meth:`settle` in the background (the server keeps the task)."""
+        self._settling = asyncio.get_running_loop().create_task(self.settle())
 
     def loop_time(self) -> float:
         """Now on the app's clock: what connection deadlines are measured in."""

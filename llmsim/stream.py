@@ -62,6 +62,7 @@ def _stamped(data: bytes, seq: int) -> bytes:
 
 
 _STAMP = b"%d}"  # what numbers a pre-rendered event (EventStream.pull inlines _stamped)
+_ENDED: Iterator[Any] = iter(())  # the plan of an ended stream (EventStream._release)
 
 
 class EventStream:
@@ -149,6 +150,7 @@ class EventStream:
                 self._observed is None or etype in self._observed):
             self.on_event(etype, data)
         return self.deadline, etype, data
+
     def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]]) -> None:
         """Replace the plan by ``fn(plan)`` (a generator around it: faults, capacity pacing).
 
@@ -171,7 +173,7 @@ class EventStream:
         """An ended stream lets go of its plan and its callbacks: they often hold the object
         that holds the stream (a stored response's record), a cycle only a full garbage
         collection would free, seconds later, in a pause every stream in flight sees."""
-        self._it = iter(())
+        self._it = _ENDED
         self.on_event = None
         self.fail = self.dialect.error_events
 

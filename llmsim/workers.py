@@ -219,7 +219,7 @@ def _worker_main(cfg: Config, sock: socket.socket, state_dir: str, index: int) -
         server = Server(cfg, sock=sock, state_dir=state_dir)
         await server.start()
         install_stats(server.app, state_dir)
-        settle = asyncio.get_running_loop().create_task(server.settle())  # noqa: F841 (kept)
+        server.settle_soon()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -17,6 +17,7 @@ from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
 from llmsim.clock import FakeClock
 from llmsim.flow import Pump
 from llmsim.stream import EventStream, numbered
+from tests.sinks import FrameSink
 
 TOKENS = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", ""]
 
@@ -63,19 +64,6 @@ def test_claim_ahead_renumbers_a_held_prerendered_event() -> None:
     assert stream2.claim_ahead(None) == (7, None)
 
 
-class Sink:
-    paused = False
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-
-    def write_events(self, frames: list[bytes]) -> None:
-        self.frames.extend(frames)
-
-    def abort(self) -> None:
-        pass
-
-
 async def test_pump_frames_and_counts_prerendered_tokens() -> None:
     """Chat's bytes payloads are framed with the encoder's ``bytes_frame`` (no encoder call)
     and counted as tokens; the same stream through the encoder gives the same bytes."""
@@ -88,7 +76,7 @@ async def test_pump_frames_and_counts_prerendered_tokens() -> None:
         raise AssertionError("per_write is used")
 
     observe.per_write = lambda n, now: counted.append(n)  # type: ignore[attr-defined]
-    sink = Sink()
+    sink = FrameSink()
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     p = Pump(EventStream(iter(plan), CHAT), clock, encode.sse_chat, sink,
              on_done=done.set_result, observer=observe)
@@ -107,7 +95,7 @@ async def test_pump_without_bytes_frame_encodes_bytes_through_the_encoder() -> N
         seen.append(data)
         return b"x"
 
-    sink = Sink()
+    sink = FrameSink()
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     p = Pump(EventStream(iter([(0.0, "chunk", b"{}"), (0.0, "done", None)]), CHAT), clock,
              enc, sink, on_done=done.set_result)
@@ -139,7 +127,7 @@ async def test_responses_bytes_payloads_are_all_of_the_dialects_bytes_type() -> 
         {"model": "gpt-4o-mini", "input": "Answer in JSON", "max_output_tokens": 60,
          "text": {"format": {"type": "json_object"}}},
     ]
-    frame = encode.sse_responses.bytes_frame_for(RESPONSES.bytes_type)  # type: ignore[attr-defined]
+    frame = encode.sse_responses.bytes_frame(RESPONSES.bytes_type)  # type: ignore[attr-defined]
     seen_bytes = 0
     for i, body in enumerate(bodies):
         req = Request("POST", "/v1/responses", {}, {}, orjson.dumps({**body, "stream": True}),

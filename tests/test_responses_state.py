@@ -22,6 +22,7 @@ from llmsim.flow import Pump
 from llmsim.messages import JSONResponse, RawResponse, Request, StreamResponse
 from llmsim.state.store import BoundedStore
 from tests import rawhttp
+from tests.sinks import FrameSink
 
 
 def sdk(srv: Any) -> openai.OpenAI:
@@ -202,21 +203,6 @@ def test_background_stream_and_resume_with_sdk(srv):
     assert [e.type for e in raw] == [e.type for e in events]
 
 
-class Collect:
-    """A sink that records what a pump emits and when (virtual time)."""
-
-    paused = False
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-
-    def write_events(self, frames: list[bytes]) -> None:
-        self.frames.extend(frames)
-
-    def abort(self) -> None:
-        pass
-
-
 def _event(data: Any) -> dict[str, Any]:
     """A plan event's payload as the client reads it (token deltas come pre-rendered)."""
     return orjson.loads(data) if type(data) is bytes else data
@@ -226,7 +212,7 @@ def _pump(app: App, res: StreamResponse) -> tuple[list[tuple[float, int, str]],
                                                   asyncio.Future[str]]:
     seen: list[tuple[float, int, str]] = []
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    pump = Pump(res.stream, app.clock, lambda t, d: b"", Collect(),
+    pump = Pump(res.stream, app.clock, lambda t, d: b"", FrameSink(),
                 on_done=lambda r: done.done() or done.set_result(r),
                 observer=lambda t, d, now: seen.append((now, _event(d)["sequence_number"], t)))
     pump.start()

@@ -470,7 +470,7 @@ def test_lorem_sentences_draw_as_the_random_api():
 
 
 def test_lorem_pieces_is_one_draw_and_a_window_of_the_ring():
-    corpus, starts = T._lorem_corpus()
+    corpus, starts = T.lorem_ring()
     assert corpus == _reference_lorem(T.LOREM_CORPUS, Random(0x10AE))  # whole sentences
     assert starts[0] == 0 and all(corpus[i - 1] == "." for i in starts[1:])
     for seed in range(50):
@@ -484,7 +484,7 @@ def test_lorem_pieces_is_one_draw_and_a_window_of_the_ring():
 
 
 def test_lorem_pieces_wraps_the_ring_at_a_sentence_seam():
-    corpus, starts = T._lorem_corpus()
+    corpus, starts = T.lorem_ring()
 
     class Last(Random):  # picks the ring's last sentence
         def random(self) -> float:

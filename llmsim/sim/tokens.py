@@ -574,7 +574,7 @@ def lorem_pieces(n: int, rng: random.Random) -> list[str]:
     """
     if n <= 0:
         return []
-    corpus, starts = _lorem_corpus()
+    corpus, starts = lorem_ring()
     at = starts[int(rng.random() * len(starts))]
     out = corpus[at:at + n]
     while len(out) < n:  # past the end: the ring goes on from its first sentence
@@ -590,7 +590,7 @@ _FIRST_OF = dict(zip(CAP_WORDS, FIRST_WORDS, strict=True))
 _corpus: tuple[list[str], list[int]] | None = None
 
 
-def _lorem_corpus() -> tuple[list[str], list[int]]:
+def lorem_ring() -> tuple[list[str], list[int]]:
     """The ring of :func:`lorem_pieces` and the index of each of its sentences' first piece
     (whole sentences, each opened by a :data:`CAP_WORDS` entry, from a fixed seed)."""
     global _corpus

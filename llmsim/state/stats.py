@@ -69,7 +69,6 @@ def _bounds() -> tuple[float, ...]:
 
 BOUNDS: tuple[float, ...] = _bounds()
 NB = len(BOUNDS) + 1  # counts per histogram, the last is the +Inf bucket; then the sum
-_NB = len(BOUNDS)
 
 # indices into BOUNDS exposed as Prometheus ``le`` buckets
 EXPORT_BOUNDS: tuple[int, ...] = tuple(BOUNDS.index(b) for b in _EXPORTED if b <= 1000.0)
@@ -117,10 +116,6 @@ def error_kind(status: int, body: Any) -> str:
 _INF = float("inf")
 
 
-def _nothing() -> None:
-    """The fold of a stream that observes nothing."""
-
-
 def _new_hist() -> list[Any]:
     h: list[Any] = [0] * NB
     h.append(0.0)
@@ -160,6 +155,7 @@ class _Observer:
         if not n:
             return
         bounds = BOUNDS
+        nb = len(bounds)
         search = bisect_left
         track = self.track
         last = self.last
@@ -184,7 +180,7 @@ class _Observer:
                 run = 1
                 idx = search(bounds, v)
                 lo = bounds[idx - 1] if idx else -_INF
-                hi = bounds[idx] if idx < _NB else _INF
+                hi = bounds[idx] if idx < nb else _INF
         itl_h[idx] += run
         itl_h[-1] += last - start  # (the gaps' sum: they add up to the span)
         self.last, self.idx, self.lo, self.hi = last, idx, lo, hi
@@ -223,7 +219,7 @@ class StreamTrack:
     """
 
     __slots__ = ("stats", "key", "t0", "first", "tokens", "base", "_e2e", "done", "transport",
-                 "prompt", "observe", "usage", "fold")
+                 "prompt", "observe", "usage")
 
     def __init__(self, stats: Stats, key: str, t0: float, transport: str,
                  is_token: Callable[[str, Any], bool] | None) -> None:
@@ -238,11 +234,14 @@ class StreamTrack:
         self.usage: Usage | None = None  # what the stream bills if it ends "completed"
         self.done = False
         ttft_h, itl_h, self._e2e = stats._hist(key)
-        self.observe: Callable[[str, Any, float], None] | None = None
-        self.fold: Callable[[], None] = _nothing
+        self.observe: _Observer | None = None
         if is_token is not None:
-            obs = self.observe = _Observer(self, is_token, ttft_h, itl_h)
-            self.fold = obs.fold
+            self.observe = _Observer(self, is_token, ttft_h, itl_h)
+
+    def fold(self) -> None:
+        """Fold the token writes the observer holds (see the class doc)."""
+        if self.observe is not None:
+            self.observe.fold()
 
     @property
     def ttft(self) -> float | None:
@@ -255,10 +254,9 @@ class StreamTrack:
         if self.done:
             return
         self.fold()
-        # the observer's closures hold this track: let go of them, so the stream's objects
-        # are freed when it ends, not by a full garbage collection a few seconds later (a
-        # pause every stream in flight sees; issue 15)
-        self.fold = _nothing
+        # the observer holds this track: let go of it, so the stream's objects are freed
+        # when it ends, not by a full garbage collection a few seconds later (a pause every
+        # stream in flight sees; issue 15)
         self.observe = None
         self.done = True
         st = self.stats
@@ -455,6 +453,9 @@ class Stats:
     def delivered_total(self) -> int:
         """Output tokens written so far: finished responses plus streams in flight."""
         self.fold_live()
+        return self._delivered()
+
+    def _delivered(self) -> int:
         return self.tokens_delivered + sum(t.tokens - t.base for t in self._live)
 
     def fold_live(self) -> None:
@@ -471,7 +472,7 @@ class Stats:
 
     # -- windows ---------------------------------------------------------------------------
     def _totals(self, now: float) -> tuple[Any, ...]:
-        self.fold_live()
+        """The running totals (the caller folded the live streams)."""
         hs = []
         for i in range(3):
             tot: list[Any] = [0] * (NB + 1)  # counts and the sum
@@ -480,14 +481,15 @@ class Stats:
                 for j in range(NB + 1):
                     tot[j] += hi[j]
             hs.append(tot)
-        return (now, self.requests_n, self.delivered_total(), self.tokens_in, self.errors_n, hs)
+        return (now, self.requests_n, self._delivered(), self.tokens_in, self.errors_n, hs)
 
     def _tick(self, now: float) -> None:
         self._ring_sec = int(now)
+        self.fold_live()
         self._ring.append(self._totals(now))
 
     def _window(self, now: float) -> dict[str, Any]:
-        cur = self._totals(now)
+        cur = self._totals(now)  # (raw folded the live streams)
         if int(now) != self._ring_sec:
             self._ring_sec = int(now)
             self._ring.append(cur)
@@ -519,7 +521,7 @@ class Stats:
                          "websockets_total": self.websockets_total,
                          "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                          "tokens_reasoning": self.tokens_reasoning,
-                         "tokens_delivered": self.delivered_total()},
+                         "tokens_delivered": self._delivered()},
             "gauges": {"connections": self.active_connections,
                        "requests": self.active_requests, "streams": self.active_streams,
                        "websockets": self.active_websockets},
