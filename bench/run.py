@@ -1,7 +1,7 @@
 """llmsim side-by-side benchmark: one command, loopback only, bounded in time.
 
     python bench/run.py [--quick] [--peers] [--only rps,stream,ws,mem,startup] [--no-write]
-                        [--loops uvloop,asyncio] [--rounds 3]
+                        [--loops uvloop,asyncio] [--rounds 3] [--no-pin]
 
 Starts every server as a child process (killed in ``finally``), drives it with the epoll C
 load generator in ``bench/loadgen.c`` (compiled with gcc on first use into ``bench/.build``),
@@ -16,6 +16,8 @@ Workloads (see README "Performance"):
   ws       the same Responses stream over WebSocket (if llmsim serves it).
   Streaming runs against the bare paced-SSE anchor (``bench/baseline_h11.py``) on the same
   event loop, once per ``--loops`` entry; each run is repeated ``--rounds`` times (medians).
+  Single-worker streaming servers run on CPU 0 and the load generator on CPU 1 (``--no-pin``:
+  not), and server CPU is the threads' schedstat run time (ns).
   mem      RSS growth per idle keep-alive connection and per active stream.
   startup  process start → first served request.
 
@@ -95,17 +97,28 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
+SCHEDSTAT = os.path.exists("/proc/self/schedstat")
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process tree, from /proc/<pid>/stat."""
+    """CPU time of a process tree: the scheduler's nanosecond run time of every thread
+    (/proc/<pid>/task/<tid>/schedstat), or utime + stime in clock ticks where the kernel has
+    no schedstat. A 100-stream run uses ~10% of a core: over 3 s that is 30 ticks, so ticks
+    alone would quantise a per-token ratio by several percent."""
     total = 0
     for p in tree_pids(pid):
         try:
-            with open(f"/proc/{p}/stat") as fh:
-                f = fh.read().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
-        except OSError:
+            if SCHEDSTAT:
+                for tid in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{tid}/schedstat") as fh:
+                        total += int(fh.read().split()[0])
+            else:
+                with open(f"/proc/{p}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                total += int(f[11]) + int(f[12])
+        except OSError:  # a thread or process that ended meanwhile
             pass
-    return total / CLK_TCK
+    return total / 1e9 if SCHEDSTAT else total / CLK_TCK
 
 
 def rss_bytes(pid: int) -> int:
@@ -169,6 +182,24 @@ class Child:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    client_cpus: set[int] | None = None  # where the load generator runs against this server
+
+    def pin(self, server: set[int], client: set[int]) -> Child:
+        """Keep this server's threads on ``server`` and its load generator on ``client``
+        (``--pin``). Unpinned, the one-thread load generator and the server share both
+        cores: each write wakes the client, which often preempts the server on its own core
+        (0.3–0.45 involuntary switches per event at 100 streams), and the costlier server
+        is preempted more (it has used more of its share), so a CPU ratio comes out wider
+        than the work it measures, and varies with placement from run to run."""
+        for p in tree_pids(self.pid):
+            try:
+                for tid in os.listdir(f"/proc/{p}/task"):
+                    os.sched_setaffinity(int(tid), server)
+            except OSError:
+                pass
+        self.client_cpus = client
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -242,8 +273,10 @@ def drive(server: Child, mode: str, args: list[str], timeout: float,
           stdin: Any = None) -> dict[str, Any]:
     """Run the load generator against ``server``; server CPU is measured around it."""
     cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+    cpus = server.client_cpus
     out = subprocess.run([loadgen(), mode, "-p", str(server.port), *args], capture_output=True,
-                         timeout=timeout, text=True)
+                         timeout=timeout, text=True,
+                         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     wall = time.perf_counter() - t0
     res = json.loads(out.stdout)
     res["server_cpu_s"] = cpu_seconds(server.pid) - cpu0
@@ -489,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/RESULTS.md")
     ap.add_argument("--loops", default="uvloop,asyncio",
                     help="event loops for the streaming runs (anchor and llmsim on each)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin single-worker streaming runs (by default, with two or more "
+                         "CPUs, the server, anchor or llmsim, runs on CPU 0 and the load "
+                         "generator on CPU 1, so the client does not preempt the server it "
+                         "measures; see Child.pin)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds of each streaming run; the table shows per-metric medians "
                          "(default 3, --quick 1)")
@@ -519,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.note("# llmsim benchmark results\n\n" + "\n".join(f"- {k}: {v}" for k, v in info.items())
              + f"\n- command: `python bench/run.py {' '.join(sys.argv[1:] if argv is None else argv)}`"
              + "\n- shared 2-core box: other engineers' test runs may overlap; the load generator"
-             " (C, epoll, one thread) shares the cores with the server.")
+             " (C, epoll, one thread) shares the cores with the server"
+             + (" (single-worker streaming runs pinned: server CPU 0, load generator CPU 1)"
+                if a.pin and len(os.sched_getaffinity(0)) >= 2 else "") + ".\n- server CPU: the scheduler's per-thread run time "
+             "(schedstat, ns) summed over the server's process tree.")
     peers = install_peers() if a.peers else {}
     t_all = time.perf_counter()
 
@@ -581,6 +622,14 @@ def main(argv: list[str] | None = None) -> int:
                    "events/s ÷ anchor"], rows)
 
     timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+    pinned = a.pin and len(os.sched_getaffinity(0)) >= 2
+
+    def pin(server: Child) -> None:
+        if pinned:
+            server.pin({0}, {1})
+
+    if pinned:
+        rounds_note += "; 1-worker servers pinned to CPU 0, the load generator to CPU 1"
     if "stream" in only or "ws" in only:
         kinds = (["chat"] + (["responses"] if has_module("responses") else [])
                  if "stream" in only else [])
@@ -591,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
             with Child("anchor-sse", [PY, str(HERE / "baseline_h11.py"),
                                       *(["--uvloop"] if loop == "uvloop" else []),
                                       *timing]) as b:
+                pin(b)
                 for n in counts:
                     anchor[n] = rounds(lambda: stream(b, n, sdur))  # noqa: B023
             for kind in kinds:
@@ -599,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                 for w in workers:
                     wargs = ["--workers", str(w)] if multi else []
                     with llmsim(*timing, *wargs, "--loop", loop) as s:
+                        if w == 1:
+                            pin(s)
                         for n in counts:
                             if w > 1 and n < 1000:
                                 continue
@@ -622,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
             if "ws" in only and has_module("websocket"):
                 runs = []
                 with llmsim(*timing, "--loop", loop) as s:
+                    pin(s)
                     for n in counts:
                         runs.append((f"llmsim responses WS ({loop})", n,
                                      rounds(lambda: stream(s, n, sdur, "responses",  # noqa: B023
