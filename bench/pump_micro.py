@@ -50,8 +50,9 @@ class ManualClock(Clock):
         pass
 
     def run(self) -> None:
-        while (due := self.next_deadline()) is not None:
-            self.t = max(self.t, due)
+        # as RealClock fires: at the start of the earliest live slot
+        while (k := self.next_slot()) is not None:
+            self.t = max(self.t, k * self.coalesce)
             self._run_due(self.t)
 
 

@@ -140,18 +140,23 @@ class Clock:
             return
         await self.sleep_until(self.now() + delay)
 
-    def next_deadline(self) -> float | None:
-        """The earliest deadline of a live timer, or None (drops spent slots on the way)."""
+    def next_slot(self) -> int | None:
+        """The number of the earliest slot holding a live timer, or None (drops spent slots
+        on the way). Its timers run together, from the slot's start on."""
         keys, slots = self._keys, self._slots
         while keys:
-            earliest: float | None = None
             for t in slots[keys[0]]:
-                if not t.cancelled and (earliest is None or t.deadline < earliest):
-                    earliest = t.deadline
-            if earliest is not None:
-                return earliest
+                if not t.cancelled:
+                    return keys[0]
             self._entries -= len(slots.pop(heapq.heappop(keys)))
         return None
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a live timer, or None (drops spent slots on the way)."""
+        k = self.next_slot()
+        if k is None:
+            return None
+        return min(t.deadline for t in self._slots[k] if not t.cancelled)
 
     def _run_due(self, now: float, stop_at: float = _INF) -> None:
         """Run the timers of every slot begun by ``now``, in the order they were armed; past
@@ -161,26 +166,31 @@ class Clock:
         last = self._slot(now)
         pop = heapq.heappop
         monotonic = time.monotonic
-        n = 0
+        n = 0  # timers run since the time was last checked
         self._running = True
         try:
             while keys and keys[0] <= last:
                 k = pop(keys)
                 timers = slots.pop(k)
                 self._entries -= len(timers)
-                for i, t in enumerate(timers):  # (a timer armed meanwhile for slot k goes
-                    n += 1                       # into a new list, run in a later turn)
-                    if not n & 31 and monotonic() > stop_at:
-                        self._put_back(k, timers[i:])
-                        return
-                    if not t.cancelled:
-                        t.cancelled = True  # fired; a late cancel() is a no-op
-                        try:
-                            t.callback()
-                        except Exception:  # a broken callback must not stop other streams
-                            import logging
+                # in chunks of 32 (a slot is usually one chunk: no slice, no per-timer count)
+                for i in range(0, len(timers), 32):
+                    if n >= 32:
+                        n = 0
+                        if monotonic() > stop_at:
+                            self._put_back(k, timers[i:])
+                            return
+                    chunk = timers if len(timers) <= 32 else timers[i:i + 32]
+                    n += len(chunk)
+                    for t in chunk:  # (a timer armed meanwhile for slot k goes into a new
+                        if not t.cancelled:  # list, run in a later turn)
+                            t.cancelled = True  # fired; a late cancel() is a no-op
+                            try:
+                                t.callback()
+                            except Exception:  # a broken callback must not stop the others
+                                import logging
 
-                            logging.getLogger("llmsim").exception("timer callback failed")
+                                logging.getLogger("llmsim").exception("timer callback failed")
         finally:
             self._running = False
 
@@ -260,9 +270,13 @@ class RealClock(Clock):
         return t()
 
     def _arm(self) -> None:
-        when = self.next_deadline()
-        if when is None:
+        # armed for the start of the earliest live slot: its timers all run in that pass
+        # (at most ``coalesce`` early, the rule), so no scan of the slot for its earliest
+        k = self.next_slot()
+        if k is None:
             return
+        when = k * self.coalesce if -_FAR < k < _FAR else self.next_deadline()
+        assert when is not None
         if when >= self._armed_at and self._handle is not None:
             return
         if self._handle is not None:

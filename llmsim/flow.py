@@ -37,6 +37,7 @@ log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
+_NO_FRAME = (b"", b"")  # Pump._tick: no bytes frame (every payload goes through encode)
 
 
 class Sink(Protocol):
@@ -73,7 +74,7 @@ class Pump:
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
                  "_unobserved", "_bytes_frame", "_token_types", "_times", "_fold",
-                 "_fold_every", "_pull", "_same", "_catch_up")
+                 "_fold_every", "_pull", "_same", "_catch_up", "_each")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -102,6 +103,9 @@ class Pump:
         self._fold_every: int = getattr(observer, "fold_every", 0)
         self._is_token = stream.dialect.is_token
         self._token_types = stream.dialect.token_types
+        # the per-event observer call, for an observer without the per-write protocol
+        self._each: Callable[[str, Any, float], None] | None = (
+            observer if self._per_write is None else None)
         # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
         # and suffix (both declared: the dialect's ``bytes_tokens`` and ``bytes_type``, the
         # encoder's ``bytes_frame(type)``); None: every payload goes through ``encode``
@@ -184,6 +188,11 @@ class Pump:
                 log.exception("stream observer failed")
         self._finish("error")
 
+    def _counts(self, etype: str, data: Any) -> bool:
+        """Whether an event the encoder framed is a token (the dialect's declaration)."""
+        types = self._token_types
+        return etype in types if types is not None else self._is_token(etype, data)
+
     def _tick(self) -> None:
         """Write what is due, then arm the timer for the next deadline (or end the stream).
 
@@ -208,18 +217,13 @@ class Pump:
             now = clock.now()
             same = self._same
             limit = now + same
-            behind = now - self._catch_up  # an event due before this is late: catch up
+            behind = now - self._catch_up
             pull = self._pull
-            encode = self.encode
-            is_token = self._is_token
-            token_types = self._token_types
-            per_write = self._per_write
-            times = self._times
-            observer = self.observer if per_write is None else None
             frame = self._bytes_frame
-            if frame is not None:
-                pre, post = frame
+            pre, post = frame or _NO_FRAME
+            observer = self._each  # per event (only when the observer counts no writes)
             last = None  # deadline of the last event encoded in this pass
+            left = MAX_BATCH
             while True:  # one write per turn
                 end: str | None = None  # why the turn ended: None = the next event is not due
                 while True:
@@ -242,34 +246,34 @@ class Pump:
                         break
                     if frame is not None and type(data) is bytes:  # a token the plan rendered
                         frames.append(pre + data + post)
-                        plan_token = True
+                        tokens += 1
                     else:
-                        frames.append(encode(etype, data))
-                        plan_token = False
-                    if per_write is not None:
-                        if plan_token or (etype in token_types if token_types is not None
-                                          else is_token(etype, data)):
+                        frames.append(self.encode(etype, data))
+                        if self._per_write is not None and self._counts(etype, data):
                             tokens += 1
-                    elif observer is not None:
+                    if observer is not None:
                         observer(etype, data, now)
                     self._pending = None
                     last = deadline
-                    if len(frames) >= MAX_BATCH:
+                    left -= 1
+                    if not left:
                         end = _FULL
+                        left = MAX_BATCH
                         break
                 if frames:
                     sink.write_events(frames)
-                    frames.clear()
+                    frames = []
                     if tokens:
+                        n, tokens = tokens, 0
+                        times = self._times
                         if times is None:
-                            n, tokens = tokens, 0
-                            per_write(n, now)  # type: ignore[misc]  # (tokens > 0: it is set)
+                            if self._per_write is not None:
+                                self._per_write(n, now)
                         else:
-                            if tokens == 1:
+                            if n == 1:
                                 times.append(now)
                             else:
-                                times.extend([now] * tokens)
-                            tokens = 0
+                                times.extend([now] * n)
                             if len(times) >= self._fold_every:
                                 self._fold()  # type: ignore[misc]  # (set with times)
                 if end is None:

@@ -58,18 +58,51 @@ async def test_infinite_and_cancelled_deadlines() -> None:
     assert ran == ["-inf"] and not never.cancelled
 
 
-async def test_real_clock_arms_the_exact_earliest_deadline() -> None:
+async def test_real_clock_arms_the_start_of_the_earliest_live_slot() -> None:
+    """One loop timer, armed for the start of the earliest slot holding a live timer (its
+    timers run together in that pass, at most ``coalesce`` early): a timer joining an armed
+    slot changes nothing, an earlier slot re-arms, a slot whose timers were all cancelled
+    is skipped."""
     loop = asyncio.get_running_loop()
     clock = RealClock(loop)
-    base = (int(loop.time() / clock.coalesce) + 50) * clock.coalesce  # a slot's start
+    k = int(loop.time() / clock.coalesce) + 50
+    base = k * clock.coalesce  # a slot's start
+    handles: list[object] = []
     a = clock.call_at(base + 0.00015, lambda: None)
-    assert clock._armed_at == base + 0.00015
-    b = clock.call_at(base + 0.00005, lambda: None)  # same slot, earlier: armed again
-    assert clock._armed_at == base + 0.00005
-    clock.call_at(base + 0.00019, lambda: None)  # same slot, later: no change
-    assert clock._armed_at == base + 0.00005
-    for t in (a, b):
+    assert clock._armed_at == base
+    handles.append(clock._handle)
+    b = clock.call_at(base + 0.00005, lambda: None)  # same slot, earlier: no change
+    assert clock._armed_at == base and clock._handle is handles[0]
+    c = clock.call_at(base - 0.0001, lambda: None)  # the slot before: armed again
+    assert clock._armed_at == (k - 1) * clock.coalesce
+    clock.call_at(base + 0.00019, lambda: None)
+    for t in (a, b, c):
         clock.cancel(t)
-    clock._arm()
-    assert clock._armed_at <= base + 0.00005  # (cancelled timers leave the armed time)
+    assert clock.next_slot() == k  # the emptied slot k - 1 is dropped
     assert clock.next_deadline() == base + 0.00019
+    clock._arm()
+    assert clock._armed_at <= base  # (cancelled timers leave the armed time)
+
+
+async def test_real_clock_runs_a_slot_armed_at_its_start() -> None:
+    """Armed at a slot's start, every timer of the slot fires in that one pass, none more
+    than ``coalesce`` early and none late."""
+    loop = asyncio.get_running_loop()
+    clock = RealClock(loop)
+    k = int(loop.time() / clock.coalesce) + 25  # ~5 ms ahead
+    fired: list[tuple[float, float]] = []
+    passes: list[int] = []
+    fire = clock._fire
+
+    def counted() -> None:
+        passes.append(len(fired))
+        fire()
+
+    clock._fire = counted  # type: ignore[method-assign]
+    for d in (0.00001, 0.0001, 0.00019):
+        when = k * clock.coalesce + d
+        clock.call_at(when, lambda when=when: fired.append((when, loop.time())))  # type: ignore[misc]
+    await asyncio.sleep(0.05)
+    assert len(fired) == 3
+    assert passes == [0]  # one pass ran them all
+    assert all(at >= when - clock.coalesce for when, at in fired)

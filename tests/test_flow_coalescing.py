@@ -147,16 +147,27 @@ async def test_real_clock_runs_an_overdue_deadline_after_the_io_poll() -> None:
 
 
 async def test_a_clock_pass_stops_at_its_budget() -> None:
-    """A pass of due timers ends once ``stop_at`` has passed (checked every 32 timers); the
-    rest run in the next pass, so a saturated loop still polls its sockets in between."""
+    """A pass of due timers ends once ``stop_at`` has passed (checked after every 32 timers,
+    within a slot or across small ones); the rest run in the next pass, in order, so a
+    saturated loop still polls its sockets in between."""
     clock = FakeClock(start=0.0)
     ran: list[int] = []
-    for i in range(100):
+    for i in range(100):  # one slot
         clock.call_at(0.0, lambda i=i: ran.append(i))
     clock._run_due(0.0, stop_at=0.0)  # (time.monotonic() is far past 0.0: the budget is spent)
-    assert ran == list(range(31))  # the 32nd timer's check stops the pass
+    assert ran == list(range(32))
+    clock._run_due(0.0, stop_at=0.0)
+    assert ran == list(range(64))
     clock._run_due(0.0)  # no budget: everything due runs
     assert ran == list(range(100))
+
+    ran.clear()  # 100 slots of 3 timers: the check comes at the first slot boundary past 32
+    for i in range(300):
+        clock.call_at(1.0 + (i // 3) * clock.coalesce, lambda i=i: ran.append(i))
+    clock._run_due(2.0, stop_at=0.0)
+    assert ran == list(range(33))
+    clock._run_due(2.0)
+    assert ran == list(range(300))
 
 
 def _reference_hists(t0: float, writes: list[tuple[float, int]]) -> tuple[list, list, int]:
