@@ -2,10 +2,11 @@
 
 Theory of operation. Pacing thousands of token streams with one ``asyncio.sleep`` per token
 costs a task wake-up per token and drifts (each relative sleep adds the loop's lateness). Here
-every due action is a :class:`Timer` in one heap of *absolute* deadlines, and the clock keeps
-exactly one ``loop.call_at`` armed for the earliest of them. When it fires, every timer due
-within ``coalesce`` seconds runs in that same pass, so events of many streams that fall due
-together are written in one loop iteration. A stream computes its deadlines from its start time
+every due action is a :class:`Timer` in one heap of *absolute* deadlines, kept in slots of
+``coalesce`` seconds, and the clock keeps exactly one ``loop.call_at`` armed for the start of
+the earliest slot holding a live timer. When it fires, every timer of the slots begun by then
+runs in that same pass, so events of many streams that fall due together are written in one
+loop iteration. A stream computes its deadlines from its start time
 plus the scheduled offsets, never from "now", so lateness never accumulates.
 
 :class:`FakeClock` runs the same heap on virtual time: whenever the loop has been idle for a
@@ -160,7 +161,7 @@ class Clock:
 
     def _run_due(self, now: float, stop_at: float = _INF) -> None:
         """Run the timers of every slot begun by ``now``, in the order they were armed; past
-        ``stop_at`` on ``time.monotonic`` (checked every 32 timers), leave the rest for the
+        ``stop_at`` on ``time.monotonic`` (checked after each 32 timers), leave the rest for the
         next pass."""
         keys, slots = self._keys, self._slots
         last = self._slot(now)
