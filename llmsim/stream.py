@@ -58,10 +58,14 @@ def numbered(etype: str, data: Any) -> bool:
 
 def _stamped(data: bytes, seq: int) -> bytes:
     """A pre-rendered event (JSON cut just before its ``sequence_number`` value) numbered."""
-    return data + _STAMP % seq
+    return data + (_STAMPS[seq] if seq < _NSTAMPS else _STAMP % seq)
 
 
 _STAMP = b"%d}"  # what numbers a pre-rendered event (EventStream.pull inlines _stamped)
+# the stamps of the first numbers, rendered once (~80 KB): a token's stamp is a list read,
+# not a bytes format (issue 15)
+_NSTAMPS = 2048
+_STAMPS = [_STAMP % i for i in range(_NSTAMPS)]
 _ENDED: Iterator[Any] = iter(())  # the plan of an ended stream (EventStream._release)
 
 
@@ -140,12 +144,13 @@ class EventStream:
             return None
         self.deadline += offset
         if self._numbered and etype[0] != "_":  # numbered(), inlined
-            if type(data) is dict:
-                data["sequence_number"] = self.seq
-                self.seq += 1
-            elif type(data) is bytes:
-                data = data + _STAMP % self.seq  # (_stamped, inlined: once per token)
-                self.seq += 1
+            seq = self.seq
+            if type(data) is bytes:  # (_stamped, inlined: once per token)
+                data = data + (_STAMPS[seq] if seq < _NSTAMPS else _STAMP % seq)
+                self.seq = seq + 1
+            elif type(data) is dict:
+                data["sequence_number"] = seq
+                self.seq = seq + 1
         if self.on_event is not None and etype[0] != "_" and (
                 self._observed is None or etype in self._observed):
             self.on_event(etype, data)
