@@ -42,7 +42,14 @@ _NO_FRAME = (b"", b"")  # Pump._tick: no bytes frame (every payload goes through
 
 class Sink(Protocol):
     """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session.
-    ``write_events`` consumes the list before it returns (the pump reuses it)."""
+    ``write_events`` consumes the list before it returns (the pump reuses it).
+
+    A sink that frames every event the same way may also offer ``wire_format(prefix,
+    suffix)``: a bytes format ``fmt`` and a length ``extra`` such that ``fmt % (len(payload)
+    + extra, payload)`` is the wire bytes of the event ``prefix + payload + suffix`` (None:
+    no such format), and ``write_wire(frames)``, which writes frames so rendered as they
+    are. The pump then renders each event once, not framed twice (HTTP chunked: the SSE
+    frame, then the chunk around it)."""
 
     @property
     def paused(self) -> bool: ...
@@ -74,7 +81,8 @@ class Pump:
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
                  "_unobserved", "_bytes_frame", "_token_types", "_times", "_fold",
-                 "_fold_every", "_pull", "_same", "_catch_up", "_each")
+                 "_fold_every", "_pull", "_same", "_catch_up", "_each", "_wire",
+                 "_write")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -113,6 +121,17 @@ class Pump:
         frame_of = getattr(encode, "bytes_frame", None) if dialect.bytes_tokens else None
         self._bytes_frame: tuple[bytes, bytes] | None = (
             frame_of(dialect.bytes_type) if frame_of is not None else None)
+        # the sink's wire format (see Sink): token payloads rendered straight to wire
+        # bytes with ``(fmt, extra)``, encoded events with ``plain``, written by write_wire
+        self._wire: tuple[bytes, int, bytes] | None = None
+        self._write: Callable[[list[bytes]], None] = sink.write_events
+        wire_format = getattr(sink, "wire_format", None)
+        if wire_format is not None:
+            plain = wire_format(b"", b"")
+            fmt = wire_format(*self._bytes_frame) if self._bytes_frame is not None else plain
+            if plain is not None and fmt is not None:
+                self._wire = (fmt[0], fmt[1], plain[0])
+                self._write = sink.write_wire  # type: ignore[attr-defined]
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         # read once per firing: kept here rather than looked up through the stream and clock
         self._pull = stream.pull
@@ -171,12 +190,15 @@ class Pump:
         out = frames  # encoded before the failure: valid events
         if self.error_frame is not None:
             try:
-                out = [*frames, self.error_frame(server_error(), seq)]
+                last = self.error_frame(server_error(), seq)
+                if self._wire is not None:
+                    last = self._wire[2] % (len(last), last)
+                out = [*frames, last]
             except Exception:
                 log.exception("cannot render the terminal error frame")
         try:
             if out:
-                self.sink.write_events(out)
+                self._write(out)
         except Exception:  # the sink itself is broken: drop the connection instead
             log.exception("cannot write the terminal error frame")
             self.sink.abort()
@@ -221,6 +243,9 @@ class Pump:
             pull = self._pull
             frame = self._bytes_frame
             pre, post = frame or _NO_FRAME
+            wire = self._wire
+            if wire is not None:
+                fmt, extra, plain = wire
             observer = self._each  # per event (only when the observer counts no writes)
             last = None  # deadline of the last event encoded in this pass
             left = MAX_BATCH
@@ -245,10 +270,12 @@ class Pump:
                         end = etype
                         break
                     if frame is not None and type(data) is bytes:  # a token the plan rendered
-                        frames.append(pre + data + post)
+                        frames.append(pre + data + post if wire is None
+                                      else fmt % (len(data) + extra, data))
                         tokens += 1
                     else:
-                        frames.append(self.encode(etype, data))
+                        x = self.encode(etype, data)
+                        frames.append(x if wire is None else plain % (len(x), x))
                         if self._per_write is not None and self._counts(etype, data):
                             tokens += 1
                     if observer is not None:
@@ -261,7 +288,7 @@ class Pump:
                         left = MAX_BATCH
                         break
                 if frames:
-                    sink.write_events(frames)
+                    self._write(frames)
                     frames = []
                     if tokens:
                         n, tokens = tokens, 0

@@ -719,6 +719,21 @@ class HTTPProtocol(asyncio.Protocol):
         return framing is not _NOBODY
 
     # Sink interface for the pump
+    def wire_format(self, prefix: bytes, suffix: bytes) -> tuple[bytes, int] | None:
+        """The chunk of a streamed event ``prefix + payload + suffix`` as one bytes format
+        (flow.Sink): ``fmt % (len(payload) + extra, payload)``; None unless this response's
+        body is chunked (its head, written before the pump starts, decided that)."""
+        ex = self.exchange
+        if ex is None or ex.framing is not _CHUNKED:
+            return None
+        return (b"%x\r\n" + prefix.replace(b"%", b"%%") + b"%b" + suffix.replace(b"%", b"%%")
+                + b"\r\n", len(prefix) + len(suffix))
+
+    def write_wire(self, frames: list[bytes]) -> None:
+        """Chunks rendered with :meth:`wire_format`, written as they are (flow.Sink)."""
+        if self.phase is _STREAMING and self.transport is not None:
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
     def write_events(self, frames: list[bytes]) -> None:
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         ex = self.exchange
