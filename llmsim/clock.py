@@ -109,17 +109,14 @@ class Clock:
         except OverflowError:
             k = self._slot(deadline)
         self._entries += 1
-        timers = self._slots.get(k)
-        if timers is None:
+        try:
+            self._slots[k].append(timer)  # (a slot already armed: its start is unchanged)
+        except KeyError:
             self._slots[k] = [timer]
             keys = self._keys
             _heappush(keys, k)
             if keys[0] == k and not self._running:
                 self._arm()  # a new earliest slot (inside _run_due the pass re-arms once)
-        else:
-            timers.append(timer)
-            if not self._running and self._keys[0] == k:
-                self._arm()  # (maybe earlier than the slot's armed deadline)
         return timer
 
     def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:

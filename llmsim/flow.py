@@ -38,6 +38,7 @@ log = logging.getLogger("llmsim")
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 _NO_FRAME = (b"", b"")  # Pump._tick: no bytes frame (every payload goes through encode)
+_NO_WIRE = (b"", 0, b"")  # Pump._tick: no wire format (the sink frames each event)
 
 
 class Sink(Protocol):
@@ -81,8 +82,7 @@ class Pump:
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
                  "_unobserved", "_bytes_frame", "_token_types", "_times", "_fold",
-                 "_fold_every", "_pull", "_same", "_catch_up", "_each", "_wire",
-                 "_write")
+                 "_fold_every", "_each", "_wire", "_write", "_hot")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -133,10 +133,10 @@ class Pump:
                 self._wire = (fmt[0], fmt[1], plain[0])
                 self._write = sink.write_wire  # type: ignore[attr-defined]
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
-        # read once per firing: kept here rather than looked up through the stream and clock
-        self._pull = stream.pull
-        self._same = clock.coalesce
-        self._catch_up = clock.catch_up
+        frame = self._bytes_frame
+        wire = self._wire
+        self._hot = (sink, clock, clock.coalesce, clock.catch_up, stream.pull, frame,
+                     *(frame or _NO_FRAME), wire, *(wire or _NO_WIRE), self._each, self._write)
 
     def start(self) -> None:
         self.stream.begin(self.clock.now())
@@ -230,23 +230,16 @@ class Pump:
         frames: list[bytes] = []
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
-            sink = self.sink
+            # what a tick reads of the pump, the stream and the clock, in one load (_hot)
+            (sink, clock, same, catch_up, pull, frame, pre, post, wire, fmt, extra, plain,
+             observer, write) = self._hot
             if sink.paused:
                 if self._paused_at is None:
-                    self._paused_at = self.clock.now()
+                    self._paused_at = clock.now()
                 return
-            clock = self.clock
             now = clock.now()
-            same = self._same
             limit = now + same
-            behind = now - self._catch_up
-            pull = self._pull
-            frame = self._bytes_frame
-            pre, post = frame or _NO_FRAME
-            wire = self._wire
-            if wire is not None:
-                fmt, extra, plain = wire
-            observer = self._each  # per event (only when the observer counts no writes)
+            behind = now - catch_up
             last = None  # deadline of the last event encoded in this pass
             left = MAX_BATCH
             while True:  # one write per turn
@@ -288,7 +281,7 @@ class Pump:
                         left = MAX_BATCH
                         break
                 if frames:
-                    self._write(frames)
+                    write(frames)
                     frames = []
                     if tokens:
                         n, tokens = tokens, 0
