@@ -136,7 +136,8 @@ class Pump:
         frame = self._bytes_frame
         wire = self._wire
         self._hot = (sink, clock, clock.coalesce, clock.catch_up, stream.pull, frame,
-                     *(frame or _NO_FRAME), wire, *(wire or _NO_WIRE), self._each, self._write)
+                     *(frame or _NO_FRAME), wire, *(wire or _NO_WIRE), self._each, self._write,
+                     self._times, self._fold_every)
 
     def start(self) -> None:
         self.stream.begin(self.clock.now())
@@ -232,7 +233,7 @@ class Pump:
         try:
             # what a tick reads of the pump, the stream and the clock, in one load (_hot)
             (sink, clock, same, catch_up, pull, frame, pre, post, wire, fmt, extra, plain,
-             observer, write) = self._hot
+             observer, write, times, fold_every) = self._hot
             if sink.paused:
                 if self._paused_at is None:
                     self._paused_at = clock.now()
@@ -284,18 +285,18 @@ class Pump:
                     write(frames)
                     frames = []
                     if tokens:
-                        n, tokens = tokens, 0
-                        times = self._times
-                        if times is None:
-                            if self._per_write is not None:
-                                self._per_write(n, now)
-                        else:
-                            if n == 1:
+                        if times is not None:
+                            if tokens == 1:
                                 times.append(now)
                             else:
-                                times.extend([now] * n)
-                            if len(times) >= self._fold_every:
+                                times.extend([now] * tokens)
+                            tokens = 0
+                            if len(times) >= fold_every:
                                 self._fold()  # type: ignore[misc]  # (set with times)
+                        else:
+                            n, tokens = tokens, 0
+                            if self._per_write is not None:
+                                self._per_write(n, now)
                 if end is None:
                     if not self._done:
                         self._timer = (clock.call_at(deadline, self._tick)
