@@ -21,6 +21,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
+from ..encode import token_json, token_json_get
 from ..errors import APIError, E, missing, quoted
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
@@ -65,6 +66,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 USER_PARTS = ("text", "image_url", "input_audio", "file")
 FINGERPRINT = "fp_llmsim"
 _dumps = orjson.dumps
+_tj = token_json_get  # (encode.token_json: the hot loops' read)
 
 
 @dataclass(slots=True)
@@ -650,19 +652,20 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
     steps = max(len(s) for s in seqs)
-    if len(choices) == 1 and choices[0].pieces is not None and choices[0].logprobs is None:
+    only = choices[0]
+    if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
         # the common case, one token per chunk of one text choice: the loop below without
         # its per-token zip, checks and branches (hot path, issue 15)
-        pre = tok_pre[choices[0].index]
-        pieces = iter(seqs[0])
-        for item in pieces:  # the first token is due with the role chunk
-            yield 0.0, "chunk", pre + _dumps(item) + tok_post
+        pre = tok_pre[only.index]
+        pieces = iter(only.pieces)
+        for piece in pieces:  # the first token is due with the role chunk
+            yield 0.0, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
             break
         # (gaps first: when they run out, zip has taken no token)
-        for delay, item in zip(gaps, pieces, strict=False):
-            yield delay, "chunk", pre + _dumps(item) + tok_post
-        for item in pieces:  # (fewer gaps than tokens: the rest at once, as below)
-            yield 0.0, "chunk", pre + _dumps(item) + tok_post
+        for delay, piece in zip(gaps, pieces, strict=False):
+            yield delay, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
+        for piece in pieces:  # (fewer gaps than tokens: the rest at once, as below)
+            yield 0.0, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
         steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
@@ -676,7 +679,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
                                                 logprobs={"content": [c.logprobs[k]],
                                                           "refusal": None})
                 else:
-                    yield delay, "chunk", tok_pre[c.index] + _dumps(item) + tok_post
+                    yield delay, "chunk", tok_pre[c.index] + (_tj(item) or token_json(item)) + tok_post
             else:  # a tool-call delta
                 yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
             delay = 0.0
