@@ -84,7 +84,10 @@ class Pacer:
         heap = self.heap
         now = self.loop.time()
         due: list[tuple[float, Stream]] = []
-        while heap and heap[0][0] <= now:
+        # (+1 ns: deadlines on uvloop's whole-millisecond ticks can come out a float
+        # rounding after the tick; compared exactly, the timer (re-armed for a delay libuv
+        # rounds to 0 ms) fires again and again until the next tick: a busy-spin)
+        while heap and heap[0][0] <= now + 1e-9:
             when, _, s = heapq.heappop(heap)
             due.append((when, s))
         for when, s in due:  # each due event: one write; its next deadline goes back in

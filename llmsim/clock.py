@@ -109,14 +109,15 @@ class Clock:
         except OverflowError:
             k = self._slot(deadline)
         self._entries += 1
-        try:
-            self._slots[k].append(timer)  # (a slot already armed: its start is unchanged)
-        except KeyError:
+        timers = self._slots.get(k)  # (not try/except KeyError: live, most arms open a
+        if timers is None:             # slot, and a raised exception costs ~1 µs)
             self._slots[k] = [timer]
             keys = self._keys
             _heappush(keys, k)
             if keys[0] == k and not self._running:
                 self._arm()  # a new earliest slot (inside _run_due the pass re-arms once)
+        else:
+            timers.append(timer)  # (a slot already armed: its start is unchanged)
         return timer
 
     def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
@@ -161,7 +162,10 @@ class Clock:
         ``stop_at`` on ``time.monotonic`` (checked after each 32 timers), leave the rest for the
         next pass."""
         keys, slots = self._keys, self._slots
-        last = self._slot(now)
+        # (+1 ns: a deadline on the loop's own tick, e.g. uvloop's whole milliseconds, may
+        # come out a float rounding after that tick; without it the pass finds its slot not
+        # yet begun and the loop spins on zero-delay timers until the next tick)
+        last = self._slot(now + 1e-9)
         pop = heapq.heappop
         monotonic = time.monotonic
         n = 0  # timers run since the time was last checked

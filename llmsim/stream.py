@@ -74,14 +74,14 @@ class EventStream:
     numbers events (see the module doc)."""
 
     __slots__ = ("_it", "dialect", "model", "id", "usage", "fail", "seq", "start", "deadline",
-                 "finished", "on_event", "_numbered", "_observed")
+                 "finished", "on_event", "_numbered", "_observed", "_on_end")
 
     def __init__(self, plan: Plan, dialect: Dialect, *, model: str | None = None,
                  id: str | None = None, usage: Usage | None = None,
                  fail: Callable[[APIError], Events] | None = None,
                  on_event: Callable[[str, Any], None] | None = None,
                  observed: frozenset[str] | None = None,
-                 first_seq: int = 0) -> None:
+                 first_seq: int = 0, on_end: Callable[[], None] | None = None) -> None:
         self._it: Iterator[PlanItem] = iter(plan)
         self.dialect = dialect
         self.model = model
@@ -95,6 +95,9 @@ class EventStream:
         self.finished = False
         self.on_event = on_event  # observes events as they are pulled (e.g. a store) …
         self._observed = observed  # … of these types only (None: every event)
+        # called once when the plan ends, run out or closed (what a ``finally`` around the
+        # plan would do, without a generator layer on every event)
+        self._on_end = on_end
 
     def claim(self, unsent: Any = None) -> int:
         """A sequence number for an event of this stream sent now, outside its plan (a
@@ -181,6 +184,9 @@ class EventStream:
         self._it = _ENDED
         self.on_event = None
         self.fail = self.dialect.error_events
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
 
     def drain(self) -> list[tuple[str, Any]]:
         """Pull every remaining event without timing (tests, non-streamed collection)."""

@@ -165,3 +165,20 @@ def test_the_process_token_json_cache_stays_bounded() -> None:
     assert len(encode._token_json) <= encode.TOKEN_JSON_MAX
     for s, b in list(encode._token_json.items())[:2000]:
         assert len(s) <= encode.TOKEN_JSON_CHARS and b == orjson.dumps(s)
+
+
+def test_on_end_runs_once_when_the_plan_runs_out_or_is_closed() -> None:
+    """EventStream's ``on_end`` (what a ``finally`` around the plan did, without a generator
+    layer per event): once when the plan runs out, once when the stream is closed early,
+    never twice."""
+    ended: list[str] = []
+    plan = [(0.0, "chunk", b'{"a":1}'), (0.0, "chunk", b'{"a":2}')]
+    s = EventStream(iter(plan), CHAT, on_end=lambda: ended.append("end"))
+    assert len(s.drain()) == 2 and ended == ["end"]
+    s.close()
+    assert ended == ["end"]
+    s = EventStream(iter(plan), CHAT, on_end=lambda: ended.append("closed"))
+    assert s.pull() is not None and ended == ["end"]
+    s.close()
+    s.close()
+    assert ended == ["end", "closed"]

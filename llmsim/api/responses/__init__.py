@@ -241,11 +241,11 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
 # ------------------------------------------------------------------------------------------
 
 def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
-            first_seq: int = 0, observe: bool = False) -> EventStream:
+            first_seq: int = 0, observe: bool = False, live: bool = False) -> EventStream:
     """A stream of this response's events (live, background or a replay from ``first_seq``)."""
     return EventStream(plan, RESPONSES, model=model, id=rec.id, usage=rec.out.counts, fail=rec.failed,
                        on_event=rec.observe if observe else None, observed=Record.OBSERVED,
-                       first_seq=first_seq)
+                       first_seq=first_seq, on_end=rec.live_ended if live else None)
 
 
 def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:
@@ -298,7 +298,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     if rr.background:
         return _start_background(rec, app, st, rr)
     if rr.stream:
-        stream = _stream(rec, rec.live_plan(), rr.model, observe=True)
+        stream = _stream(rec, rec.live_plan(), rr.model, observe=True, live=True)
         rec.stream = stream
         return StreamResponse(stream, usage=out.counts)
     try:
@@ -318,7 +318,7 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
     """Run the response on the shared clock with no client (events go to the record);
     the caller gets the queued Response, or a stream that follows the record live."""
     queued = rec.response()
-    stream = _stream(rec, rec.live_plan(background=True), rr.model)
+    stream = _stream(rec, rec.live_plan(background=True), rr.model, live=True)
     rec.stream = stream
     st.active_background += 1
 

@@ -283,14 +283,15 @@ class Record:
             pump.cancel()
 
     def live_plan(self, background: bool = False) -> Iterator[tuple[float, str, Any]]:
-        """The plan of the live stream; a stream that ends early marks the response
-        cancelled (client gone: the real API stops generating a non-background response)."""
-        try:
-            yield from render.plan(self.echo, self.out, background=background,
-                                   warmup=self.warmup)
-        finally:
-            if not self.terminal and not self.background:
-                self.cancel()
+        """The plan of the live stream (its stream calls :meth:`live_ended` when it ends)."""
+        return render.plan(self.echo, self.out, background=background, warmup=self.warmup)
+
+    def live_ended(self) -> None:
+        """The live stream's plan ended (run out, or closed): one that ended early marks
+        the response cancelled (client gone: the real API stops generating a non-background
+        response)."""
+        if not self.terminal and not self.background:
+            self.cancel()
 
     def follow_plan(self, after: int, now: float) -> Iterator[tuple[float, str, Any]]:
         """Replay events with ``sequence_number > after``: those already sent at once, the
