@@ -80,6 +80,7 @@ def request(kind: str, tokens: int) -> bytes:
 
 
 PROFILE_SORT = ["tottime"]
+PROFILE_TOP = [25]
 
 
 async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
@@ -119,7 +120,7 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
     SPLIT.append(split)
     if prof:
         prof.disable()
-        pstats.Stats(prof).sort_stats(PROFILE_SORT[0]).print_stats(25)
+        pstats.Stats(prof).sort_stats(PROFILE_SORT[0]).print_stats(PROFILE_TOP[0])
     for p in protos:
         p.connection_lost(None)
     return c1 - c0, sink[0]
@@ -163,12 +164,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="requests per connection")
     ap.add_argument("--repeat", type=int, default=3, help="repeats; the median is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--top", type=int, default=25, help="--profile's number of lines")
     ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
                     help="--profile's order")
     ap.add_argument("--only", choices=["anchor", "llmsim"],
                     help="run one server only (instruction counting under callgrind)")
     a = ap.parse_args()
     PROFILE_SORT[0] = a.sort
+    PROFILE_TOP[0] = a.top
     kind = a.kind
     tokens = 16 if kind == "rps" else a.tokens
     rounds = a.rounds or (40 if kind == "rps" else 2)
