@@ -223,7 +223,8 @@ class Pump:
         ``next()``, the encode, one write and one observation per write, one heap push.
         A payload that is ``bytes`` is one token's JSON rendered by the plan (the dialect's
         ``bytes_tokens``): it is framed here with the encoder's ``bytes_frame`` prefix and
-        suffix, without an encoder or token-check call."""
+        suffix, without an encoder or token-check call, and with the sink's wire format
+        when it has one (:class:`Sink`: the HTTP chunk in the same bytes format)."""
         fired = self._timer  # (None when called by start or resume)
         self._timer = None
         if self._done:
@@ -240,7 +241,7 @@ class Pump:
                 return
             now = clock.now()
             limit = now + same
-            behind = now - catch_up
+            behind = now - catch_up  # an event due before this is late: catch up
             last = None  # deadline of the last event encoded in this pass
             left = MAX_BATCH
             while True:  # one write per turn
