@@ -727,8 +727,10 @@ NOTES = """## How to read this
 - **Timing error** is measured by the client when `read()` returns: TTFT error = first token's
   arrival − request send − TTFT; gap error = (arrival of token j − arrival of token j−1) − gap;
   lateness = arrival of token j − (send + TTFT + j × gap). "On time" = lateness ≤ 5 ms.
-- Server CPU is utime+stime of the server's process tree from `/proc/<pid>/stat`, over the
-  wall time of the run; the client's own CPU is reported beside it.
+- Server CPU is the scheduler's run time of the server's threads (`/proc/<pid>/task/*/schedstat`,
+  ns; utime+stime where the kernel has no schedstat), over the wall time of the run; the
+  client's own CPU is reported beside it. Single-worker streaming runs pin the server to
+  CPU 0 and the load generator to CPU 1 unless `--no-pin` is given.
 - Peers get the same workload. llmock: `--latency-ms` (before the response) and
   `--stream-chunk-delay-ms`; aimock: a catch-all fixture with `streamingProfile {ttft, tps}`
   and one word per chunk. Peers stream their own fixed text, so their event counts differ.
