@@ -17,7 +17,8 @@ Workloads (see README "Performance"):
   Streaming runs against the bare paced-SSE anchor (``bench/baseline_h11.py``) on the same
   event loop, once per ``--loops`` entry; each run is repeated ``--rounds`` times (medians).
   Single-worker streaming servers run on CPU 0 and the load generator on CPU 1 (``--no-pin``:
-  not), and server CPU is the threads' schedstat run time (ns).
+  not), server CPU is the threads' schedstat run time (ns), and each round drives the anchor
+  and every llmsim server in turn.
   mem      RSS growth per idle keep-alive connection and per active stream.
   startup  process start → first served request.
 
@@ -29,6 +30,7 @@ streaming workloads against them and prints ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -536,9 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     n_rounds = max(1, a.rounds if a.rounds is not None else (1 if a.quick else 3))
     rounds_note = f", median of {n_rounds} rounds" if n_rounds > 1 else ""
 
-    def rounds(run: Any) -> dict[str, Any]:
-        return median_result([run() for _ in range(n_rounds)])
-
     # SIGTERM (e.g. from `timeout`) unwinds through the finally blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = set(a.only.split(","))
@@ -630,33 +629,59 @@ def main(argv: list[str] | None = None) -> int:
 
     if pinned:
         rounds_note += "; 1-worker servers pinned to CPU 0, the load generator to CPU 1"
+    rounds_note += "; each round drives the anchor and every llmsim server in turn"
     if "stream" in only or "ws" in only:
         kinds = (["chat"] + (["responses"] if has_module("responses") else [])
                  if "stream" in only else [])
+        ws_too = "ws" in only and has_module("websocket")
         for loop in loops:
-            # the streaming anchor: bare asyncio+h11 pacing the same chunks on one heap
-            # timer, on the same event loop as the llmsim runs it is compared with
-            anchor: dict[int, dict[str, Any]] = {}
-            with Child("anchor-sse", [PY, str(HERE / "baseline_h11.py"),
-                                      *(["--uvloop"] if loop == "uvloop" else []),
-                                      *timing]) as b:
+            # Every server of this loop's comparison runs at once (an idle one costs nothing)
+            # and each round of a stream count drives them one after another, so the anchor
+            # and llmsim are measured seconds apart, not minutes: this shared VM's speed
+            # drifts by more than the differences measured (RESULTS.md, 2026-11-26).
+            with contextlib.ExitStack() as stack:
+                # the streaming anchor: bare asyncio+h11 pacing the same chunks on one heap
+                # timer, on the same event loop as the llmsim runs it is compared with
+                b = stack.enter_context(Child("anchor-sse", [
+                    PY, str(HERE / "baseline_h11.py"),
+                    *(["--uvloop"] if loop == "uvloop" else []), *timing]))
                 pin(b)
-                for n in counts:
-                    anchor[n] = rounds(lambda: stream(b, n, sdur))  # noqa: B023
-            for kind in kinds:
-                runs = [(f"bare h11 anchor ({loop})", n, anchor[n])
-                        for n in counts] if kind == "chat" else []
-                for w in workers:
-                    wargs = ["--workers", str(w)] if multi else []
-                    with llmsim(*timing, *wargs, "--loop", loop) as s:
+                # (table, row name, workers, server, kind, over WebSocket)
+                plan: list[tuple[str, str, int, Child, str, bool]] = []
+                for kind in kinds:
+                    for w in workers:
+                        wargs = ["--workers", str(w)] if multi else []
+                        s = stack.enter_context(llmsim(*timing, *wargs, "--loop", loop))
                         if w == 1:
                             pin(s)
-                        for n in counts:
+                        plan.append((kind, f"llmsim {kind} ({w}w, {loop})", w, s, kind, False))
+                if ws_too:
+                    s = stack.enter_context(llmsim(*timing, "--loop", loop))
+                    pin(s)
+                    plan.append(("ws", f"llmsim responses WS ({loop})", 1, s, "responses", True))
+                got: dict[str, dict[int, list[dict[str, Any]]]] = {"anchor": {}}
+                for n in counts:
+                    for _ in range(n_rounds):
+                        got["anchor"].setdefault(n, []).append(stream(b, n, sdur))
+                        for _t, name, w, s, kind, ws in plan:
                             if w > 1 and n < 1000:
                                 continue
-                            runs.append((f"llmsim {kind} ({w}w, {loop})", n,
-                                         rounds(lambda: stream(s, n, sdur, kind))))  # noqa: B023
-                if kind == "chat" and loop == loops[0]:
+                            got.setdefault(name, {}).setdefault(n, []).append(
+                                stream(s, n, sdur, kind, ws=ws))
+            anchor = {n: median_result(got["anchor"][n]) for n in counts}
+            for table in [*kinds, *(["ws"] if ws_too else [])]:
+                runs = [(f"bare h11 anchor ({loop})", n, anchor[n])
+                        for n in counts] if table == "chat" else []
+                for t, name, _w, _s, _k, _ws in plan:
+                    if t == table:
+                        runs += [(name, n, median_result(rs)) for n, rs in got[name].items()]
+                mine = [(name, n, r) for name, n, r in runs if name.startswith("llmsim")]
+                if table == "ws":
+                    stream_rows(f"Streaming Responses over WebSocket ({loop}, one connection "
+                                f"per stream){rounds_note}", runs)
+                    ratio_rows(f"Responses WebSocket ({loop})", mine, anchor)
+                    continue
+                if table == "chat" and loop == loops[0]:
                     if "llmock" in peers:
                         with start_llmock(peers["llmock"], TTFT_MS, ITL_MS) as s:
                             for n in counts[:2]:
@@ -665,23 +690,10 @@ def main(argv: list[str] | None = None) -> int:
                         with start_aimock(peers["aimock"], TTFT_MS, ITL_MS) as s:
                             for n in counts[:2]:
                                 runs.append(("aimock chat", n, stream(s, n, sdur)))
-                stream_rows(f"Streaming {kind} ({loop}): TTFT {TTFT_MS:.0f} ms, gap "
+                stream_rows(f"Streaming {table} ({loop}): TTFT {TTFT_MS:.0f} ms, gap "
                             f"{ITL_MS:.0f} ms, {STREAM_TOKENS} tokens a stream, back to back "
                             f"for {sdur:.0f} s{rounds_note}", runs)
-                ratio_rows(f"{kind} ({loop})", [(name, n, r) for name, n, r in runs
-                                                if name.startswith("llmsim") and n in anchor],
-                           anchor)
-            if "ws" in only and has_module("websocket"):
-                runs = []
-                with llmsim(*timing, "--loop", loop) as s:
-                    pin(s)
-                    for n in counts:
-                        runs.append((f"llmsim responses WS ({loop})", n,
-                                     rounds(lambda: stream(s, n, sdur, "responses",  # noqa: B023
-                                                           ws=True))))
-                stream_rows(f"Streaming Responses over WebSocket ({loop}, one connection per "
-                            f"stream){rounds_note}", runs)
-                ratio_rows(f"Responses WebSocket ({loop})", runs, anchor)
+                ratio_rows(f"{table} ({loop})", mine, anchor)
 
     if "mem" in only:
         rows = []
@@ -730,7 +742,9 @@ NOTES = """## How to read this
 - Server CPU is the scheduler's run time of the server's threads (`/proc/<pid>/task/*/schedstat`,
   ns; utime+stime where the kernel has no schedstat), over the wall time of the run; the
   client's own CPU is reported beside it. Single-worker streaming runs pin the server to
-  CPU 0 and the load generator to CPU 1 unless `--no-pin` is given.
+  CPU 0 and the load generator to CPU 1 unless `--no-pin` is given. Each round of a stream
+  count drives the anchor and every llmsim server in turn (all of them started up front), so
+  a ratio compares runs seconds apart, not minutes.
 - Peers get the same workload. llmock: `--latency-ms` (before the response) and
   `--stream-chunk-delay-ms`; aimock: a catch-all fixture with `streamingProfile {ttft, tps}`
   and one word per chunk. Peers stream their own fixed text, so their event counts differ.
