@@ -201,6 +201,45 @@ def test_shared_store_ttl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert s.get("k") is None and len(s) == 0
 
 
+def test_shared_store_put_purges_at_most_once_a_second(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """put() drops expired entries at most every PURGE_EVERY_S (a worker publishing a
+    thousand responses a second spent 4% of its time purging); readers never see an expired
+    entry meanwhile, and the next purge drops them."""
+    from llmsim.state import shared
+
+    now, mono = [1000.0], [50.0]
+    monkeypatch.setattr("llmsim.state.shared.time.time", lambda: now[0])
+    monkeypatch.setattr("llmsim.state.shared.time.monotonic", lambda: mono[0])
+    s: SharedStore[int] = SharedStore(str(tmp_path / "t.sqlite3"), "x", 100, 5.0)
+    purges = []
+    real = s.purge
+
+    def counted() -> None:
+        purges.append(mono[0])
+        real()
+
+    monkeypatch.setattr(s, "purge", counted)
+    s.put("old", 1)
+    now[0] += 6.0  # "old" has expired
+    for i in range(20):
+        s.put(f"k{i}", i)
+    assert purges == [50.0]  # the first put's; none in the burst
+    rows = s._db.execute(f"SELECT COUNT(*) FROM {s.table}").fetchone()[0]
+    assert rows == 21  # "old" is still in the table …
+    assert not s.has("old") and "old" not in s  # … unseen
+    now[0] += 6.0  # the twenty expire too
+    s.put("new", 0)
+    assert purges == [50.0]
+    assert s.get("k3") is None  # a reader never returns an expired entry (and purges)
+    assert list(s.values()) == [0]
+    mono[0] += shared.PURGE_EVERY_S
+    now[0] += 6.0
+    s.put("k20", 20)
+    assert purges[-1] == 50.0 + shared.PURGE_EVERY_S  # a second later, put purges again
+    assert s._db.execute(f"SELECT k FROM {s.table}").fetchall() == [("k20",)]
+
+
 def test_open_store_picks_by_mode(tmp_path: Path) -> None:
     assert isinstance(open_store("r", 5, 0, time.monotonic), BoundedStore)
     assert isinstance(open_store("r", 5, 0, time.monotonic, state_dir=str(tmp_path)),
