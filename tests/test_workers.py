@@ -244,3 +244,42 @@ def test_open_store_picks_by_mode(tmp_path: Path) -> None:
     assert isinstance(open_store("r", 5, 0, time.monotonic), BoundedStore)
     assert isinstance(open_store("r", 5, 0, time.monotonic, state_dir=str(tmp_path)),
                       SharedStore)
+
+
+def test_shared_store_waits_for_the_write_lock_in_small_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holding the write lock: a put waits (sqlite's own busy handler is off,
+    the store tries again in sub-millisecond steps) and succeeds once the lock is released;
+    past LOCK_WAIT_S it raises "database is locked" as sqlite would; other errors are not
+    retried."""
+    import sqlite3
+
+    from llmsim.state import shared
+
+    path = str(tmp_path / "t.sqlite3")
+    s: SharedStore[int] = SharedStore(path, "x", 10, 0.0)
+    assert s._db.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    other = shared.connect(path)
+    other.execute("BEGIN IMMEDIATE")
+    sleeps: list[float] = []
+    real_sleep = shared.time.sleep
+
+    def sleep(d: float) -> None:
+        sleeps.append(d)
+        if len(sleeps) == 5:
+            other.execute("ROLLBACK")  # the other process lets go
+        real_sleep(d)
+
+    monkeypatch.setattr("llmsim.state.shared.time.sleep", sleep)
+    s.put("k", 1)
+    assert s.get("k") == 1
+    assert len(sleeps) == 5 and max(sleeps) <= 0.001 and sleeps == sorted(sleeps)
+
+    other.execute("BEGIN IMMEDIATE")  # held for good now
+    monkeypatch.setattr(shared, "LOCK_WAIT_S", 0.02)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        s.put("k2", 2)
+    other.execute("ROLLBACK")
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        s._db.execute("SELECT * FROM nowhere")
+    other.close()

@@ -77,6 +77,56 @@ def connect(path: str) -> sqlite3.Connection:
     return db
 
 
+LOCK_WAIT_S = 10.0
+"""How long a statement of a :class:`SharedStore` waits for another process's write lock."""
+
+
+class _Conn:
+    """A store's connection that waits for the write lock in sub-millisecond steps.
+
+    sqlite's own busy handler (``connect(timeout=…)``) sleeps 1, 2, 5, 10, … 100 ms between
+    tries while another worker holds the write lock, and this worker's event loop waits with
+    it: two workers publishing a thousand stored responses a second saw TTFT p99 tails of
+    200+ ms. Here sqlite does not wait (``busy_timeout`` 0); a statement found busy is tried
+    again after 50 µs, doubling to 1 ms, for up to :data:`LOCK_WAIT_S` in all, then raises
+    as sqlite would. Only statements that failed to start are tried again (a busy
+    ``BEGIN IMMEDIATE`` or autocommit write changed nothing)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        db.execute("PRAGMA busy_timeout=0")
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        try:
+            return self.db.execute(sql, params)
+        except sqlite3.OperationalError as e:
+            if not _busy(e):
+                raise
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.00005
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.001)
+            try:
+                return self.db.execute(sql, params)
+            except sqlite3.OperationalError as e:
+                if not _busy(e) or time.monotonic() > deadline:
+                    raise
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (5, 6)
+    return "locked" in str(e) or "busy" in str(e)
+
+
 def prepare(state_dir: str) -> None:
     """Create the shared database in WAL mode before any worker opens it (supervisor)."""
     connect(os.path.join(state_dir, "store.sqlite3")).close()
@@ -95,7 +145,7 @@ class SharedStore(Generic[V]):
         self.evicted = 0
         self._purge_after = 0.0  # time.monotonic() before which put() does not purge
         self.table = "s_" + "".join(c if c.isalnum() else "_" for c in name)
-        self._db = connect(path)
+        self._db = _Conn(connect(path))
         t = self.table
         self._db.execute(f"CREATE TABLE IF NOT EXISTS {t} (k TEXT PRIMARY KEY, "
                          "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL, "
