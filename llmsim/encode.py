@@ -18,22 +18,29 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # The JSON of short token strings, rendered once (issue 15): orjson renders into a 1 KiB
 # heap buffer it then shrinks, an allocation per token, where a dict read is a hash probe.
 # Bounded: strings of at most TOKEN_JSON_CHARS characters, TOKEN_JSON_MAX entries (~3 MB at
-# most); once full, a new string is rendered every time it comes. Hot loops call
-# ``token_json_get(s) or token_json(s)`` (a JSON text is never empty).
+# most); once full, a new string is rendered every time it comes. Hot loops read
+# ``TOKEN_JSON[s]``; :func:`token_json` is the same read through the module.
 TOKEN_JSON_MAX = 16384
 TOKEN_JSON_CHARS = 32
-_token_json: dict[str, bytes] = {}
-token_json_get = _token_json.get
+
+
+class TokenJSON(dict[str, bytes]):
+    """``orjson.dumps(s)`` by ``self[s]``: a miss renders, and keeps the rendering while
+    the table is within its bounds (see above)."""
+
+    def __missing__(self, s: str) -> bytes:
+        b = _dumps(s)
+        if len(s) <= TOKEN_JSON_CHARS and len(self) < TOKEN_JSON_MAX:
+            self[s] = b
+        return b
+
+
+TOKEN_JSON = _token_json = TokenJSON()
 
 
 def token_json(s: str) -> bytes:
     """``orjson.dumps(s)`` for a token's text, kept when it is short (see above)."""
-    b = _token_json.get(s)
-    if b is None:
-        b = _dumps(s)
-        if len(s) <= TOKEN_JSON_CHARS and len(_token_json) < TOKEN_JSON_MAX:
-            _token_json[s] = b
-    return b
+    return _token_json[s]
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 _EVENT_PREFIX: dict[str, bytes] = {}

@@ -146,7 +146,7 @@ def test_token_json_is_orjson_and_its_cache_is_bounded(monkeypatch: Any) -> None
     """encode.token_json renders exactly what orjson does, keeps short strings only, and
     stops keeping once TOKEN_JSON_MAX strings are held (a stream of ever-new tokens cannot
     grow it); strings it did not keep are still rendered right."""
-    cache: dict[str, bytes] = {}
+    cache = encode.TokenJSON()
     monkeypatch.setattr(encode, "_token_json", cache)
     monkeypatch.setattr(encode, "TOKEN_JSON_MAX", 50)
     for s in [*TOKENS, "x" * encode.TOKEN_JSON_CHARS, "y" * (encode.TOKEN_JSON_CHARS + 1)]:

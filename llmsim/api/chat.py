@@ -21,7 +21,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..encode import token_json, token_json_get
+from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing, quoted
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import schema as sch
@@ -66,7 +66,6 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 USER_PARTS = ("text", "image_url", "input_audio", "file")
 FINGERPRINT = "fp_llmsim"
 _dumps = orjson.dumps
-_tj = token_json_get  # (encode.token_json: the hot loops' read)
 
 
 @dataclass(slots=True)
@@ -659,13 +658,13 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
         pre = tok_pre[only.index]
         pieces = iter(only.pieces)
         for piece in pieces:  # the first token is due with the role chunk
-            yield 0.0, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
+            yield 0.0, "chunk", pre + TOKEN_JSON[piece] + tok_post
             break
         # (gaps first: when they run out, zip has taken no token)
         for delay, piece in zip(gaps, pieces, strict=False):
-            yield delay, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
+            yield delay, "chunk", pre + TOKEN_JSON[piece] + tok_post
         for piece in pieces:  # (fewer gaps than tokens: the rest at once, as below)
-            yield 0.0, "chunk", pre + (_tj(piece) or token_json(piece)) + tok_post
+            yield 0.0, "chunk", pre + TOKEN_JSON[piece] + tok_post
         steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
@@ -679,7 +678,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
                                                 logprobs={"content": [c.logprobs[k]],
                                                           "refusal": None})
                 else:
-                    yield delay, "chunk", tok_pre[c.index] + (_tj(item) or token_json(item)) + tok_post
+                    yield delay, "chunk", tok_pre[c.index] + TOKEN_JSON[item] + tok_post
             else:  # a tool-call delta
                 yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
             delay = 0.0

@@ -33,7 +33,7 @@ import orjson
 
 from .. import encode
 from ..dialect import Dialect
-from ..encode import token_json, token_json_get
+from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import text as txt
@@ -52,7 +52,6 @@ __all__ = ["register", "COMPLETIONS", "CompletionRequest", "parse", "ask", "comp
            "stream_plan"]
 
 _dumps = orjson.dumps
-_tj = token_json_get  # (encode.token_json: the hot loop's read)
 DEFAULT_MAX_TOKENS = 16  # the real API's default for this endpoint
 MAX_LOGPROBS = 5
 MAX_BEST_OF = 20
@@ -339,7 +338,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
                                       offsets[c.index])
                 yield delay, "token", chunk(c.index, piece, logprobs=lp)
             else:
-                yield delay, "token", pre + (_tj(piece) or token_json(piece)) + tok_post[c.index]
+                yield delay, "token", pre + TOKEN_JSON[piece] + tok_post[c.index]
             offsets[c.index] += len(piece)
             delay = 0.0
     for c in choices:

@@ -120,11 +120,8 @@ class _Conn:
 
 
 def _busy(e: sqlite3.OperationalError) -> bool:
-    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
-    code = getattr(e, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in (5, 6)
-    return "locked" in str(e) or "busy" in str(e)
+    """SQLITE_BUSY or SQLITE_LOCKED (extended codes too): another connection holds the lock."""
+    return (e.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def prepare(state_dir: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ...encode import token_json, token_json_get
+from ...encode import TOKEN_JSON
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.rng import new_id
 from .parse import RespRequest
@@ -238,7 +238,6 @@ def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> d
 
 
 _dumps = orjson.dumps
-_tj = token_json_get  # (encode.token_json: the hot loop's read)
 _TEXT_DELTA = b'{"type":"response.output_text.delta","item_id":%b,"output_index":%d,' \
     b'"content_index":0,"delta":'
 _TEXT_DELTA_END = b',"logprobs":[],"sequence_number":'
@@ -323,7 +322,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 pre = _TEXT_DELTA % (_dumps(rid), idx)
                 for p in item.pieces:
                     yield next(gaps, 0.0), "response.output_text.delta", \
-                        pre + (_tj(p) or token_json(p)) + _TEXT_DELTA_END
+                        pre + TOKEN_JSON[p] + _TEXT_DELTA_END
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
                     yield next(gaps, 0.0), "response.output_text.delta", {
