@@ -190,6 +190,55 @@ def test_shared_store_is_seen_by_another_connection_and_bounded(tmp_path: Path) 
     assert [v["id"] for v in b.values()] == ["resp_4", "resp_3"]
 
 
+def test_shared_store_totals_follow_every_write_from_every_connection(tmp_path: Path) -> None:
+    """The entry count and byte sum put() bounds by are kept by triggers (one row read per
+    put, not COUNT(*)/SUM(size) over the table): they must equal the table after a put, a
+    replace, an update, an eviction by count and by bytes, a pop, an owned rewrite and a
+    clear, written through either of two connections (two workers)."""
+    path = str(tmp_path / "s.sqlite3")
+    a: SharedStore[bytes] = SharedStore(path, "r", 4, 0, max_bytes=3000)
+    b: SharedStore[bytes] = SharedStore(path, "r", 4, 0, max_bytes=3000)
+
+    def check() -> None:
+        n, size = a._db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM s_r").fetchone()
+        assert (len(a), a.nbytes) == (len(b), b.nbytes) == (n, size)
+
+    a.put("k1", b"x" * 500, owner=7)
+    b.put("k2", b"y" * 500)
+    check()
+    a.put("k1", b"x" * 900, owner=7)  # a replace: one entry, its new size, now the newest
+    check()
+    assert len(a) == 2 and [len(v) for v in b.values()] == [500, 900]
+    b.update("k2", b"z" * 100)
+    check()
+    for i in range(3, 7):  # past 4 entries: the oldest go
+        (a if i % 2 else b).put(f"k{i}", b"w" * 300)
+        check()
+    assert len(a) == 4 and not a.has("k2") and not a.has("k1")
+    a.put("big", b"B" * 2500)  # past 3000 bytes: the oldest go, never the entry just put
+    check()
+    assert a.has("big") and a.nbytes <= 3000 + 200 and len(a) < 4
+    a.put("huge", b"H" * 5000)  # alone over the budget: kept, everything older goes
+    check()
+    assert [len(v) for v in a.values()] == [5000]
+    b.put("o1", b"o" * 10, owner=9)  # (and "huge" goes: the bytes are over again)
+    assert [len(v) for v in a.values()] == [10]
+    assert a.update_owned(9, lambda v: v * 3) == 1
+    check()
+    assert a.nbytes > 10
+    b.put("o2", b"p")
+    assert b.pop("o1") == b"o" * 30
+    check()
+    a.clear()
+    check()
+    assert len(b) == 0 and b.nbytes == 0
+    # a third connection opening the store later finds the same totals (no second row)
+    c: SharedStore[bytes] = SharedStore(path, "r", 4, 0, max_bytes=3000)
+    c.put("k", b"k")
+    check()
+    assert c._db.execute("SELECT COUNT(*) FROM s_r_sum").fetchone()[0] == 1
+
+
 def test_shared_store_ttl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr("llmsim.state.shared.time.time", lambda: now[0])

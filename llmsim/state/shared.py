@@ -144,15 +144,35 @@ class SharedStore(Generic[V]):
         self.table = "s_" + "".join(c if c.isalnum() else "_" for c in name)
         self._db = _Conn(connect(path))
         t = self.table
-        self._db.execute(f"CREATE TABLE IF NOT EXISTS {t} (k TEXT PRIMARY KEY, "
-                         "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL, "
-                         "size INTEGER NOT NULL, owner INTEGER)")
-        # (seq, size): eviction order, and SUM(size) reads this index instead of the rows
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_seq ON {t}(seq, size)")
-        # purge() runs after every put: without this index it scans the table (~1 ms at 1024)
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_born ON {t}(born)")
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {t}_owner ON {t}(owner) "
-                         "WHERE owner IS NOT NULL")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")  # (workers open the store together: one at a time)
+        try:
+            db.execute(f"CREATE TABLE IF NOT EXISTS {t} (k TEXT PRIMARY KEY, "
+                       "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL, "
+                       "size INTEGER NOT NULL, owner INTEGER)")
+            # (seq, size): eviction order, oldest first, with the sizes the byte bound reads
+            db.execute(f"CREATE INDEX IF NOT EXISTS {t}_seq ON {t}(seq, size)")
+            # purge() would otherwise scan the table (~1 ms at 1024 entries)
+            db.execute(f"CREATE INDEX IF NOT EXISTS {t}_born ON {t}(born)")
+            db.execute(f"CREATE INDEX IF NOT EXISTS {t}_owner ON {t}(owner) "
+                       "WHERE owner IS NOT NULL")
+            # the entry count and the byte sum, kept by triggers on every insert, delete and
+            # resize from any process: put() reads one row instead of COUNT(*) and SUM(size)
+            # over the table (~30 us of a 75 us put at 1024 entries)
+            db.execute(f"CREATE TABLE IF NOT EXISTS {t}_sum (id INTEGER PRIMARY KEY "
+                       "CHECK (id = 0), n INTEGER NOT NULL, size INTEGER NOT NULL)")
+            db.execute(f"INSERT OR IGNORE INTO {t}_sum VALUES (0, (SELECT COUNT(*) FROM {t}), "
+                       f"(SELECT COALESCE(SUM(size), 0) FROM {t}))")
+            db.execute(f"CREATE TRIGGER IF NOT EXISTS {t}_ins AFTER INSERT ON {t} BEGIN "
+                       f"UPDATE {t}_sum SET n = n + 1, size = size + new.size; END")
+            db.execute(f"CREATE TRIGGER IF NOT EXISTS {t}_del AFTER DELETE ON {t} BEGIN "
+                       f"UPDATE {t}_sum SET n = n - 1, size = size - old.size; END")
+            db.execute(f"CREATE TRIGGER IF NOT EXISTS {t}_upd AFTER UPDATE OF size ON {t} "
+                       f"BEGIN UPDATE {t}_sum SET size = size - old.size + new.size; END")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     @property
     def enabled(self) -> bool:
@@ -160,7 +180,7 @@ class SharedStore(Generic[V]):
 
     def __len__(self) -> int:
         self.purge()
-        return int(self._db.execute(f"SELECT COUNT(*) FROM {self.table}").fetchone()[0])
+        return int(self._db.execute(f"SELECT n FROM {self.table}_sum").fetchone()[0])
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.has(key)
@@ -168,8 +188,7 @@ class SharedStore(Generic[V]):
     @property
     def nbytes(self) -> int:
         """The pickled size of every entry (what ``max_bytes`` bounds)."""
-        return int(self._db.execute(f"SELECT COALESCE(SUM(size), 0) FROM {self.table}")
-                   .fetchone()[0])
+        return int(self._db.execute(f"SELECT size FROM {self.table}_sum").fetchone()[0])
 
     def _drop(self, keys: list[str]) -> None:
         for k in keys:
@@ -200,23 +219,27 @@ class SharedStore(Generic[V]):
         db.execute("BEGIN IMMEDIATE")
         try:
             seq = db.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {t}").fetchone()[0]
-            db.execute(f"INSERT OR REPLACE INTO {t} (k, born, seq, v, size, owner) "
-                       "VALUES (?,?,?,?,?,?)", (key, time.time(), seq, blob, len(blob), owner))
-            n = db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-            over = [k for (k,) in db.execute(f"SELECT k FROM {t} ORDER BY seq LIMIT ?",
-                                             (max(0, n - self.max_entries),)).fetchall()]
-            if self.max_bytes:
-                excess = db.execute(f"SELECT SUM(size) FROM {t}").fetchone()[0] - \
-                    self.max_bytes
-                if excess > 0:  # oldest first, never the entry just written
-                    counted = set(over)
-                    for k, size in db.execute(f"SELECT k, size FROM {t} WHERE seq < ? "
-                                              "ORDER BY seq", (seq,)).fetchall():
-                        if excess <= 0:
-                            break
-                        excess -= size
-                        if k not in counted:
-                            over.append(k)
+            # (an upsert, not INSERT OR REPLACE: a replaced row's delete fires no trigger)
+            db.execute(f"INSERT INTO {t} (k, born, seq, v, size, owner) VALUES (?,?,?,?,?,?) "
+                       "ON CONFLICT (k) DO UPDATE SET born = excluded.born, "
+                       "seq = excluded.seq, v = excluded.v, size = excluded.size, "
+                       "owner = excluded.owner",
+                       (key, time.time(), seq, blob, len(blob), owner))
+            n, total = db.execute(f"SELECT n, size FROM {t}_sum").fetchone()
+            over: list[str] = []
+            if n > self.max_entries:
+                over = [k for (k,) in db.execute(f"SELECT k FROM {t} ORDER BY seq LIMIT ?",
+                                                 (n - self.max_entries,)).fetchall()]
+            excess = total - self.max_bytes if self.max_bytes else 0
+            if excess > 0:  # oldest first, never the entry just written
+                counted = set(over)
+                for k, size in db.execute(f"SELECT k, size FROM {t} WHERE seq < ? "
+                                          "ORDER BY seq", (seq,)).fetchall():
+                    if excess <= 0:
+                        break
+                    excess -= size
+                    if k not in counted:
+                        over.append(k)
             self._drop(over)
             db.execute("COMMIT")
         except BaseException:
