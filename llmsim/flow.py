@@ -6,6 +6,10 @@ timer for the next deadline. Events share a write only when they are due at the 
 or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing rule, see
 :class:`~llmsim.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
+A run of tokens the plan hands over whole (:class:`~llmsim.stream.TokenRun`) costs less: the
+pump renders each token into its frame with one bytes format (the stream's and the sink's
+framing around the token's JSON), with no ``next()`` of the plan, no tuple and no
+concatenation per token, under the same coalescing rule.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
@@ -28,8 +32,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .clock import Clock, Timer
+from .encode import TOKEN_JSON
 from .errors import APIError, server_error
-from .stream import DISCONNECT, STOP, EventStream
+from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
 
 __all__ = ["Pump", "Sink", "NullSink"]
 
@@ -39,6 +44,7 @@ MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 _NO_FRAME = (b"", b"")  # Pump._tick: no bytes frame (every payload goes through encode)
 _NO_WIRE = (b"", 0, b"")  # Pump._tick: no wire format (the sink frames each event)
+_NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
 class Sink(Protocol):
@@ -82,7 +88,9 @@ class Pump:
     __slots__ = ("stream", "clock", "encode", "sink", "on_done", "observer", "error_frame",
                  "_timer", "_pending", "_paused_at", "_done", "_per_write", "_is_token",
                  "_unobserved", "_bytes_frame", "_token_types", "_times", "_fold",
-                 "_fold_every", "_each", "_wire", "_write", "_hot")
+                 "_fold_every", "_each", "_wire", "_write", "_hot", "_run", "_run_at",
+                 "_run_i", "_run_n", "_run_pieces", "_run_gaps", "_run_fmt", "_run_extra",
+                 "_run_stamps", "_run_post")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -133,6 +141,22 @@ class Pump:
                 self._wire = (fmt[0], fmt[1], plain[0])
                 self._write = sink.write_wire  # type: ignore[attr-defined]
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
+        # a TokenRun being written (see _start_run): the deadline of its next event, the
+        # event's index, the run's length and pieces, its gaps, and its frame format: ``fmt
+        # % (len(payload) + extra, payload)`` with the wire, ``fmt % payload`` without;
+        # the payload is the token's JSON, in a numbering dialect followed by ``post`` and
+        # the number (``stamps[seq]``, or rendered past the table)
+        self._run: TokenRun | None = None
+        self._run_at = 0.0
+        self._run_i = self._run_n = self._run_extra = 0
+        self._run_pieces: list[str] = _NO_PIECES
+        self._run_gaps: Any = None
+        self._run_fmt = b""
+        self._run_stamps: list[bytes] | None = None
+        self._run_post = b""
+        # runs are rendered here when every token event gets the bytes frame and no
+        # per-event observer (else the stream hands the run's events over one by one)
+        stream.take_runs = self._bytes_frame is not None and self._each is None
         frame = self._bytes_frame
         wire = self._wire
         self._hot = (sink, clock, clock.coalesce, clock.catch_up, stream.pull, frame,
@@ -153,6 +177,8 @@ class Pump:
         if self._pending is not None:
             d, t, x = self._pending
             self._pending = (d + paused_for, t, x)
+        if self._run is not None:
+            self._run_at += paused_for
         self._tick()
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -163,6 +189,8 @@ class Pump:
         if self._done:
             return
         self._done = True
+        self._run = self._run_gaps = None
+        self._run_pieces = _NO_PIECES
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -211,6 +239,31 @@ class Pump:
                 log.exception("stream observer failed")
         self._finish("error")
 
+    def _start_run(self, run: TokenRun, deadline: float) -> None:
+        """Take over ``run``, its first event due at ``deadline`` (see TokenRun)."""
+        self._run_pieces = run.pieces
+        self._run_n = len(run.pieces)
+        self._run_i = 0
+        self._run_at = deadline
+        self._run_gaps = run.gaps
+        pre, post = self._bytes_frame  # type: ignore[misc]  # (take_runs: set)
+        head = pre + run.pre
+        if self.stream._numbered:  # the payload is the token, ``post`` and the number
+            self._run_post = run.post
+            self._run_stamps = stamped_suffixes(run.post)
+            tail = post
+        else:
+            self._run_stamps = None
+            tail = run.post + post
+        wire = getattr(self.sink, "wire_format", None) if self._wire is not None else None
+        fmt = wire(head, tail) if wire is not None else None
+        if fmt is not None:
+            self._run_fmt, self._run_extra = fmt
+        else:  # (a sink without the wire format frames each event itself)
+            self._run_fmt = head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
+            self._run_extra = -1
+        self._run = run if self._run_n else None
+
     def _counts(self, etype: str, data: Any) -> bool:
         """Whether an event the encoder framed is a token (the dialect's declaration)."""
         types = self._token_types
@@ -247,19 +300,54 @@ class Pump:
             while True:  # one write per turn
                 end: str | None = None  # why the turn ended: None = the next event is not due
                 while True:
-                    ev = self._pending
-                    if ev is None:
-                        ev = pull()
+                    run = self._run
+                    if run is None:
+                        ev = self._pending
                         if ev is None:
-                            end = "completed"
-                            break
-                        self._pending = ev  # until written (a failure reports its number)
-                    deadline, etype, data = ev
+                            ev = pull()
+                            if ev is None:
+                                end = "completed"
+                                break
+                            self._pending = ev  # until written (a failure reports its number)
+                        deadline, etype, data = ev
+                    else:  # the next token of a run (TokenRun): no pull, no tuple
+                        deadline = self._run_at
                     # the coalescing rule (Clock.catch_up): a later event joins this write
                     # only when it is due at the same instant as the last one or already late
                     if deadline > limit or (last is not None and deadline - last > same
                                             and deadline >= behind):
                         break
+                    if run is not None:
+                        i = self._run_i
+                        x = TOKEN_JSON[self._run_pieces[i]]
+                        stamps = self._run_stamps
+                        if stamps is not None:  # numbered: the stream's next number
+                            seq = self.stream.seq
+                            self.stream.seq = seq + 1
+                            x += (stamps[seq] if seq < len(stamps)
+                                  else self._run_post + (_STAMP % seq))
+                        n = self._run_extra
+                        frames.append(self._run_fmt % (len(x) + n, x) if n >= 0
+                                      else self._run_fmt % x)
+                        tokens += 1
+                        i += 1
+                        if i < self._run_n:
+                            self._run_i = i
+                            self._run_at = deadline + next(self._run_gaps, 0.0)
+                        else:  # the run is over: the plan's next offset counts from here
+                            self._run = self._run_gaps = None
+                            self.stream.deadline = deadline
+                        last = deadline
+                        left -= 1
+                        if not left:
+                            end = _FULL
+                            left = MAX_BATCH
+                            break
+                        continue
+                    if type(data) is TokenRun:  # taken whole: its first token is this one
+                        self._pending = None
+                        self._start_run(data, deadline)
+                        continue
                     if etype[0] == "_":
                         self._pending = None
                         end = etype

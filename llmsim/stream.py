@@ -25,6 +25,14 @@ for pacing and late rate-limit charges; billing is the transport's, from the res
 ``fail`` (this stream's own error events, e.g. a Responses ``response.failed`` carrying the
 output so far; default: the dialect's).
 
+A plan may hand over a run of token events whole: an item ``(offset, type, TokenRun(...))``
+stands for one event per piece of text, the first ``offset`` after the previous event, each
+later one a gap after it (:class:`TokenRun`). A pump that renders runs itself (it set
+``take_runs``) gets the run as one item and writes its tokens without a ``next()``, a tuple
+or a concatenation per token (issue 15); everyone else (:meth:`EventStream.drain`, a stream
+that observes that type or is wrapped, :func:`expand_runs` for a plan read directly) sees
+the same events one by one, with the same payloads, offsets and numbers.
+
 Control types (never sent to the client): :data:`DISCONNECT` drops the connection at that
 point without a terminal event (fault injection), :data:`STOP` ends the stream cleanly at that
 point (a "truncated" stream: the HTTP body ends properly but the terminal event is missing).
@@ -35,12 +43,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .encode import TOKEN_JSON
+
 if TYPE_CHECKING:
     from .dialect import Dialect, Events
     from .errors import APIError
     from .sim.decide import Usage
 
-__all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem", "numbered"]
+__all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem", "numbered", "TokenRun",
+           "expand_runs", "stamped_suffixes"]
 
 DISCONNECT = "__disconnect__"
 STOP = "__stop__"
@@ -69,12 +80,89 @@ _STAMPS = [_STAMP % i for i in range(_NSTAMPS)]
 _ENDED: Iterator[Any] = iter(())  # the plan of an ended stream (EventStream._release)
 
 
+class TokenRun:
+    """A run of token events of one type, handed over by a plan as one item
+    ``(offset, type, run)``: event ``k`` carries the bytes payload ``pre +
+    TOKEN_JSON[pieces[k]] + post`` (in a numbering dialect ``post`` ends just before the
+    ``sequence_number`` value, as every pre-rendered payload does); event 0 waits ``offset``
+    after the previous event, each later one ``next(gaps, 0.0)`` after the one before it,
+    drawn only when that event comes (a plan may share ``gaps`` with what follows the run).
+    ``pieces`` must not be empty and must not change while the run is read."""
+
+    __slots__ = ("pieces", "gaps", "pre", "post")
+
+    def __init__(self, pieces: list[str], gaps: Iterator[float], pre: bytes,
+                 post: bytes) -> None:
+        self.pieces = pieces
+        self.gaps = gaps
+        self.pre = pre
+        self.post = post
+
+    def events(self, etype: str, offset: float) -> Iterator[PlanItem]:
+        """The run's events one by one, as a plan would yield them."""
+        pre, post, gaps = self.pre, self.post, self.gaps
+        first = True
+        for piece in self.pieces:
+            yield (offset if first else next(gaps, 0.0)), etype, pre + TOKEN_JSON[piece] + post
+            first = False
+
+
+def expand_runs(plan: Iterable[PlanItem]) -> Iterator[PlanItem]:
+    """``plan`` with every :class:`TokenRun` item replaced by its events (for a reader that
+    needs every event as an item: a wrapper, a replay that counts numbers). Closing it
+    closes ``plan``."""
+    it = iter(plan)
+    try:
+        for item in it:
+            data = item[2]
+            if type(data) is TokenRun:
+                yield from data.events(item[1], item[0])
+            else:
+                yield item
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def _then(first: Iterator[PlanItem], rest: Iterator[PlanItem]) -> Iterator[PlanItem]:
+    """``first``, then ``rest`` (a run expanded in front of the rest of a plan); closing it
+    closes ``rest``."""
+    try:
+        yield from first
+        yield from rest
+    finally:
+        close = getattr(rest, "close", None)
+        if close is not None:
+            close()
+
+
+# the numbers of a numbering dialect's pre-rendered payloads, with the run's ``post`` in front
+# (a token of a run is ``tj + table[seq]``: one concatenation): a table per distinct ``post``,
+# at most _MAX_SUFFIXES of them, each ~_NSTAMPS × (len(post) + 5) bytes
+_SUFFIXES: dict[bytes, list[bytes]] = {}
+_MAX_SUFFIXES = 8
+_MAX_SUFFIX_BYTES = 64
+
+
+def stamped_suffixes(post: bytes) -> list[bytes]:
+    """``post`` followed by each of the first numbers' stamps, ``[post + stamp(0), …]``; an
+    empty list once the table is full or for a long ``post`` (the caller stamps each event)."""
+    table = _SUFFIXES.get(post)
+    if table is None:
+        if len(_SUFFIXES) >= _MAX_SUFFIXES or len(post) > _MAX_SUFFIX_BYTES:
+            return []
+        table = _SUFFIXES[post] = [post + st for st in _STAMPS]
+    return table
+
+
 class EventStream:
     """A stream of ``(type, data)`` events with absolute deadlines, numbered when its dialect
     numbers events (see the module doc)."""
 
     __slots__ = ("_it", "dialect", "model", "id", "usage", "fail", "seq", "start", "deadline",
-                 "finished", "on_event", "_numbered", "_observed", "_on_end")
+                 "finished", "on_event", "_numbered", "_observed", "_on_end", "take_runs",
+                 "_wrapped")
 
     def __init__(self, plan: Plan, dialect: Dialect, *, model: str | None = None,
                  id: str | None = None, usage: Usage | None = None,
@@ -98,6 +186,8 @@ class EventStream:
         # called once when the plan ends, run out or closed (what a ``finally`` around the
         # plan would do, without a generator layer on every event)
         self._on_end = on_end
+        self.take_runs = False  # set by a pump that renders a TokenRun itself (see pull)
+        self._wrapped = False  # a wrapper reads the plan: runs are expanded under it
 
     def claim(self, unsent: Any = None) -> int:
         """A sequence number for an event of this stream sent now, outside its plan (a
@@ -145,6 +235,19 @@ class EventStream:
             self.finished = True
             self._release()
             return None
+        if type(data) is TokenRun:
+            bt = self.dialect.bytes_type  # (a pump frames runs as bytes of this type)
+            if not (self.take_runs and (bt is None or bt == etype) and (
+                    self.on_event is None or (
+                        self._observed is not None and etype not in self._observed))):
+                # not taken whole: its events one by one, in front of the rest of the plan
+                self._it = _then(data.events(etype, offset), self._it)
+                return self.pull()
+            # the pump renders the run (numbering its events from ``seq`` as it writes them);
+            # its offset counts here, the later gaps in the pump, which sets ``deadline`` to
+            # the last token's when the run ends
+            self.deadline += offset
+            return self.deadline, etype, data
         self.deadline += offset
         if self._numbered and etype[0] != "_":  # numbered(), inlined
             seq = self.seq
@@ -163,9 +266,12 @@ class EventStream:
         """Replace the plan by ``fn(plan)`` (a generator around it: faults, capacity pacing).
 
         Call before the stream starts; ``fn`` must close the inner plan when it is closed
-        (a generator's ``finally: inner.close()``) so the plan's cleanup still runs.
+        (a generator's ``finally: inner.close()``) so the plan's cleanup still runs. The
+        wrapper sees every event one by one (a :class:`TokenRun` is expanded under it).
         """
-        self._it = iter(fn(self._it))
+        inner = self._it if self._wrapped else expand_runs(self._it)
+        self._wrapped = True
+        self._it = iter(fn(inner))
 
     def close(self) -> None:
         """Stop the plan (the client is gone); runs the plan's ``finally`` blocks."""

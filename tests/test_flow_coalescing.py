@@ -13,7 +13,7 @@ from llmsim import encode
 from llmsim.api.chat import CHAT
 from llmsim.clock import Clock, FakeClock
 from llmsim.flow import Pump
-from llmsim.stream import EventStream
+from llmsim.stream import EventStream, TokenRun
 
 GAP = 0.01  # 10 ms between tokens, as the bench streams
 
@@ -34,23 +34,33 @@ class WriteLog:
         pass
 
 
-def plan(tokens: int) -> list[tuple[float, str, object]]:
+def plan(tokens: int, runs: bool = False) -> list[tuple[float, str, object]]:
     # role chunk and first token due together, then one token per GAP, then the finish
-    # chunk and [DONE] at the same instant as the last token
-    out: list[tuple[float, str, object]] = [(0.1, "chunk", {"role": "assistant"}),
-                                            (0.0, "chunk", b'{"t":0}')]
-    out += [(GAP, "chunk", b'{"t":%d}' % i) for i in range(1, tokens)]
+    # chunk and [DONE] at the same instant as the last token; ``runs``: the tokens as one
+    # TokenRun, which the pump renders itself under the same rule
+    out: list[tuple[float, str, object]] = [(0.1, "chunk", {"role": "assistant"})]
+    if runs:
+        out.append((0.0, "chunk", TokenRun([str(i) for i in range(tokens)],
+                                           iter([GAP] * (tokens - 1)), b'{"t":', b"}")))
+    else:
+        out.append((0.0, "chunk", b'{"t":0}'))
+        out += [(GAP, "chunk", b'{"t":%d}' % i) for i in range(1, tokens)]
     out += [(0.0, "chunk", {"finish": 1}), (0.0, "done", None)]
     return out
 
 
-async def pump(tokens: int, late_by: float) -> list[tuple[float, int]]:
+@pytest.fixture(params=[False, True], ids=["events", "run"])
+def runs(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+async def pump(tokens: int, late_by: float, runs: bool = False) -> list[tuple[float, int]]:
     """Run one stream; ``late_by``: the pump starts that long after the stream's start (a
     server that fell behind), so everything due by then is late."""
     clock = FakeClock(start=0.0)
     sink = WriteLog(clock)
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    stream = EventStream(iter(plan(tokens)), CHAT)
+    stream = EventStream(iter(plan(tokens, runs)), CHAT)
     stream.begin(clock.now())
     clock.advance(late_by)
     p = Pump(stream, clock, encode.sse_chat, sink, on_done=done.set_result)
@@ -60,26 +70,26 @@ async def pump(tokens: int, late_by: float) -> list[tuple[float, int]]:
 
 
 @pytest.mark.asyncio
-async def test_on_time_every_event_is_its_own_write() -> None:
-    writes = await pump(5, 0.0)
+async def test_on_time_every_event_is_its_own_write(runs: bool) -> None:
+    writes = await pump(5, 0.0, runs)
     # role+token 0 together (same instant), tokens 1..3 alone, token 4 + finish + [DONE]
     assert [n for _, n in writes] == [2, 1, 1, 1, 3]
     assert [round(t, 6) for t, _ in writes] == [0.1, 0.11, 0.12, 0.13, 0.14]
 
 
 @pytest.mark.asyncio
-async def test_slightly_late_events_are_still_written_one_by_one() -> None:
+async def test_slightly_late_events_are_still_written_one_by_one(runs: bool) -> None:
     # token 1 is due 0.11: starting at 0.11 + catch_up/2, tokens 0 and 1 are both due but
     # the later one is not late by more than the threshold: two writes, not a pair
-    writes = await pump(5, 0.11 + Clock.catch_up / 2)
+    writes = await pump(5, 0.11 + Clock.catch_up / 2, runs)
     assert [n for _, n in writes] == [2, 1, 1, 1, 3]
 
 
 @pytest.mark.asyncio
-async def test_behind_by_more_than_catch_up_writes_the_due_batch_once() -> None:
+async def test_behind_by_more_than_catch_up_writes_the_due_batch_once(runs: bool) -> None:
     # at 0.125 tokens 0, 1, 2 are due and token 2 (0.12) is 5 ms late: one write for the
     # role chunk and tokens 0..2, then on time again
-    writes = await pump(5, 0.12 + 2 * Clock.catch_up + 0.001)
+    writes = await pump(5, 0.12 + 2 * Clock.catch_up + 0.001, runs)
     assert [n for _, n in writes] == [4, 1, 3]
     assert [round(t, 6) for t, _ in writes][1:] == [0.13, 0.14]
 

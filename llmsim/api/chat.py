@@ -43,7 +43,7 @@ from ..sim.described import json_hint
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_seed, rng_of
-from ..stream import EventStream
+from ..stream import EventStream, TokenRun
 from .validate import (
     FUNCTION_NAME,
     BodyMemo,
@@ -653,18 +653,12 @@ def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float
     steps = max(len(s) for s in seqs)
     only = choices[0]
     if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
-        # the common case, one token per chunk of one text choice: the loop below without
-        # its per-token zip, checks and branches (hot path, issue 15)
-        pre = tok_pre[only.index]
-        pieces = iter(only.pieces)
-        for piece in pieces:  # the first token is due with the role chunk
-            yield 0.0, "chunk", pre + TOKEN_JSON[piece] + tok_post
-            break
-        # (gaps first: when they run out, zip has taken no token)
-        for delay, piece in zip(gaps, pieces, strict=False):
-            yield delay, "chunk", pre + TOKEN_JSON[piece] + tok_post
-        for piece in pieces:  # (fewer gaps than tokens: the rest at once, as below)
-            yield 0.0, "chunk", pre + TOKEN_JSON[piece] + tok_post
+        # the common case, one token per chunk of one text choice: the tokens as one run
+        # (stream.TokenRun; the pump renders them without a step of this plan per token,
+        # hot path, issue 15), the first due with the role chunk, then a gap each (the
+        # rest at once if the gaps run out, as in the loop below)
+        if only.pieces:
+            yield 0.0, "chunk", TokenRun(only.pieces, gaps, tok_pre[only.index], tok_post)
         steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0

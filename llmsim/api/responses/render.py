@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from ...encode import TOKEN_JSON
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.rng import new_id
+from ...stream import TokenRun
 from .parse import RespRequest
 
 __all__ = ["ReasoningOut", "MessageOut", "CallOut", "RespOut", "response_out", "no_output",
@@ -319,10 +319,10 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             lps = item.logprobs
             if lps is None:  # the hot path: each delta rendered around the token's JSON,
                 # the bytes the dict below gives, numbered by the stream (stream.EventStream)
-                pre = _TEXT_DELTA % (_dumps(rid), idx)
-                for p in item.pieces:
-                    yield next(gaps, 0.0), "response.output_text.delta", \
-                        pre + TOKEN_JSON[p] + _TEXT_DELTA_END
+                # the deltas as one run (stream.TokenRun), each a gap after the last
+                if item.pieces:
+                    yield next(gaps, 0.0), "response.output_text.delta", TokenRun(
+                        item.pieces, gaps, _TEXT_DELTA % (_dumps(rid), idx), _TEXT_DELTA_END)
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
                     yield next(gaps, 0.0), "response.output_text.delta", {

@@ -46,7 +46,7 @@ from ...errors import APIError, E
 from ...state import shared
 from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
-from ...stream import EventStream, numbered
+from ...stream import EventStream, expand_runs, numbered
 from . import render
 from .render import CallOut, MessageOut, ReasoningOut, RespOut
 
@@ -305,8 +305,8 @@ class Record:
         cum = 0.0
         sent = 0.0
         k = 0
-        for off, etype, data in render.plan(self.echo, self.out, background=self.background,
-                                            warmup=self.warmup):
+        for off, etype, data in expand_runs(render.plan(
+                self.echo, self.out, background=self.background, warmup=self.warmup)):
             cum += off
             if self.cancel_seq is not None and k >= self.cancel_seq:
                 return
