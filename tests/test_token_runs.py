@@ -17,6 +17,7 @@ import pytest
 
 from llmsim import encode
 from llmsim import stream as stream_mod
+from llmsim.api.anthropic import ANTHROPIC
 from llmsim.api.chat import CHAT
 from llmsim.api.responses import RESPONSES
 from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
@@ -91,7 +92,17 @@ async def run(plan: list[tuple[float, str, Any]], dialect: Any, encoder: Any, si
     return sink.writes  # type: ignore[no-any-return]
 
 
+def anthropic_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
+    it = iter([0.0, *gaps, 0.03])
+    pre = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+    return [(0.2, "message_start", {"type": "message_start"}),
+            (next(it), "content_block_delta", TokenRun(PIECES, it, pre, b"}}")),
+            (0.0, "content_block_stop", {"type": "content_block_stop", "index": 0}),
+            (next(it, 0.0), "message_stop", {"type": "message_stop"})]
+
+
 CASES = [("chat sse", chat_plan, CHAT, encode.sse_chat),
+         ("anthropic sse", anthropic_plan, ANTHROPIC, ANTHROPIC.sse),
          ("responses sse", responses_plan, RESPONSES, encode.sse_responses),
          ("responses ws", responses_plan, RESPONSES, encode.ws_text)]
 

@@ -34,7 +34,7 @@ from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoi
 from ..sim.described import json_hint
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_rng
-from ..stream import EventStream
+from ..stream import EventStream, TokenRun
 from .validate import V, check_request_work, deliver_after, paced
 
 if TYPE_CHECKING:
@@ -90,6 +90,15 @@ def _sse(etype: str, data: Any) -> bytes:
         data if type(data) is bytes else _dumps(data)) + b"\n\n"
 
 
+def _sse_frame(etype: str | None) -> tuple[bytes, bytes] | None:
+    # (encode's bytes_frame declaration: the event line names the type, so a frame only for
+    # payloads of one known type, the dialect's bytes_type)
+    return None if etype is None else (b"event: " + etype.encode() + b"\ndata: ", b"\n\n")
+
+
+_sse.bytes_frame = _sse_frame  # type: ignore[attr-defined]
+
+
 _TOKEN_DELTAS = frozenset(("text_delta", "input_json_delta", "thinking_delta"))
 
 
@@ -106,7 +115,8 @@ ANTHROPIC = Dialect("anthropic.messages", numbered=False, sse=_sse,
                     sse_error=lambda err, seq: _sse("error", _error_object(err)),
                     error_events=lambda err: [("error", _error_object(err))],
                     is_token=is_token_event,
-                    terminals=frozenset({"message_stop", "error"}))
+                    terminals=frozenset({"message_stop", "error"}),
+                    bytes_tokens=True, bytes_type="content_block_delta")
 """Anthropic Messages on the wire: named SSE events, no sequence numbers, ``message_stop`` at
 the end, a mid-stream failure as the ``error`` event."""
 
@@ -344,8 +354,9 @@ def _plan(mid: str, model: str, d: Decision) -> Iterator[tuple[float, str, Any]]
         elif t == "text":
             pre = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta",' \
                   b'"text":' % idx
-            for piece in c.pieces or ():
-                yield next(gaps, 0.0), "content_block_delta", pre + _dumps(piece) + b"}}"
+            if c.pieces:  # the deltas as one run (stream.TokenRun), each a gap after the last
+                yield next(gaps, 0.0), "content_block_delta", TokenRun(c.pieces, gaps, pre,
+                                                                       b"}}")
         else:
             call = c.calls[idx - len(final["content"]) + len(c.calls)]
             for piece in call.pieces:
