@@ -337,33 +337,27 @@ class Pump:
                         else:  # the run is over: the plan's next offset counts from here
                             self._run = self._run_gaps = None
                             self.stream.deadline = deadline
-                        last = deadline
-                        left -= 1
-                        if not left:
-                            end = _FULL
-                            left = MAX_BATCH
-                            break
-                        continue
-                    if type(data) is TokenRun:  # taken whole: its first token is this one
+                    elif type(data) is TokenRun:  # taken whole: its first token is this one
                         self._pending = None
                         self._start_run(data, deadline)
                         continue
-                    if etype[0] == "_":
+                    elif etype[0] == "_":
                         self._pending = None
                         end = etype
                         break
-                    if frame is not None and type(data) is bytes:  # a token the plan rendered
-                        frames.append(pre + data + post if wire is None
-                                      else fmt % (len(data) + extra, data))
-                        tokens += 1
                     else:
-                        x = self.encode(etype, data)
-                        frames.append(x if wire is None else plain % (len(x), x))
-                        if self._per_write is not None and self._counts(etype, data):
+                        if frame is not None and type(data) is bytes:  # rendered by the plan
+                            frames.append(pre + data + post if wire is None
+                                          else fmt % (len(data) + extra, data))
                             tokens += 1
-                    if observer is not None:
-                        observer(etype, data, now)
-                    self._pending = None
+                        else:
+                            x = self.encode(etype, data)
+                            frames.append(x if wire is None else plain % (len(x), x))
+                            if self._per_write is not None and self._counts(etype, data):
+                                tokens += 1
+                        if observer is not None:
+                            observer(etype, data, now)
+                        self._pending = None
                     last = deadline
                     left -= 1
                     if not left:
