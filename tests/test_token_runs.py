@@ -278,3 +278,25 @@ def test_a_run_of_another_type_than_the_dialects_bytes_type_is_expanded() -> Non
     s.take_runs = True
     ev = s.pull()
     assert ev is not None and ev[2] == b'{"x":"a","sequence_number":0}'
+
+
+@pytest.mark.asyncio
+async def test_a_claim_while_a_run_waits_for_its_first_token_numbers_before_it() -> None:
+    """The run is pulled (held until its first token is due) when a claim comes: the claim
+    takes the next number and the run's tokens follow it."""
+    pre = _TEXT_DELTA % (b'"msg_1"', 0)
+    plan = [(0.0, "response.created", {"type": "response.created"}),
+            (0.05, "response.output_text.delta",
+             TokenRun(["a", "b"], iter([0.01]), pre, _TEXT_DELTA_END)),
+            (0.0, "response.completed", {"type": "response.completed"})]
+    clock, sink, p, s = _manual(plan)
+    p.start()  # created; the run is held for 0.05
+    assert _seqs(sink) == [0] and p.claim() == 1
+    sink.paused = True  # and a pause before the run starts shifts it whole
+    clock.advance(0.05)
+    clock.advance(0.02)
+    sink.paused = False
+    p.resume()  # paused from 0.05 to 0.07: a now, b at 0.08
+    clock.advance(0.01)
+    assert _seqs(sink) == [0, 2, 3, 4]
+    assert [t for t, _ in sink.writes] == [0.0, 0.07, 0.08]
