@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ... import encode
 from ...dialect import Dialect
 from ...errors import APIError, E, missing
@@ -28,9 +30,9 @@ from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_rng
 from ...state import accounting
 from ...stream import EventStream
-from ..validate import V, check_request_work, paced
+from ..validate import BodyMemo, V, check_request_work, paced
 from . import render
-from .parse import RespRequest, ask, normalize_input, parse_body
+from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
     CANCEL,
     DELETED,
@@ -193,11 +195,52 @@ class Prepared:
         self.cached_tokens = cached_tokens
 
 
+class _Kept:
+    """A create that needs no stored state (no ``previous_response_id``, ``conversation`` or
+    item reference), validated and counted once, kept by its body bytes (BodyMemo): its
+    request, its input items (copied for each use, the ids the server generated issued
+    anew: ``fresh``, their indexes) and its input token count."""
+
+    __slots__ = ("rr", "items", "fresh", "tokens")
+
+    def __init__(self, p: Prepared) -> None:
+        self.rr = p.rr
+        self.items = orjson.dumps(p.input_items)
+        self.fresh = generated_ids(p.rr.body.get("input"))
+        self.tokens = p.input_tokens
+
+    def prepared(self) -> Prepared:
+        items: list[Item] = orjson.loads(self.items)  # this response's own items
+        for i in self.fresh:
+            items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
+        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0)
+
+
+MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
+
+
 async def prepare(req: Request, app: App, body: dict[str, Any], *,
                   count_only: bool = False) -> Prepared:
     """Validate and assemble the context of a create (or input_tokens) request.
 
+    A create body seen before (the same bytes, transport and config) that needs no stored
+    state is not validated or counted again (:class:`_Kept`).
     Async only to count a long input in slices (``validate.paced``), never holding the loop."""
+    memo = None
+    if not count_only:
+        memo = app.memos[WS_MEMO if req.transport == "ws" else MEMO]
+        kept = memo.get(req.body, app.config)
+        if kept is not None:
+            return kept.prepared()  # type: ignore[no-any-return]
+    p = await _prepare(req, app, body, count_only=count_only)
+    if (memo is not None and p.parent is None and p.conversation is None
+            and not any(it.get("type") == "item_reference" for it in p.rr.input_items)):
+        memo.put(req.body, app.config, _Kept(p))
+    return p
+
+
+async def _prepare(req: Request, app: App, body: dict[str, Any], *,
+                   count_only: bool = False) -> Prepared:
     st = state(app)
     rr = parse_body(body, app, transport=req.transport, count_only=count_only)
     parent = None
@@ -599,6 +642,8 @@ async def _on_stop(app: App) -> None:
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
+    app.memos[MEMO] = BodyMemo()
+    app.memos[WS_MEMO] = BodyMemo()
     app.on_start.append(_on_start)
     app.on_stop.append(_on_stop)
     r = app.router

@@ -161,6 +161,33 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
     return out
 
 
+ID_PREFIX = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_",
+             "function_call_output": "fco_", "custom_tool_call_output": "ctco_",
+             "reasoning": "rs_"}
+"""The prefix of the id an input item of each type gets when the client gave none."""
+
+
+def _given_id(it: dict[str, Any]) -> str | None:
+    given = it.get("id")
+    return given if isinstance(given, str) else None
+
+
+def _item_id(it: dict[str, Any], t: str) -> str:
+    """The client's id of an input item, else a new one for its type."""
+    given = _given_id(it)
+    return given if given is not None else new_id(ID_PREFIX[t])
+
+
+def generated_ids(raw: Any) -> list[int]:
+    """The indexes of the items :func:`normalize_input` gives new ids (a valid ``input``)."""
+    if isinstance(raw, str):
+        return [0]
+    if not isinstance(raw, list):  # (no input: none)
+        return []
+    return [i for i, it in enumerate(raw)
+            if _given_id(it) is None and it.get("type") != "item_reference"]
+
+
 def _message(it: dict[str, Any], p: str) -> dict[str, Any]:
     role = it.get("role")
     if role is None:
@@ -169,8 +196,7 @@ def _message(it: dict[str, Any], p: str) -> dict[str, Any]:
         raise _bad_value(f"{p}.role", role, INPUT_ROLES)
     if "content" not in it or it["content"] is None:
         raise _missing(f"{p}.content")
-    item: dict[str, Any] = {"id": it.get("id") if isinstance(it.get("id"), str)
-                            else new_id("msg_"), "type": "message", "role": role,
+    item: dict[str, Any] = {"id": _item_id(it, "message"), "type": "message", "role": role,
                             "content": _parts(it["content"], role, p), "status": "completed"}
     if role == "assistant" and isinstance(it.get("phase"), str):
         item["phase"] = it["phase"]
@@ -193,7 +219,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
     placeholders; the handler resolves them against stored items.
     """
     if isinstance(raw, str):
-        return [{"id": new_id("msg_"), "type": "message", "role": "user",
+        return [{"id": new_id(ID_PREFIX["message"]), "type": "message", "role": "user",
                  "content": [{"type": "input_text", "text": raw}], "status": "completed"}], []
     if not isinstance(raw, list):
         raise E.invalid_type_got.at("input", got=got(raw), expected="one of a string or array "
@@ -219,9 +245,8 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             call_id = _need_str(it, "call_id", p)
             key = "arguments" if t == "function_call" else "input"
             val = _need_str(it, key, p)
-            pre = "fc_" if t == "function_call" else "ctc_"
-            items.append({"id": it.get("id") if isinstance(it.get("id"), str) else new_id(pre),
-                          "type": t, "status": _status(it, p), key: val, "call_id": call_id,
+            items.append({"id": _item_id(it, t), "type": t, "status": _status(it, p), key: val,
+                          "call_id": call_id,
                           "name": name})
         elif t in ("function_call_output", "custom_tool_call_output"):
             call_id = _need_str(it, "call_id", p)
@@ -231,9 +256,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             if not isinstance(out, (str, list)):
                 raise E.invalid_type.at(f"{p}.output", expected="one of a string or array of "
                                         "content items")
-            pre = "fco_" if t == "function_call_output" else "ctco_"
-            items.append({"id": it.get("id") if isinstance(it.get("id"), str) else new_id(pre),
-                          "type": t, "call_id": call_id, "output": out,
+            items.append({"id": _item_id(it, t), "type": t, "call_id": call_id, "output": out,
                           "status": _status(it, p)})
         elif t == "reasoning":
             summ = it.get("summary", [])
@@ -244,8 +267,7 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 if not isinstance(s, dict) or not isinstance(s.get("text"), str):
                     raise _missing(f"{p}.summary[{j}].text")
                 summary.append({"type": "summary_text", "text": s["text"]})
-            item = {"id": it.get("id") if isinstance(it.get("id"), str) else new_id("rs_"),
-                    "type": "reasoning", "summary": summary}
+            item = {"id": _item_id(it, "reasoning"), "type": "reasoning", "summary": summary}
             if isinstance(it.get("encrypted_content"), str):
                 item["encrypted_content"] = it["encrypted_content"]
             if isinstance(it.get("content"), list):
