@@ -19,6 +19,7 @@ from llmsim import encode
 from llmsim import stream as stream_mod
 from llmsim.api.anthropic import ANTHROPIC
 from llmsim.api.chat import CHAT
+from llmsim.api.completions import COMPLETIONS
 from llmsim.api.responses import RESPONSES
 from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
 from llmsim.clock import FakeClock
@@ -101,7 +102,15 @@ def anthropic_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
             (next(it, 0.0), "message_stop", {"type": "message_stop"})]
 
 
+def completions_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
+    pre = b'{"id":"cmpl-1","object":"text_completion","choices":[{"text":'
+    post = b',"index":0,"logprobs":null,"finish_reason":null}]}'
+    return [(0.1, "token", TokenRun(PIECES, iter(gaps), pre, post)),
+            (0.0, "chunk", {"finish": "length"}), (0.0, "done", None)]
+
+
 CASES = [("chat sse", chat_plan, CHAT, encode.sse_chat),
+         ("completions sse", completions_plan, COMPLETIONS, COMPLETIONS.sse),
          ("anthropic sse", anthropic_plan, ANTHROPIC, ANTHROPIC.sse),
          ("responses sse", responses_plan, RESPONSES, encode.sse_responses),
          ("responses ws", responses_plan, RESPONSES, encode.ws_text)]

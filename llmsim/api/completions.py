@@ -41,7 +41,7 @@ from ..sim import tokens as tok
 from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
 from ..sim.rng import new_id, request_rng
-from ..stream import EventStream
+from ..stream import EventStream, TokenRun
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
 from .validate import V, check_request_work, deliver_after, got, paced, stream_flags
 
@@ -74,7 +74,7 @@ def is_token_event(etype: str, data: Any) -> bool:
 COMPLETIONS = Dialect("completions", numbered=False, sse=encode.sse_chat,
                       sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
                       error_events=error_events, is_token=is_token_event,
-                      terminals=frozenset({"done"}))
+                      terminals=frozenset({"done"}), bytes_tokens=True)
 """Legacy completions on the wire: ``text_completion`` SSE chunks (``data:`` lines only, as
 chat), a mid-stream failure as the error chunk then ``[DONE]``, no WebSocket mode."""
 
@@ -325,7 +325,16 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
             yield delay, "chunk", chunk(c.index, prefix, logprobs=lp)
             offsets[c.index] = len(prefix)
             delay = 0.0
-    for k in range(_steps(decision)):
+    steps = _steps(decision)
+    if len(choices) == 1 and cr.logprobs is None:
+        # the common case: the tokens as one run (stream.TokenRun; the pump renders them,
+        # hot path, issue 15), the first at ``delay``, then a gap each (the loop below)
+        if choices[0].pieces:
+            yield delay, "token", TokenRun(choices[0].pieces, gaps, pre,
+                                           tok_post[choices[0].index])
+            delay = 0.0
+        steps = 0
+    for k in range(steps):
         if k:
             delay = next(gaps, 0.0)
         for c in choices:
