@@ -189,11 +189,12 @@ class Child:
 
     def pin(self, server: set[int], client: set[int]) -> Child:
         """Keep this server's threads on ``server`` and its load generator on ``client``
-        (``--pin``). Unpinned, the one-thread load generator and the server share both
-        cores: each write wakes the client, which often preempts the server on its own core
-        (0.3–0.45 involuntary switches per event at 100 streams), and the costlier server
-        is preempted more (it has used more of its share), so a CPU ratio comes out wider
-        than the work it measures, and varies with placement from run to run."""
+        (the default; ``--no-pin``: not). Unpinned, the one-thread load generator and the
+        server share both cores: each write wakes the client, which often preempts the
+        server on its own core (0.3–0.45 involuntary switches per event at 100 streams), and
+        the costlier server is preempted more (it has used more of its share), so a CPU ratio
+        comes out wider than the work it measures, and varies with placement from run to
+        run."""
         for p in tree_pids(self.pid):
             try:
                 for tid in os.listdir(f"/proc/{p}/task"):
@@ -541,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. from `timeout`) unwinds through the finally blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = set(a.only.split(","))
+    pinned = a.pin and len(os.sched_getaffinity(0)) >= 2
     secs = 3.0 if a.quick else 8.0
     sdur = 3.0 if a.quick else 6.0
     counts = [int(x) for x in (a.streams or ("100,500,1000" if a.quick else "100,500,1000,2000"))
@@ -558,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
              + "\n- shared 2-core box: other engineers' test runs may overlap; the load generator"
              " (C, epoll, one thread) shares the cores with the server"
              + (" (single-worker streaming runs pinned: server CPU 0, load generator CPU 1)"
-                if a.pin and len(os.sched_getaffinity(0)) >= 2 else "") + ".\n- server CPU: the scheduler's per-thread run time "
+                if pinned else "") + ".\n- server CPU: the scheduler's per-thread run time "
              "(schedstat, ns) summed over the server's process tree.")
     peers = install_peers() if a.peers else {}
     t_all = time.perf_counter()
@@ -621,7 +623,6 @@ def main(argv: list[str] | None = None) -> int:
                    "events/s ÷ anchor"], rows)
 
     timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
-    pinned = a.pin and len(os.sched_getaffinity(0)) >= 2
 
     def pin(server: Child) -> None:
         if pinned:

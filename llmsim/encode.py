@@ -18,8 +18,7 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # The JSON of short token strings, rendered once (issue 15): orjson renders into a 1 KiB
 # heap buffer it then shrinks, an allocation per token, where a dict read is a hash probe.
 # Bounded: strings of at most TOKEN_JSON_CHARS characters, TOKEN_JSON_MAX entries (~3 MB at
-# most); once full, a new string is rendered every time it comes. Hot loops read
-# ``TOKEN_JSON[s]``; :func:`token_json` is the same read through the module.
+# most); once full, a new string is rendered every time it comes. Read ``TOKEN_JSON[s]``.
 TOKEN_JSON_MAX = 16384
 TOKEN_JSON_CHARS = 32
 
@@ -35,12 +34,7 @@ class TokenJSON(dict[str, bytes]):
         return b
 
 
-TOKEN_JSON = _token_json = TokenJSON()
-
-
-def token_json(s: str) -> bytes:
-    """``orjson.dumps(s)`` for a token's text, kept when it is short (see above)."""
-    return _token_json[s]
+TOKEN_JSON = TokenJSON()
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 _EVENT_PREFIX: dict[str, bytes] = {}

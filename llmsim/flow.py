@@ -248,7 +248,7 @@ class Pump:
         self._run_gaps = run.gaps
         pre, post = self._bytes_frame  # type: ignore[misc]  # (take_runs: set)
         head = pre + run.pre
-        if self.stream._numbered:  # the payload is the token, ``post`` and the number
+        if self.stream.dialect.numbered:  # the payload: the token, ``post``, the number
             self._run_post = run.post
             self._run_stamps = stamped_suffixes(run.post)
             tail = post

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .sim.decide import Usage
 
 __all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem", "numbered", "TokenRun",
-           "expand_runs", "stamped_suffixes"]
+           "expand_runs", "close_plan", "stamped_suffixes"]
 
 DISCONNECT = "__disconnect__"
 STOP = "__stop__"
@@ -107,6 +107,13 @@ class TokenRun:
             first = False
 
 
+def close_plan(plan: Iterable[Any]) -> None:
+    """Close ``plan`` if it can be closed (a generator: its ``finally`` blocks run)."""
+    close = getattr(plan, "close", None)
+    if close is not None:
+        close()
+
+
 def expand_runs(plan: Iterable[PlanItem]) -> Iterator[PlanItem]:
     """``plan`` with every :class:`TokenRun` item replaced by its events (for a reader that
     needs every event as an item: a wrapper, a replay that counts numbers). Closing it
@@ -120,9 +127,7 @@ def expand_runs(plan: Iterable[PlanItem]) -> Iterator[PlanItem]:
             else:
                 yield item
     finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+        close_plan(it)
 
 
 def _then(first: Iterator[PlanItem], rest: Iterator[PlanItem]) -> Iterator[PlanItem]:
@@ -132,9 +137,7 @@ def _then(first: Iterator[PlanItem], rest: Iterator[PlanItem]) -> Iterator[PlanI
         yield from first
         yield from rest
     finally:
-        close = getattr(rest, "close", None)
-        if close is not None:
-            close()
+        close_plan(rest)
 
 
 # the numbers of a numbering dialect's pre-rendered payloads, with the run's ``post`` in front
@@ -276,10 +279,8 @@ class EventStream:
     def close(self) -> None:
         """Stop the plan (the client is gone); runs the plan's ``finally`` blocks."""
         self.finished = True
-        close = getattr(self._it, "close", None)
         try:
-            if close is not None:
-                close()
+            close_plan(self._it)
         finally:
             self._release()
 

@@ -143,27 +143,26 @@ async def test_responses_bytes_payloads_are_all_of_the_dialects_bytes_type() -> 
 
 
 def test_token_json_is_orjson_and_its_cache_is_bounded(monkeypatch: Any) -> None:
-    """encode.token_json renders exactly what orjson does, keeps short strings only, and
+    """encode.TOKEN_JSON renders exactly what orjson does, keeps short strings only, and
     stops keeping once TOKEN_JSON_MAX strings are held (a stream of ever-new tokens cannot
     grow it); strings it did not keep are still rendered right."""
     cache = encode.TokenJSON()
-    monkeypatch.setattr(encode, "_token_json", cache)
     monkeypatch.setattr(encode, "TOKEN_JSON_MAX", 50)
     for s in [*TOKENS, "x" * encode.TOKEN_JSON_CHARS, "y" * (encode.TOKEN_JSON_CHARS + 1)]:
-        assert encode.token_json(s) == orjson.dumps(s)
+        assert cache[s] == orjson.dumps(s)
     assert "y" * (encode.TOKEN_JSON_CHARS + 1) not in cache
     assert "x" * encode.TOKEN_JSON_CHARS in cache
     for i in range(1000):
-        assert encode.token_json(f"t{i}") == orjson.dumps(f"t{i}")
+        assert cache[f"t{i}"] == orjson.dumps(f"t{i}")
     assert len(cache) == 50
-    assert encode.token_json("t999") == b'"t999"' and "t999" not in cache
+    assert cache["t999"] == b'"t999"' and "t999" not in cache
 
 
 def test_the_process_token_json_cache_stays_bounded() -> None:
     """After real streams (this test run's), the module cache is within its bound, and
     every entry it holds is its key's JSON."""
-    assert len(encode._token_json) <= encode.TOKEN_JSON_MAX
-    for s, b in list(encode._token_json.items())[:2000]:
+    assert len(encode.TOKEN_JSON) <= encode.TOKEN_JSON_MAX
+    for s, b in list(encode.TOKEN_JSON.items())[:2000]:
         assert len(s) <= encode.TOKEN_JSON_CHARS and b == orjson.dumps(s)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .. import encode
 from ..dialect import Dialect
 from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, StreamResponse
@@ -85,18 +86,9 @@ def anthropic_error(err: APIError) -> RawResponse:
                        list(err.headers), error=err)
 
 
-def _sse(etype: str, data: Any) -> bytes:
-    return b"event: " + etype.encode() + b"\ndata: " + (
-        data if type(data) is bytes else _dumps(data)) + b"\n\n"
-
-
-def _sse_frame(etype: str | None) -> tuple[bytes, bytes] | None:
-    # (encode's bytes_frame declaration: the event line names the type, so a frame only for
-    # payloads of one known type, the dialect's bytes_type)
-    return None if etype is None else (b"event: " + etype.encode() + b"\ndata: ", b"\n\n")
-
-
-_sse.bytes_frame = _sse_frame  # type: ignore[attr-defined]
+# named SSE events (``event: <type>`` then ``data:``): the frame Responses uses, with its
+# bytes_frame declaration for the text deltas the plan hands over as a TokenRun
+_sse = encode.sse_responses
 
 
 _TOKEN_DELTAS = frozenset(("text_delta", "input_json_delta", "thinking_delta"))

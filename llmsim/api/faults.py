@@ -52,6 +52,7 @@ from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
 from ..sim.ratelimit import RateLimiter, estimate_tokens
 from ..state.redis_limits import SharedLimiter, SharedRules
+from ..stream import close_plan
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -544,9 +545,7 @@ def _pace(plan: Iterator[PlanItem], slot: Slot, prefill: float,
                 off += prefill
             yield off, etype, data
     finally:
-        close = getattr(plan, "close", None)
-        if close is not None:
-            close()
+        close_plan(plan)
         slot.release()
 
 

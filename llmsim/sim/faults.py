@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
 from ..errors import APIError, E, server_error
-from ..stream import DISCONNECT, STOP, PlanItem
+from ..stream import DISCONNECT, STOP, PlanItem, close_plan
 
 if TYPE_CHECKING:
     from ..dialect import Dialect
@@ -576,9 +576,7 @@ def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
                 count += 1
             yield item
     finally:
-        close = getattr(plan, "close", None)
-        if close is not None:
-            close()
+        close_plan(plan)
 
 
 def mid_stream_error(status: int) -> APIError:

@@ -21,6 +21,7 @@ finds its entry gone).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sqlite3
@@ -115,6 +116,18 @@ class _Conn:
                 if not _busy(e) or time.monotonic() > deadline:
                     raise
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A write transaction: ``BEGIN IMMEDIATE`` (this worker waits for the others' write
+        lock here), committed at the end, rolled back on any exception."""
+        self.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.execute("COMMIT")
+        except BaseException:
+            self.execute("ROLLBACK")
+            raise
+
     def close(self) -> None:
         self.db.close()
 
@@ -145,8 +158,7 @@ class SharedStore(Generic[V]):
         self._db = _Conn(connect(path))
         t = self.table
         db = self._db
-        db.execute("BEGIN IMMEDIATE")  # (workers open the store together: one at a time)
-        try:
+        with db.transaction():  # (workers open the store together: one at a time)
             db.execute(f"CREATE TABLE IF NOT EXISTS {t} (k TEXT PRIMARY KEY, "
                        "born REAL NOT NULL, seq INTEGER NOT NULL, v BLOB NOT NULL, "
                        "size INTEGER NOT NULL, owner INTEGER)")
@@ -169,10 +181,6 @@ class SharedStore(Generic[V]):
                        f"UPDATE {t}_sum SET n = n - 1, size = size - old.size; END")
             db.execute(f"CREATE TRIGGER IF NOT EXISTS {t}_upd AFTER UPDATE OF size ON {t} "
                        f"BEGIN UPDATE {t}_sum SET size = size - old.size + new.size; END")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     @property
     def enabled(self) -> bool:
@@ -216,8 +224,7 @@ class SharedStore(Generic[V]):
         db = self._db
         t = self.table
         blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with db.transaction():
             seq = db.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {t}").fetchone()[0]
             # (an upsert, not INSERT OR REPLACE: a replaced row's delete fires no trigger)
             db.execute(f"INSERT INTO {t} (k, born, seq, v, size, owner) VALUES (?,?,?,?,?,?) "
@@ -241,10 +248,6 @@ class SharedStore(Generic[V]):
                     if k not in counted:
                         over.append(k)
             self._drop(over)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         # expired entries dropped at most once a second from here (a statement and a WAL
         # read per put, 4% of a worker publishing 1000 stored responses a second); readers
         # (get, has, len, values) never see an expired entry either way
@@ -267,17 +270,12 @@ class SharedStore(Generic[V]):
         (another process writing one of them meanwhile waits); returns how many."""
         db = self._db
         t = self.table
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with db.transaction():
             rows = db.execute(f"SELECT k, v FROM {t} WHERE owner = ?", (owner,)).fetchall()
             for k, v in rows:
                 blob = pickle.dumps(fn(pickle.loads(v)), pickle.HIGHEST_PROTOCOL)
                 db.execute(f"UPDATE {t} SET v = ?, size = ?, owner = NULL WHERE k = ?",
                            (blob, len(blob), k))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return len(rows)
 
     def has(self, key: str) -> bool:
