@@ -233,3 +233,24 @@ async def test_the_responses_memo_is_per_transport(make_server):
         await responses.prepare(req("http"), app, orjson.loads(raw))
     assert e.value.status == 400 and "generate" in str(e.value.to_dict())
     assert len(app.memos[responses.MEMO]) == 0
+
+
+def test_many_distinct_responses_bodies_stay_within_the_memo_bounds(make_server):
+    """Ever new Responses bodies cannot grow the Responses memo past BodyMemo's bounds, and
+    every answer is still right."""
+    from llmsim.api import responses
+    srv = make_server()
+    memo = srv.app.memos[responses.MEMO]
+    sock = rawhttp.connect(srv.url)
+    conn = h11.Connection(h11.CLIENT)
+    try:
+        for i in range(BodyMemo.MAX_ENTRIES + 40):
+            body = {"model": "gpt-4o-mini", "input": f"hi {i}", "max_output_tokens": 16,
+                    "store": False}
+            r = rawhttp.request(srv.url, "POST", "/v1/responses", orjson.dumps(body),
+                                sock=sock, conn=conn)
+            assert r.status == 200 and r.json()["usage"]["output_tokens"] <= 16
+    finally:
+        sock.close()
+    assert len(memo) <= BodyMemo.MAX_ENTRIES and memo.bytes <= BodyMemo.BUDGET
+    assert len(memo) > BodyMemo.MAX_ENTRIES // 2
