@@ -14,6 +14,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, iter_options, load_config
+from .native import build_info
 
 __all__ = ["main", "build_parser"]
 
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(Chat Completions, legacy Completions, Responses over HTTP/SSE and "
                     "WebSocket, models).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"llmsim {__version__}")
+    p.add_argument("--version", action="version",
+                   version=f"llmsim {__version__} (per-event path: {build_info()})")
     p.add_argument("--config", metavar="FILE.toml", default=None,
                    help="Read settings from a TOML file (env: LLMSIM_CONFIG). Unknown keys "
                         "are an error.")
@@ -97,8 +99,9 @@ def banner(url: str, cfg: Config) -> str:
     mode: str = cfg.latency
     if cfg.ttft_ms is not None or cfg.itl_ms is not None:
         mode = f"fixed (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms)"
+    build = build_info()
     return (f"llmsim {__version__} listening on {url}  (latency: {mode}, seed: {cfg.seed}, "
-            f"text: {cfg.text})\n"
+            f"text: {cfg.text}{'' if build == 'pure' else f', build: {build}'})\n"
             f"Try it:\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{{\"model\": \"gpt-4o\", \"messages\": [{{\"role\": \"user\", "

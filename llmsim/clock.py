@@ -23,7 +23,21 @@ from collections.abc import Callable
 from heapq import heappush as _heappush
 from typing import Any
 
-__all__ = ["Clock", "RealClock", "FakeClock", "Timer"]
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - pure Python: the decorator only speaks to mypyc
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[Any], Any]:  # type: ignore[misc]
+        return lambda cls: cls
+
+__all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP"]
+
+# The one coalescing rule for stream events (applied by flow.Pump): events of one stream
+# share a write only when they are due at the same instant (within COALESCE) or when the
+# pump is behind, i.e. the next event is already later than CATCH_UP seconds. On time, every
+# event is its own write at its own deadline: two tokens written together are a timing error
+# the client sees.
+COALESCE = 0.0002  # run timers due within 0.2 ms of each other in one pass
+CATCH_UP = 0.002
 
 
 def _released() -> None:
@@ -50,6 +64,7 @@ _INF = float("inf")
 _FAR = 1 << 62  # the slot of an infinite deadline
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: bench's ManualClock)
 class Clock:
     """Interface: monotonic ``now()``, wall ``time()``, ``call_at``, and ``sleep``.
 
@@ -60,13 +75,8 @@ class Clock:
     per-event cost (issue 15). A pass runs every slot that has begun by ``now``: a timer
     fires at most ``coalesce`` early, never late, as the coalescing rule says."""
 
-    coalesce = 0.0002  # run timers due within 0.2 ms of each other in one pass
-    # The one coalescing rule for stream events (applied by flow.Pump): events of one stream
-    # share a write only when they are due at the same instant (within ``coalesce``) or when
-    # the pump is behind, i.e. the next event is already later than ``catch_up`` seconds.
-    # On time, every event is its own write at its own deadline: two tokens written together
-    # are a timing error the client sees.
-    catch_up = 0.002
+    coalesce = COALESCE  # (the rule: see COALESCE and CATCH_UP above)
+    catch_up = CATCH_UP
 
     def __init__(self) -> None:
         self._slots: dict[int, list[Timer]] = {}
@@ -82,6 +92,10 @@ class Clock:
     def time(self) -> float:
         """Wall-clock seconds since the epoch (for ``created`` fields)."""
         return time.time()
+
+    def now_fn(self) -> Callable[[], float]:
+        """The cheapest callable that returns :meth:`now` (a pump calls it once per tick)."""
+        return self.now
 
     def _arm(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -256,8 +270,6 @@ class RealClock(Clock):
         self._loop = loop
         self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
-        if loop is not None:
-            self.now = loop.time  # type: ignore[method-assign]  # (see now())
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -266,10 +278,13 @@ class RealClock(Clock):
         return self._loop
 
     def now(self) -> float:
-        # called per event: once the loop is known, ``now`` becomes the loop's own bound
-        # ``time`` (an instance attribute shadowing this method: one call instead of two)
-        t = self.now = self.loop.time  # type: ignore[method-assign]
-        return t()
+        return self.loop.time()
+
+    def now_fn(self) -> Callable[[], float]:
+        try:
+            return self.loop.time  # (the loop's own bound method: one C call per tick)
+        except RuntimeError:  # no loop yet: found at each call
+            return self.now
 
     def _arm(self) -> None:
         # armed for the start of the earliest live slot: its timers all run in that pass

@@ -653,7 +653,7 @@ def load_config(file: str | os.PathLike[str] | None = None,
     for key, val in env.items():
         if not key.startswith("LLMSIM_"):
             continue
-        if key == "LLMSIM_CONFIG":
+        if key in ("LLMSIM_CONFIG", "LLMSIM_PURE"):  # (LLMSIM_PURE: llmsim.native reads it)
             continue
         o = known_env.get(key)
         if o is None:

@@ -159,7 +159,8 @@ class Pump:
         stream.take_runs = self._bytes_frame is not None and self._each is None
         frame = self._bytes_frame
         wire = self._wire
-        self._hot = (sink, clock, clock.coalesce, clock.catch_up, stream.pull, frame,
+        self._hot = (sink, clock, clock.now_fn(), clock.coalesce, clock.catch_up, stream.pull,
+                     frame,
                      *(frame or _NO_FRAME), wire, *(wire or _NO_WIRE), self._each, self._write,
                      self._times, self._fold_every)
 
@@ -286,13 +287,13 @@ class Pump:
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
             # what a tick reads of the pump, the stream and the clock, in one load (_hot)
-            (sink, clock, same, catch_up, pull, frame, pre, post, wire, fmt, extra, plain,
-             observer, write, times, fold_every) = self._hot
+            (sink, clock, clock_now, same, catch_up, pull, frame, pre, post, wire, fmt, extra,
+             plain, observer, write, times, fold_every) = self._hot
             if sink.paused:
                 if self._paused_at is None:
-                    self._paused_at = clock.now()
+                    self._paused_at = clock_now()
                 return
-            now = clock.now()
+            now = clock_now()
             limit = now + same
             behind = now - catch_up  # an event due before this is late: catch up
             last = None  # deadline of the last event encoded in this pass

@@ -1,4 +1,4 @@
-"""The pump's one coalescing rule (``Clock.catch_up``, issue 15) on the FakeClock: on time,
+"""The pump's one coalescing rule (``clock.CATCH_UP``, issue 15) on the FakeClock: on time,
 every event is its own write at its own deadline; events share a write only when due at the
 same instant or when the pump is behind by more than ``catch_up``. No timing assertions:
 virtual time only."""
@@ -11,7 +11,7 @@ import pytest
 
 from llmsim import encode
 from llmsim.api.chat import CHAT
-from llmsim.clock import Clock, FakeClock
+from llmsim.clock import CATCH_UP, FakeClock
 from llmsim.flow import Pump
 from llmsim.stream import EventStream, TokenRun
 
@@ -81,7 +81,7 @@ async def test_on_time_every_event_is_its_own_write(runs: bool) -> None:
 async def test_slightly_late_events_are_still_written_one_by_one(runs: bool) -> None:
     # token 1 is due 0.11: starting at 0.11 + catch_up/2, tokens 0 and 1 are both due but
     # the later one is not late by more than the threshold: two writes, not a pair
-    writes = await pump(5, 0.11 + Clock.catch_up / 2, runs)
+    writes = await pump(5, 0.11 + CATCH_UP / 2, runs)
     assert [n for _, n in writes] == [2, 1, 1, 1, 3]
 
 
@@ -89,7 +89,7 @@ async def test_slightly_late_events_are_still_written_one_by_one(runs: bool) -> 
 async def test_behind_by_more_than_catch_up_writes_the_due_batch_once(runs: bool) -> None:
     # at 0.125 tokens 0, 1, 2 are due and token 2 (0.12) is 5 ms late: one write for the
     # role chunk and tokens 0..2, then on time again
-    writes = await pump(5, 0.12 + 2 * Clock.catch_up + 0.001, runs)
+    writes = await pump(5, 0.12 + 2 * CATCH_UP + 0.001, runs)
     assert [n for _, n in writes] == [4, 1, 3]
     assert [round(t, 6) for t, _ in writes][1:] == [0.13, 0.14]
 

@@ -1,0 +1,53 @@
+"""``python -m llmsim.compile``: build, check or remove the optional compiled build of the
+per-event path (see :mod:`llmsim.native`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from .native import MODULES, PKG, build, built, clean, stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m llmsim.compile",
+        description="Compile llmsim's per-event path (the clock, the pump and the event "
+                    "stream: llmsim/clock.py, flow.py, stream.py) with mypyc into C extension "
+                    "modules next to their sources. Optional: pure Python is the default and "
+                    "needs nothing built. Needs mypy and setuptools (pip install -e "
+                    "'.[compile]'), a C compiler and the Python headers. A build whose "
+                    "sources changed since is not used (the pure modules run, with a "
+                    "warning); LLMSIM_PURE=1 runs the pure modules with a build present.")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--check", action="store_true",
+                   help="print which build this interpreter would use, and why")
+    g.add_argument("--clean", action="store_true", help="remove the compiled modules")
+    a = ap.parse_args(argv)
+    if a.check:
+        present = built()
+        if not present:
+            print("pure Python (no compiled build)")
+        else:
+            why = stale() if len(present) == len(MODULES) else "a partial build"
+            print("compiled: " + ", ".join(f"llmsim.{n}" for n in MODULES) if why is None
+                  else f"pure Python (the compiled build is not used: {why})")
+        return 0
+    if a.clean:
+        gone = clean()
+        print(f"removed {len(gone)} files" if gone else "nothing to remove")
+        return 0
+    try:
+        files = build()
+    except RuntimeError as e:
+        print(f"llmsim.compile: {e}", file=sys.stderr)
+        return 1
+    print("compiled: " + ", ".join(f"llmsim.{n}" for n in MODULES) + f" ({len(files)} files "
+          f"in {PKG})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
