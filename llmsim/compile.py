@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m llmsim.compile",
         description="Compile llmsim's per-event path (the clock, the pump and the event "
-                    "stream: llmsim/clock.py, flow.py, stream.py) with mypyc into C extension "
+                    "stream, the HTTP connection: llmsim/clock.py, flow.py, stream.py, protocol.py) with mypyc into C extension "
                     "modules next to their sources. Optional: pure Python is the default and "
                     "needs nothing built. Needs mypy and setuptools (pip install -e "
                     "'.[compile]'), a C compiler and the Python headers. A build whose "

@@ -1,21 +1,23 @@
 """The optional compiled build of the per-event path (built by ``python -m llmsim.compile``).
 
-Theory of operation. Every token of every stream runs through three modules: the shared clock
-(``llmsim.clock``), the pump (``llmsim.flow``) and the event stream (``llmsim.stream``). They
+Theory of operation. Every token of every stream runs through four modules: the shared clock
+(``llmsim.clock``), the pump (``llmsim.flow``), the event stream (``llmsim.stream``) and, over
+HTTP, the connection that writes it (``llmsim.protocol``, which also parses every request). They
 are plain, fully annotated Python, and mypyc (part of mypy) can compile them as they are into
 C extension modules placed next to their sources, which Python then imports instead. Nothing
 else changes: same code, same tests (CI runs the whole suite against both builds). Pure Python
 stays the default and the reference; the compiled build is an opt-in, like uvloop.
 
-Measured (bench/RESULTS.md, "Compiled build"): live user-space instructions per streamed event
-fall by about a quarter (callgrind at 10 streams: chat 33.7k -> 25.0k, Responses 38.0k ->
-27.5k; the bare anchor 24.5k). The kernel's share of a token (the socket write and the
-reader's wake-up) is the same for every server, so the CPU per token drops less than that.
+Measured (bench/RESULTS.md, "the optional compiled build"): the user-space instructions per
+streamed event fall by about a quarter (callgrind on a live server: chat 33.7k -> 25.0k,
+Responses 38.0k -> 27.5k, WebSocket 41.1k -> 31.4k; the bare anchor about 25k), the CPU per
+token live by 0-17%: a token's live cost is mostly memory traffic and the kernel's write,
+which compiling does not change.
 
 A build records each source's SHA-256 (``_compiled.json``). At import, ``choose()`` (called
 first thing by ``llmsim/__init__``) loads the compiled modules only if every source is
 unchanged since the build and the build is for this interpreter; otherwise it warns once and
-loads all three from source (they are compiled against each other: all or none). Set
+loads them all from source (they are compiled against each other: all or none). Set
 ``LLMSIM_PURE=1`` to run the pure modules with a build present.
 
 Usage::
@@ -44,7 +46,7 @@ from typing import Any
 __all__ = ["MODULES", "build_info", "choose"]
 
 PKG = Path(__file__).resolve().parent
-MODULES = ("clock", "flow", "stream")  # compiled together (one mypyc group): all or none
+MODULES = ("clock", "flow", "stream", "protocol")  # compiled together (one mypyc group): all or none
 GROUP = "llmsim._native"  # the group's shared runtime library: llmsim/_native__mypyc.*.so
 MANIFEST = "_compiled.json"
 PURE_ENV = "LLMSIM_PURE"

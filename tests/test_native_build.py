@@ -34,15 +34,16 @@ def test_the_build_in_use_is_the_one_expected() -> None:
         assert native.build_info() == expected
         import llmsim.clock
         import llmsim.flow
+        import llmsim.protocol
         import llmsim.stream
 
-        for m in (llmsim.clock, llmsim.flow, llmsim.stream):
+        for m in (llmsim.clock, llmsim.flow, llmsim.stream, llmsim.protocol):
             assert (m.__file__ or "").endswith(SUFFIX) == (expected == "compiled")
 
 
 @pytest.fixture
 def fake_pkg(tmp_path: Path) -> Iterator[Path]:
-    """A package ``fakebuild`` with the three modules and a 'compiled' file for each that
+    """A package ``fakebuild`` with the build's modules and a 'compiled' file for each that
     is not an extension at all: importing one of those fails, so a test sees which loads."""
     pkg = tmp_path / "fakebuild"
     pkg.mkdir()
@@ -86,7 +87,7 @@ def test_a_build_that_must_not_be_used_loads_the_sources(fake_pkg: Path, spoil: 
     with pytest.warns(RuntimeWarning, match="python -m llmsim.compile"):
         choice = native.choose(fake_pkg, "fakebuild", env={})
     assert choice.startswith("pure (") and why in choice
-    for n in native.MODULES:  # all three from source: they are compiled against each other
+    for n in native.MODULES:  # all from source: they are compiled against each other
         mod = importlib.import_module(f"fakebuild.{n}")
         assert mod.__file__ == str(fake_pkg / f"{n}.py")
         assert mod.WHO in (f"source {n}", "edited")
