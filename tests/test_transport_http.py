@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from llmsim.clock import FakeClock
-from llmsim.protocol import Phase, header_bytes
+from llmsim.protocol import HTTPProtocol, Phase, header_bytes
 
 from . import rawhttp
 from .memtransport import connect, mem_server
@@ -321,7 +321,8 @@ async def test_a_handler_status_that_cannot_be_sent_becomes_a_500(status: int) -
     assert [k[3] for k in st.requests] == [500]
 
 
-async def test_body_deadline_runs_from_the_head_when_the_body_is_late() -> None:
+async def test_body_deadline_runs_from_the_head_when_the_body_is_late(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A head whose body has not all arrived arms the body deadline (header_timeout_s from
     the head, not extended by body bytes that trickle in); a request that arrives whole is
     answered with no body deadline armed."""
@@ -340,8 +341,13 @@ async def test_body_deadline_runs_from_the_head_when_the_body_is_late() -> None:
     await asyncio.sleep(0)
     proto, tr = connect(server)
     kinds = []
-    arm = proto._arm
-    proto._arm = lambda kind, s: (kinds.append(kind), arm(kind, s))[1]  # type: ignore[method-assign]
+    arm = HTTPProtocol._arm
+
+    def spy(self: HTTPProtocol, kind: str, seconds: float) -> None:
+        kinds.append(kind)
+        arm(self, kind, seconds)
+
+    monkeypatch.setattr(HTTPProtocol, "_arm", spy)  # (the class: its instances have slots)
     proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
     assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
     assert "body" not in kinds and proto._timer_kind == "idle"
