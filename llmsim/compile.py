@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .native import MODULES, PKG, build, built, clean, stale
+from .native import NAMES, PKG, build, built, clean, unusable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -14,9 +14,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m llmsim.compile",
-        description="Compile llmsim's per-event path (the clock, the pump and the event "
-                    "stream, the HTTP connection: llmsim/clock.py, flow.py, stream.py, protocol.py) with mypyc into C extension "
-                    "modules next to their sources. Optional: pure Python is the default and "
+        description="Compile llmsim's per-event path (the clock, the pump, the event stream "
+                    "and the HTTP connection: llmsim/clock.py, flow.py, stream.py, "
+                    "protocol.py) with mypyc into C extension modules next to their "
+                    "sources. Optional: pure Python is the default and "
                     "needs nothing built. Needs mypy and setuptools (pip install -e "
                     "'.[compile]'), a C compiler and the Python headers. A build whose "
                     "sources changed since is not used (the pure modules run, with a "
@@ -27,12 +28,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--clean", action="store_true", help="remove the compiled modules")
     a = ap.parse_args(argv)
     if a.check:
-        present = built()
-        if not present:
+        if not built():
             print("pure Python (no compiled build)")
         else:
-            why = stale() if len(present) == len(MODULES) else "a partial build"
-            print("compiled: " + ", ".join(f"llmsim.{n}" for n in MODULES) if why is None
+            why = unusable()
+            print(f"compiled: {NAMES}" if why is None
                   else f"pure Python (the compiled build is not used: {why})")
         return 0
     if a.clean:
@@ -44,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as e:
         print(f"llmsim.compile: {e}", file=sys.stderr)
         return 1
-    print("compiled: " + ", ".join(f"llmsim.{n}" for n in MODULES) + f" ({len(files)} files "
-          f"in {PKG})")
+    print(f"compiled: {NAMES} ({len(files)} files in {PKG})")
     return 0
 
 

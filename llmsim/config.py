@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .native import PURE_ENV
+
 __all__ = ["Config", "ConfigError", "ModelSpec", "ResponsesConfig", "load_config", "iter_options"]
 
 
@@ -653,7 +655,7 @@ def load_config(file: str | os.PathLike[str] | None = None,
     for key, val in env.items():
         if not key.startswith("LLMSIM_"):
             continue
-        if key in ("LLMSIM_CONFIG", "LLMSIM_PURE"):  # (LLMSIM_PURE: llmsim.native reads it)
+        if key in ("LLMSIM_CONFIG", PURE_ENV):  # (PURE_ENV: read by llmsim.native)
             continue
         o = known_env.get(key)
         if o is None:

@@ -42,8 +42,8 @@ log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
-_NO_FRAME = (b"", b"")  # Pump._tick: no bytes frame (every payload goes through encode)
-_NO_WIRE = (b"", 0, b"")  # Pump._tick: no wire format (the sink frames each event)
+_NO_FRAME = (b"", b"")  # Pump._pre, _post: no bytes frame (every payload goes through encode)
+_NO_WIRE = (b"", 0, b"")  # Pump._fmt, _extra, _plain: no wire format (the sink frames each)
 _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
@@ -169,14 +169,14 @@ class Pump:
         self._fmt, self._extra, self._plain = wire
 
     def start(self) -> None:
-        self.stream.begin(self.clock.now())
+        self.stream.begin(self._now())
         self._tick()
 
     def resume(self) -> None:
         """The sink drained below its low-water mark: continue, later by the pause."""
         if self._done or self._paused_at is None:
             return
-        paused_for = self.clock.now() - self._paused_at
+        paused_for = self._now() - self._paused_at
         self._paused_at = None
         self.stream.shift(paused_for)
         if self._pending is not None:
@@ -239,7 +239,7 @@ class Pump:
         if self._unobserved and self._per_write is not None:
             n, self._unobserved = self._unobserved, 0
             try:
-                self._per_write(n, self.clock.now())
+                self._per_write(n, self._now())
             except Exception:
                 log.exception("stream observer failed")
         self._finish("error")

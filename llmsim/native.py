@@ -47,6 +47,7 @@ __all__ = ["MODULES", "build_info", "choose"]
 
 PKG = Path(__file__).resolve().parent
 MODULES = ("clock", "flow", "stream", "protocol")  # compiled together (one mypyc group): all or none
+NAMES = ", ".join(f"llmsim.{n}" for n in MODULES)
 GROUP = "llmsim._native"  # the group's shared runtime library: llmsim/_native__mypyc.*.so
 MANIFEST = "_compiled.json"
 PURE_ENV = "LLMSIM_PURE"
@@ -67,9 +68,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def stale(pkg: Path = PKG) -> str | None:
-    """Why the build in ``pkg`` must not be used (None: it may): no manifest, another
-    interpreter, or a source changed since the build."""
+def unusable(pkg: Path = PKG) -> str | None:
+    """Why the build present in ``pkg`` must not be used (None: it may): a partial build, no
+    manifest, another interpreter, or a source changed since the build."""
+    if len(built(pkg)) != len(MODULES):
+        return "a partial build"
     try:
         manifest = json.loads((pkg / MANIFEST).read_text())
         sources = manifest["sources"]
@@ -114,14 +117,13 @@ def choose(pkg: Path = PKG, package: str = "llmsim",
 
 
 def _choose(pkg: Path, package: str, env: Any) -> str:
-    present = built(pkg)
-    if not present:
+    if not built(pkg):
         return "pure"
     if env.get(PURE_ENV, "") not in ("", "0"):
         why = None
         result = "pure"
     else:
-        why = stale(pkg) if len(present) == len(MODULES) else "a partial build"
+        why = unusable(pkg)
         if why is None:
             return "compiled"
         result = f"pure ({why})"

@@ -3,6 +3,8 @@ and counting, answers exactly as a fresh one would, and the memo stays within it
 
 from __future__ import annotations
 
+from typing import Any
+
 import h11
 import orjson
 import pytest
@@ -96,23 +98,33 @@ def test_memo_follows_the_config(make_server):
     assert back["choices"] == one["choices"]
 
 
-def test_many_distinct_bodies_stay_within_the_memo_bounds(make_server):
-    """A client sending ever new bodies cannot grow the memo: the entry and byte bounds hold
-    (the oldest go first) and every answer is still right."""
-    srv = make_server()
-    memo = srv.app.memos[chat.MEMO]
+def _flood(srv, memo: BodyMemo, path: str, body_of: Any, check: Any) -> None:
+    """Send ``MAX_ENTRIES + 40`` distinct bodies (``body_of(i)``) over one connection,
+    ``check(i, response)`` each answer, then: the memo's entry and byte bounds held, and it
+    kept the newest, not nothing."""
     sock = rawhttp.connect(srv.url)
     conn = h11.Connection(h11.CLIENT)
     try:
         for i in range(BodyMemo.MAX_ENTRIES + 40):
-            body = _body(max_tokens=1 + i % 5, user=f"u{i}")
-            r = rawhttp.request(srv.url, "POST", "/v1/chat/completions", orjson.dumps(body),
-                                sock=sock, conn=conn)
-            assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 1 + i % 5
+            r = rawhttp.request(srv.url, "POST", path, orjson.dumps(body_of(i)), sock=sock,
+                                conn=conn)
+            check(i, r)
     finally:
         sock.close()
     assert len(memo) <= BodyMemo.MAX_ENTRIES and memo.bytes <= BodyMemo.BUDGET
     assert len(memo) > BodyMemo.MAX_ENTRIES // 2  # (it kept the newest, not nothing)
+
+
+def test_many_distinct_bodies_stay_within_the_memo_bounds(make_server):
+    """A client sending ever new bodies cannot grow the memo: the entry and byte bounds hold
+    (the oldest go first) and every answer is still right."""
+    srv = make_server()
+
+    def check(i: int, r: Any) -> None:
+        assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 1 + i % 5
+
+    _flood(srv, srv.app.memos[chat.MEMO], "/v1/chat/completions",
+           lambda i: _body(max_tokens=1 + i % 5, user=f"u{i}"), check)
 
 
 # -- Responses ------------------------------------------------------------------------------
@@ -240,17 +252,10 @@ def test_many_distinct_responses_bodies_stay_within_the_memo_bounds(make_server)
     every answer is still right."""
     from llmsim.api import responses
     srv = make_server()
-    memo = srv.app.memos[responses.MEMO]
-    sock = rawhttp.connect(srv.url)
-    conn = h11.Connection(h11.CLIENT)
-    try:
-        for i in range(BodyMemo.MAX_ENTRIES + 40):
-            body = {"model": "gpt-4o-mini", "input": f"hi {i}", "max_output_tokens": 16,
-                    "store": False}
-            r = rawhttp.request(srv.url, "POST", "/v1/responses", orjson.dumps(body),
-                                sock=sock, conn=conn)
-            assert r.status == 200 and r.json()["usage"]["output_tokens"] <= 16
-    finally:
-        sock.close()
-    assert len(memo) <= BodyMemo.MAX_ENTRIES and memo.bytes <= BodyMemo.BUDGET
-    assert len(memo) > BodyMemo.MAX_ENTRIES // 2
+
+    def check(i: int, r: Any) -> None:
+        assert r.status == 200 and r.json()["usage"]["output_tokens"] <= 16
+
+    _flood(srv, srv.app.memos[responses.MEMO], "/v1/responses",
+           lambda i: {"model": "gpt-4o-mini", "input": f"hi {i}", "max_output_tokens": 16,
+                      "store": False}, check)
