@@ -22,8 +22,8 @@ one (close 1008); see :meth:`WebSocketSession._on_data`. Each ``response.create`
 becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` and goes through
 ``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply); there is
 no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
-a :class:`~llmsim.flow.Pump` whose sink is this session: every event becomes one JSON text
-frame (framed by :func:`~llmsim.encode.ws_text_frame`, 20x cheaper than ``wsproto.send``), with
+a :class:`~llmsim.flow.Pump` whose sink is the session's :class:`~llmsim.wswire.WSWire`: every
+event becomes one JSON text frame (framed by hand there, 20x cheaper than ``wsproto.send``), with
 ``stream_id`` appended when the create named a lane. Errors decided before the
 first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
 connection stays open.
@@ -77,7 +77,6 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError
 
-from . import encode
 from .api.responses.state import ConnectionCache
 from .errors import APIError, E, server_error
 from .flow import Pump
@@ -93,6 +92,7 @@ from .state import accounting  # per-request accounting shared with HTTP (stats,
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_handshake import WS_PATHS, check_capacity, check_handshake, ws_path
 from .ws_lanes import LaneLimitError, LaneScheduler
+from .wswire import WSWire
 
 if TYPE_CHECKING:
     from .app import App
@@ -245,7 +245,7 @@ class Job:
 
 
 class WebSocketSession:
-    """One upgraded connection (see the module doc). Also the pumps' sink."""
+    """One upgraded connection (see the module doc); its pumps write through ``wire``."""
 
     def __init__(self, protocol: HTTPProtocol, app: App, handshake: Request) -> None:
         self.protocol = protocol
@@ -256,6 +256,9 @@ class WebSocketSession:
         self.transport = protocol.transport
         self.closed = False  # the transport is gone
         self.closing = False  # a close frame was sent or received: no new work
+        # what every event is written through (the pumps' sink): open while text may be
+        # sent, i.e. while wsproto's state is OPEN and the transport is here (_sync)
+        self.wire = WSWire(protocol, protocol.transport)
         self.draining = False  # graceful shutdown: finish in-flight, then close
         self._counted = False
         self._msg: list[str] = []  # fragments of the unfinished text message
@@ -293,17 +296,13 @@ class WebSocketSession:
         if trailing:
             self.data_received(trailing)
 
-    @property
-    def paused(self) -> bool:
-        """Sink interface: the transport's write buffer is above its high-water mark."""
-        return self.protocol.paused
-
     def connection_lost(self, exc: Exception | None) -> None:
         """The TCP connection is gone: cancel everything, release every counter once."""
         if self.closed:
             return
         self.closed = True
         self.closing = True
+        self._sync()
         for t in (self._timer, self._close_timer):
             if t is not None:
                 self.app.clock.cancel(t)
@@ -326,6 +325,7 @@ class WebSocketSession:
             self.ws.receive_data(None)
         except LocalProtocolError:
             pass
+        self._sync()
         self._process()
         return False
 
@@ -361,6 +361,7 @@ class WebSocketSession:
         if self.ws.state is ConnectionState.OPEN:
             self._write(self.ws.send(CloseConnection(code=code,
                                                      reason=reason[:_MAX_CLOSE_REASON])))
+            self._sync()
             if self._close_timer is None:
                 self._close_timer = self.app.clock.call_later(self.cfg.close_timeout_s,
                                                               self._close_transport)
@@ -386,27 +387,21 @@ class WebSocketSession:
         self._reject(E.websocket_time_limit.at(span=span))
         self.close(1001, "connection time limit reached")
 
-    # -- writing (the pump sink) -------------------------------------------------------------
+    # -- writing -----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """wsproto's state or the transport may have changed: tell the wire whether text
+        frames may still be written (called after every receive, every close frame sent and
+        when the connection goes)."""
+        self.wire.open = not self.closed and self.ws.state is _OPEN
+
     def _write(self, data: bytes) -> None:
+        """Bytes wsproto rendered (control frames)."""
         if not self.closed and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def write_events(self, frames: list[bytes]) -> None:
-        """Sink interface: one JSON text frame per event."""
-        if self.ws.state is not _OPEN or self.closed:
-            return
-        frame = encode.ws_text_frame
-        self._write(frame(frames[0]) if len(frames) == 1
-                    else b"".join([frame(f) for f in frames]))
-
-    def abort(self) -> None:
-        """Sink interface: drop the connection now (a DISCONNECT fault)."""
-        if self.transport is not None:
-            self.transport.abort()
-
     def send_event(self, event: dict[str, Any]) -> None:
         """Send one server event (errors and other events outside a response stream)."""
-        self.write_events([orjson.dumps(event)])
+        self.wire.write_events([orjson.dumps(event)])
 
     # -- reading -----------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -437,6 +432,7 @@ class WebSocketSession:
         if self.closed or self._read_paused:
             return
         for ev in self.ws.events():
+            self._sync()  # (a close frame changes the state before it is handed over)
             try:
                 self._handle(ev)
             except Exception:  # a bug must not kill the loop's callback: close 1011
@@ -455,7 +451,7 @@ class WebSocketSession:
         if t is TextMessage or t is BytesMessage:
             self._on_data(ev)  # type: ignore[arg-type]
         elif t is Ping:
-            if self.ws.state is ConnectionState.OPEN:
+            if self.ws.state is _OPEN:
                 self._write(self.ws.send(ev.response()))  # type: ignore[attr-defined]
         elif t is Pong:
             pass
@@ -469,9 +465,10 @@ class WebSocketSession:
         ws = self.ws
         if ws.state is ConnectionState.REMOTE_CLOSING:  # the client started the handshake
             self._write(ws.send(ev.response()))
-        elif ws.state is ConnectionState.OPEN:  # wsproto found a protocol error (1002/1007)
+        elif ws.state is _OPEN:  # wsproto found a protocol error (1002/1007)
             self._write(ws.send(CloseConnection(code=ev.code,
                                                 reason=(ev.reason or "")[:_MAX_CLOSE_REASON])))
+        self._sync()
         self._close_transport()
 
     def _on_data(self, ev: TextMessage | BytesMessage) -> None:
@@ -674,7 +671,7 @@ class WebSocketSession:
         if getattr(res, "abort", False):  # fault injection: drop the connection
             self._account(job, res)
             self._job_done(job, "disconnect")
-            self.abort()
+            self.wire.abort()
             return
         if res.status < 400:
             log.error("the Responses handler answered a WebSocket create without a stream")
@@ -719,7 +716,7 @@ class WebSocketSession:
         job.answered = True
         job.track = accounting.stream_started(self.app, job.req, job.endpoint, res,
                                               transport="ws")
-        job.pump = Pump(res.stream, self.app.clock, enc, self,
+        job.pump = Pump(res.stream, self.app.clock, enc, self.wire,
                         lambda reason: self._pump_done(job, reason), job.track.observe,
                         error_frame)
         job.pump.start()  # never raises: the pump ends its own failures (flow.Pump)

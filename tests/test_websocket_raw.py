@@ -404,6 +404,55 @@ async def test_slow_reader_pauses_generation() -> None:
     assert st.active_websockets == 0 and st.active_streams == 0
 
 
+def _opcodes(frames: bytes) -> list[int]:
+    """The opcodes of a run of unmasked server frames, in order."""
+    out, i = [], 0
+    while i < len(frames):
+        n, i0 = frames[i + 1] & 0x7F, i + 2
+        if n == 126:
+            n, i0 = int.from_bytes(frames[i + 2:i + 4], "big"), i + 4
+        elif n == 127:
+            n, i0 = int.from_bytes(frames[i + 2:i + 10], "big"), i + 10
+        out.append(frames[i] & 0x0F)
+        i = i0 + n
+    assert i == len(frames)
+    return out
+
+
+@pytest.mark.parametrize("who", ["client", "server", "gone"])
+async def test_no_text_frame_after_the_close_frame(who: str) -> None:
+    """Once a close frame was received or sent (or the connection is gone), the session's
+    wire writes no text frame: not a response's event, not an error event."""
+    server = mem_server(latency="realistic", ttft_ms=1000, itl_ms=1000)
+    ws_fake.install(server.app)
+    proto, tr = connect(server)
+    client = Connection(ConnectionType.CLIENT)
+    msg = json.dumps({"type": "response.create", **BASE})
+    proto.data_received(handshake() + client.send(TextMessage(data=msg)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    session = proto.upgraded
+    assert session.wire.open
+    if who == "client":  # the client starts the close handshake
+        proto.data_received(client.send(CloseConnection(code=1000)))
+    elif who == "server":
+        session.close(1000, "bye")
+    else:
+        proto.connection_lost(None)
+    assert not session.wire.open
+    session.send_event({"type": "error", "error": {"message": "late"}})
+    session.wire.write_events([b'{"type":"late"}'])
+    head, _, frames = tr.drain_client().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 ")
+    ops = _opcodes(frames)
+    assert ops[0] == 0x1  # the response had started (response.created)
+    if who == "gone":
+        assert 0x8 not in ops
+    else:
+        assert ops[-1] == 0x8 and ops.count(0x8) == 1  # nothing after the close frame
+    proto.connection_lost(None)
+
+
 # -- tier 1: the hand-written frame equals wsproto's ----------------------------------------
 
 @pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 70000])
