@@ -404,6 +404,54 @@ async def test_slow_reader_pauses_generation() -> None:
     assert st.active_websockets == 0 and st.active_streams == 0
 
 
+def _texts(tr: Any, head: bool = True) -> list[dict[str, Any]]:
+    """The text events the server wrote since the last read (after the 101 head if
+    ``head``)."""
+    frames = tr.drain_client()
+    if head:
+        got, _, frames = frames.partition(b"\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 101 ")
+    client = Connection(ConnectionType.CLIENT)
+    client.receive_data(frames)
+    return [json.loads(ev.data) for ev in client.events() if isinstance(ev, TextMessage)]
+
+
+async def test_creates_that_end_at_once_are_answered_in_turn() -> None:
+    """Creates queued on a lane behind a running response, each ending at once (an error
+    event), are all answered, in order, once it ends (each starts when the one before
+    ended: no recursion, however many)."""
+    from llmsim.clock import FakeClock
+
+    server = mem_server(clock=FakeClock(), latency="realistic", ttft_ms=10, itl_ms=10,
+                        output_tokens_mean=3, output_tokens_sigma=0,
+                        # (no time limit: the fake clock would jump to it whenever a
+                        # loop pass arms no timer)
+                        websocket=WebSocketConfig(max_queued=1000,
+                                                  connection_time_limit_s=0))
+    ws_fake.install(server.app)
+    proto, tr = connect(server)
+    client = Connection(ConnectionType.CLIENT)
+    good = json.dumps({"type": "response.create", **BASE})
+    bad = json.dumps({"type": "response.create", **BASE, "temperature": 9})
+    proto.data_received(handshake() + client.send(TextMessage(data=good)) + b"".join(
+        client.send(TextMessage(data=bad)) for _ in range(600)))
+    evs: list[dict[str, Any]] = []
+    first = True
+    for _ in range(20000):  # (bounded; ends as soon as every create is answered)
+        await asyncio.sleep(0)
+        evs += _texts(tr, head=first)
+        first = False
+        if sum(e["type"] == "error" for e in evs) == 600:
+            break
+    types = [e["type"] for e in evs]
+    done = types.index("response.completed")
+    assert types[done + 1:] == ["error"] * 600  # all queued behind the first, in order
+    assert evs[-1]["error"]["param"] == "temperature"
+    st = server.app.stats
+    assert (st.active_requests, st.active_streams, st.active_websockets) == (0, 0, 1)
+    proto.connection_lost(None)
+
+
 def _opcodes(frames: bytes) -> list[int]:
     """The opcodes of a run of unmasked server frames, in order."""
     out, i = [], 0
