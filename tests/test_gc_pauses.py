@@ -44,6 +44,7 @@ async def test_an_ended_stream_is_freed_without_a_collection(path, body, done) -
     gc.disable()
     try:
         proto.data_received(_post(path, body))
+        await asyncio.sleep(0)  # (a request is handled on the loop's next pass)
         assert proto._pump is not None
         kinds = (Pump, EventStream, StreamTrack, type(proto._pump.observer))
         assert len(_alive(kinds)) == 4

@@ -206,6 +206,7 @@ async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
     # idle keep-alive: measured from the end of the last response, on the same clock
     proto, tr = connect(server)
     proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    await asyncio.sleep(0)  # (a request is handled on the loop's next pass)
     assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
     clock.advance(74)
     server._sweep()
@@ -215,6 +216,51 @@ async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
     assert tr.closed
     await asyncio.sleep(0)
     assert server.app.stats.active_connections == 0 and not server.connections
+
+
+async def test_a_request_is_handled_on_the_next_loop_pass(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A request is not handled inside the read that completed it but on the loop's next
+    pass (the events due meanwhile go first); one whose connection closed in between is
+    never handled, and its counters are released."""
+    server = mem_server()
+    proto, tr = connect(server)
+    proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert bytes(tr.out) == b"" and server.app.stats.active_requests == 1
+    await asyncio.sleep(0)
+    assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
+    assert server.app.stats.active_requests == 0
+    tr.out.clear()
+    proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    tr.close()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert bytes(tr.out) == b"" and not caplog.records  # (not handled: nothing failed)
+    st = server.app.stats
+    assert (st.active_requests, st.active_connections) == (0, 0)
+
+
+async def test_a_cancel_before_the_handler_task_ran_reaches_the_handler() -> None:
+    """A handler that suspended in its first step continues in a Task; a client gone before
+    that Task's first step still cancels the handler itself (its own cancellation path
+    runs: the request is counted as a client disconnect, 499), not just the Task."""
+    clock = FakeClock()
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=500)
+    proto, tr = connect(server)
+    body = orjson.dumps(CHAT)
+    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    await asyncio.sleep(0)  # the handler's first step ran and waits for its latency
+    task = proto._task
+    assert task is not None and not task.done()
+    proto.connection_lost(None)  # (before the Task's first step)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert task.done()
+    s = server.app.stats.snapshot()
+    assert s["errors"] == {"client_disconnect": 1}
+    assert [(r["status"], r["count"]) for r in s["requests"]] == [(499, 1)]
+    assert s["active"]["requests"] == 0 and clock.pending == 0
 
 
 async def test_thousands_of_connections_leave_no_timer_and_no_protocol_behind() -> None:
@@ -349,5 +395,6 @@ async def test_body_deadline_runs_from_the_head_when_the_body_is_late(
 
     monkeypatch.setattr(HTTPProtocol, "_arm", spy)  # (the class: its instances have slots)
     proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    await asyncio.sleep(0)
     assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
     assert "body" not in kinds and proto._timer_kind == "idle"
