@@ -61,7 +61,7 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -242,6 +242,23 @@ class _Resume:
 
 
 Coroutine.register(_Resume)  # (what asyncio.iscoroutine checks: a Task may run it)
+
+
+def start_handler(coro: Coroutine[Any, Any, None],
+                  wanted: Callable[[], bool]) -> asyncio.Task[None] | None:
+    """Run a handler coroutine's first step now, outside a Task: most answers (instant
+    latency, no waiting hook, a stream handed to its pump) complete without suspending and
+    need no Task. One that suspends continues in a Task (:class:`_Resume`), returned, if
+    ``wanted()`` still holds; else it is closed. Both transports start every handler so, on
+    the loop pass after the one that read its request (:meth:`HTTPProtocol._handle`)."""
+    try:
+        awaited = coro.send(None)
+    except StopIteration:
+        return None
+    if wanted():
+        return asyncio.get_running_loop().create_task(_Resume(coro, awaited))
+    coro.close()
+    return None
 
 
 class HTTPProtocol(asyncio.Protocol):
@@ -516,22 +533,15 @@ class HTTPProtocol(asyncio.Protocol):
         written first (a new request does not delay every running stream), and the requests
         read in one pass are handled together, then answered together (non-streaming chat:
         1.21-1.26x the bare h11 server's requests a second, against 0.89-0.90x handled
-        inside the read; bench/RESULTS.md). Not in a Task either: most answers (instant
-        latency, no waiting hook, a stream handed to its pump) complete without suspending,
-        and need no Task. Only a handler that really waits continues in one (:class:`_Resume`).
-        """
+        inside the read; bench/RESULTS.md). Not in a Task either, unless it suspends
+        (:func:`start_handler`)."""
         tr = self.transport
         if self.exchange is not ex or self.phase is _CLOSED or tr is None or tr.is_closing():
             return  # (the connection went meanwhile: connection_lost releases the request)
-        coro = self._run(req, ex)
-        try:
-            awaited = coro.send(None)
-        except StopIteration:
-            return
-        if self.exchange is ex and self.phase is not _CLOSED:
-            self._task = asyncio.get_running_loop().create_task(_Resume(coro, awaited))
-        else:
-            coro.close()
+        task = start_handler(self._run(req, ex),
+                             lambda: self.exchange is ex and self.phase is not _CLOSED)
+        if task is not None:
+            self._task = task
 
     async def _run(self, req: Request, ex: Exchange) -> None:
         app = self.app

@@ -20,8 +20,9 @@ wsproto's partial frames under a size cap (close 1009 above it), a server-wide b
 bytes of all unfinished messages (close 1013, try again later) and a deadline for finishing
 one (close 1008); see :meth:`WebSocketSession._on_data`. Each ``response.create``
 becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` and goes through
-``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply); there is
-no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
+``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply), started
+as HTTP starts a handler (:func:`~llmsim.protocol.start_handler`, on the loop pass after the
+read); there is no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
 a :class:`~llmsim.flow.Pump` whose sink is the session's :class:`~llmsim.wswire.WSWire`: every
 event becomes one JSON text frame (framed by hand there, 20x cheaper than ``wsproto.send``), with
 ``stream_id`` appended when the create named a lane. Errors decided before the
@@ -87,6 +88,7 @@ from .messages import (
     Result,
     StreamResponse,
 )
+from .protocol import start_handler
 from .sim.rng import new_id
 from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
@@ -242,6 +244,10 @@ class Job:
         self.endpoint = "responses"
         self.track: Any = None  # the stats StreamTrack while streaming
         self.answered = False  # counted in stats (stream started or error sent)
+
+    def running(self) -> bool:
+        """Not ended (its handler is still wanted)."""
+        return not self.done
 
 
 class WebSocketSession:
@@ -605,9 +611,14 @@ class WebSocketSession:
             job = Job(lane, req, prev)
             self._jobs.add(job)
             self.app.stats.request_open()
-            job.task = asyncio.get_running_loop().create_task(self._run(job))
+            # (on the next loop pass, as HTTP starts a handler: protocol.start_handler)
+            asyncio.get_running_loop().call_soon(self._start_job, job)
         if self._read_paused:
             self._maybe_resume_reading()
+
+    def _start_job(self, job: Job) -> None:
+        if not job.done:  # (not cancelled meanwhile: _cancel_all ends a job with no task)
+            job.task = start_handler(self._run(job), job.running)
 
     async def _run(self, job: Job) -> None:
         app = self.app

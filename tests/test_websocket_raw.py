@@ -416,6 +416,39 @@ def _texts(tr: Any, head: bool = True) -> list[dict[str, Any]]:
     return [json.loads(ev.data) for ev in client.events() if isinstance(ev, TextMessage)]
 
 
+async def test_a_create_starts_on_the_next_pass_without_a_task() -> None:
+    """A create is started on the loop pass after the one that read it, as an HTTP request
+    is (protocol.start_handler): its first step outside a Task, which a create that needs no
+    waiting never gets; a connection gone before that pass starts nothing."""
+    server = mem_server(latency="realistic", ttft_ms=1000, itl_ms=1000)
+    ws_fake.install(server.app)
+    st = server.app.stats
+    for gone in (False, True):
+        proto, tr = connect(server)
+        client = Connection(ConnectionType.CLIENT)
+        proto.data_received(handshake())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert _texts(tr) == []  # (the 101)
+        msg = json.dumps({"type": "response.create", **BASE})
+        proto.data_received(client.send(TextMessage(data=msg)))
+        assert _texts(tr, head=False) == []  # not inside the read
+        (job,) = proto.upgraded._jobs
+        if gone:
+            proto.connection_lost(None)
+        await asyncio.sleep(0)
+        if gone:
+            assert _texts(tr, head=False) == [] and job.done and job.task is None
+            assert (st.active_requests, st.active_streams, st.active_websockets) == (0, 0, 0)
+            continue
+        assert [e["type"] for e in _texts(tr, head=False)] == ["response.created",
+                                                              "response.in_progress"]
+        assert job.task is None and st.active_streams == 1
+        proto.connection_lost(None)
+        await asyncio.sleep(0)
+        assert (st.active_requests, st.active_streams, st.active_websockets) == (0, 0, 0)
+
+
 async def test_creates_that_end_at_once_are_answered_in_turn() -> None:
     """Creates queued on a lane behind a running response, each ending at once (an error
     event), are all answered, in order, once it ends (each starts when the one before

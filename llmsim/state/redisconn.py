@@ -167,7 +167,7 @@ class SharedState:
         from redis.exceptions import TimeoutError as RTimeout
 
         if asyncio.current_task() is None:
-            # the protocol runs a handler's first step eagerly, outside any Task, and the
+            # a handler's first step runs outside any Task (protocol.start_handler), and the
             # client's timeouts need one: yield once, and the rest runs in the Task
             await asyncio.sleep(0)
         try:
