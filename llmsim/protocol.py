@@ -198,8 +198,8 @@ class Exchange:
 
 
 class _Resume:
-    """A handler coroutine that suspended in its first step (run outside a Task, see
-    :meth:`HTTPProtocol._handle`), as a coroutine a Task drives from there on.
+    """A handler coroutine that suspended in its first step (run outside a Task by
+    :func:`start_handler`), as a coroutine a Task drives from there on.
 
     Everything the Task does goes straight to the handler: its first ``send`` gets back what
     the handler awaited (``awaited``: a future, or None for a bare yield), so the Task waits
@@ -532,7 +532,7 @@ class HTTPProtocol(asyncio.Protocol):
         Not inside the read: a request waits one loop pass, so the events due meanwhile are
         written first (a new request does not delay every running stream), and the requests
         read in one pass are handled together, then answered together (non-streaming chat:
-        1.21-1.26x the bare h11 server's requests a second, against 0.89-0.90x handled
+        1.16-1.33x the bare h11 server's requests a second, against 0.87-0.91x handled
         inside the read; bench/RESULTS.md). Not in a Task either, unless it suspends
         (:func:`start_handler`)."""
         tr = self.transport

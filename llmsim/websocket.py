@@ -22,10 +22,10 @@ one (close 1008); see :meth:`WebSocketSession._on_data`. Each ``response.create`
 becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` and goes through
 ``app.dispatch`` exactly like HTTP (auth, rate-limit, fault and capacity hooks apply), started
 as HTTP starts a handler (:func:`~llmsim.protocol.start_handler`, on the loop pass after the
-read); there is no second implementation of the Responses logic here. The resulting ``EventStream`` is paced by
-a :class:`~llmsim.flow.Pump` whose sink is the session's :class:`~llmsim.wswire.WSWire`: every
-event becomes one JSON text frame (framed by hand there, 20x cheaper than ``wsproto.send``), with
-``stream_id`` appended when the create named a lane. Errors decided before the
+read); there is no second implementation of the Responses logic here. The resulting
+``EventStream`` is paced by a :class:`~llmsim.flow.Pump` whose sink is the session's
+:class:`~llmsim.wswire.WSWire`: every event becomes one JSON text frame (framed by hand there,
+20x cheaper than ``wsproto.send``), with ``stream_id`` appended when the create named a lane. Errors decided before the
 first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
 connection stays open.
 
