@@ -517,6 +517,17 @@ def has_module(name: str) -> bool:
                                      base / "api" / name / "__init__.py"))
 
 
+def _seconds(text: str) -> float:
+    """``--stream-seconds``: a number of seconds from 1 to 120."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1.0 <= v <= 120.0:
+        raise argparse.ArgumentTypeError(f"{text} is outside 1-120 seconds")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs, 100/500/1000 streams")
@@ -537,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with the compiled build of the per-event path in place (python -m "
                          "llmsim.compile), also run 1-worker llmsim servers on the pure-Python "
                          "modules (LLMSIM_PURE=1) in the same streaming comparison")
+    ap.add_argument("--stream-seconds", type=_seconds, default=None, metavar="S",
+                    help="length of each streaming round, 1-120 s (default 6, --quick 3); "
+                         "e.g. --quick --stream-seconds 6: the quick stream counts, longer "
+                         "rounds")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds of each streaming run; the table shows per-metric medians "
                          "(default 3, --quick 1)")
@@ -551,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(a.only.split(","))
     pinned = a.pin and len(os.sched_getaffinity(0)) >= 2
     secs = 3.0 if a.quick else 8.0
-    sdur = 3.0 if a.quick else 6.0
+    sdur = a.stream_seconds or (3.0 if a.quick else 6.0)
     counts = [int(x) for x in (a.streams or ("100,500,1000" if a.quick else "100,500,1000,2000"))
               .split(",")]
     workers = [int(x) for x in a.workers.split(",")]
