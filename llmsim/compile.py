@@ -14,10 +14,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m llmsim.compile",
-        description="Compile llmsim's per-event path (the clock, the pump, the event stream "
-                    "and the HTTP connection: llmsim/clock.py, flow.py, stream.py, "
-                    "protocol.py) with mypyc into C extension modules next to their "
-                    "sources. Optional: pure Python is the default and "
+        description=f"Compile llmsim's per-event path ({NAMES}) with mypyc into C "
+                    "extension modules next to their sources. Optional: pure Python is the default and "
                     "needs nothing built. Needs mypy and setuptools (pip install -e "
                     "'.[compile]'), a C compiler and the Python headers. A build whose "
                     "sources changed since is not used (the pure modules run, with a "

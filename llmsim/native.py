@@ -12,9 +12,8 @@ stays the default and the reference; the compiled build is an opt-in, like uvloo
 Measured (bench/RESULTS.md, "the optional compiled build"): the user-space instructions per
 streamed event fall by about a quarter (callgrind on a live server: chat 33.7k -> 25.0k,
 Responses 38.0k -> 27.5k, WebSocket 41.1k -> 31.4k, 26.5k with ``wswire``; the bare anchor
-about 25k), the CPU per
-token live by 0-17%: a token's live cost is mostly memory traffic and the kernel's write,
-which compiling does not change.
+about 25k), the CPU per token live by 0-17%: a token's live cost is mostly memory traffic and
+the kernel's write, which compiling does not change.
 
 A build records each source's SHA-256 (``_compiled.json``). At import, ``choose()`` (called
 first thing by ``llmsim/__init__``) loads the compiled modules only if every source is

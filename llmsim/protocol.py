@@ -536,12 +536,15 @@ class HTTPProtocol(asyncio.Protocol):
         inside the read; bench/RESULTS.md). Not in a Task either, unless it suspends
         (:func:`start_handler`)."""
         tr = self.transport
-        if self.exchange is not ex or self.phase is _CLOSED or tr is None or tr.is_closing():
+        if not self._serving(ex) or tr is None or tr.is_closing():
             return  # (the connection went meanwhile: connection_lost releases the request)
-        task = start_handler(self._run(req, ex),
-                             lambda: self.exchange is ex and self.phase is not _CLOSED)
+        task = start_handler(self._run(req, ex), lambda: self._serving(ex))
         if task is not None:
             self._task = task
+
+    def _serving(self, ex: Exchange) -> bool:
+        """``ex`` is still this open connection's request in flight."""
+        return self.exchange is ex and self.phase is not _CLOSED
 
     async def _run(self, req: Request, ex: Exchange) -> None:
         app = self.app

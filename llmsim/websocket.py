@@ -25,8 +25,8 @@ as HTTP starts a handler (:func:`~llmsim.protocol.start_handler`, on the loop pa
 read); there is no second implementation of the Responses logic here. The resulting
 ``EventStream`` is paced by a :class:`~llmsim.flow.Pump` whose sink is the session's
 :class:`~llmsim.wswire.WSWire`: every event becomes one JSON text frame (framed by hand there,
-20x cheaper than ``wsproto.send``), with ``stream_id`` appended when the create named a lane. Errors decided before the
-first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
+20x cheaper than ``wsproto.send``), with ``stream_id`` appended when the create named a lane.
+Errors decided before the first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
 connection stays open.
 
 Ordering. A *lane* is a ``stream_id`` (or the default lane when none is given). A lane runs one
@@ -396,8 +396,8 @@ class WebSocketSession:
     # -- writing -----------------------------------------------------------------------------
     def _sync(self) -> None:
         """wsproto's state or the transport may have changed: tell the wire whether text
-        frames may still be written (called after every receive, every close frame sent and
-        when the connection goes)."""
+        frames may still be written (called where the state can leave OPEN: a close frame
+        received or sent, EOF, and when the connection goes)."""
         self.wire.open = not self.closed and self.ws.state is _OPEN
 
     def _write(self, data: bytes) -> None:
@@ -438,7 +438,6 @@ class WebSocketSession:
         if self.closed or self._read_paused:
             return
         for ev in self.ws.events():
-            self._sync()  # (a close frame changes the state before it is handed over)
             try:
                 self._handle(ev)
             except Exception:  # a bug must not kill the loop's callback: close 1011
@@ -474,7 +473,7 @@ class WebSocketSession:
         elif ws.state is _OPEN:  # wsproto found a protocol error (1002/1007)
             self._write(ws.send(CloseConnection(code=ev.code,
                                                 reason=(ev.reason or "")[:_MAX_CLOSE_REASON])))
-        self._sync()
+        self._sync()  # (the close frames received and sent: no text from here on)
         self._close_transport()
 
     def _on_data(self, ev: TextMessage | BytesMessage) -> None:
