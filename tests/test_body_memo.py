@@ -237,12 +237,13 @@ async def test_the_responses_memo_is_per_transport(make_server):
         return Request(method="POST", path="/v1/responses", query={}, headers={}, body=raw,
                        request_id="req_1", transport=transport)
 
-    p = await responses.prepare(req("ws"), app, orjson.loads(raw))
-    assert p.rr.generate is False and len(app.memos[responses.WS_MEMO]) == 1
-    again = await responses.prepare(req("ws"), app, orjson.loads(raw))  # a hit
+    p, _, asked, _ = await responses.prepare_create(req("ws"), app)
+    assert p.rr.generate is False and asked is None
+    assert len(app.memos[responses.WS_MEMO]) == 1
+    again = (await responses.prepare_create(req("ws"), app))[0]  # a hit
     assert again.rr is p.rr and again.input_items[0]["id"] != p.input_items[0]["id"]
     with pytest.raises(APIError) as e:  # over HTTP: refused, as without any memo
-        await responses.prepare(req("http"), app, orjson.loads(raw))
+        await responses.prepare_create(req("http"), app)
     assert e.value.status == 400 and "generate" in str(e.value.to_dict())
     assert len(app.memos[responses.MEMO]) == 0
 

@@ -27,7 +27,7 @@ from ...sim import text as txt
 from ...sim import tokens as tok
 from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
-from ...sim.rng import new_id, request_rng
+from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
 from ...stream import EventStream
 from ..validate import BodyMemo, V, check_request_work, paced
@@ -46,6 +46,7 @@ from .state import (
 
 if TYPE_CHECKING:
     from ...app import App
+    from ...sim.decide import Ask
 
 __all__ = ["register", "create", "is_token_event"]
 
@@ -199,21 +200,34 @@ class _Kept:
     """A create that needs no stored state (no ``previous_response_id``, ``conversation`` or
     item reference), validated and counted once, kept by its body bytes (BodyMemo): its
     request, its input items (copied for each use, the ids the server generated issued
-    anew: ``fresh``, their indexes) and its input token count."""
+    anew: ``fresh``, their indexes), its input token count, and what the create derives from
+    them alone: the request's seed (:func:`~llmsim.sim.rng.request_seed`), the decision's
+    view of it (:func:`.parse.ask`) and the request fields each Response echoes. Shared by
+    every create with these bytes: read-only, as everything a BodyMemo keeps."""
 
-    __slots__ = ("rr", "items", "fresh", "tokens")
+    __slots__ = ("rr", "items", "fresh", "tokens", "seed", "ask", "echo")
 
-    def __init__(self, p: Prepared) -> None:
+    def __init__(self, p: Prepared, seed: int | None, asked: Ask | None,
+                 echo: dict[str, Any]) -> None:
         self.rr = p.rr
         self.items = orjson.dumps(p.input_items)
         self.fresh = generated_ids(p.rr.body.get("input"))
         self.tokens = p.input_tokens
+        self.seed = seed
+        self.ask = asked
+        self.echo = echo
 
     def prepared(self) -> Prepared:
         items: list[Item] = orjson.loads(self.items)  # this response's own items
         for i in self.fresh:
             items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
         return Prepared(self.rr, None, None, items, list(items), self.tokens, 0)
+
+    @staticmethod
+    def keeps(p: Prepared) -> bool:
+        """Is ``p`` a function of its body's bytes alone (no stored state read)?"""
+        return (p.parent is None and p.conversation is None
+                and not any(it.get("type") == "item_reference" for it in p.rr.input_items))
 
 
 MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
@@ -223,20 +237,31 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
                   count_only: bool = False) -> Prepared:
     """Validate and assemble the context of a create (or input_tokens) request.
 
-    A create body seen before (the same bytes, transport and config) that needs no stored
-    state is not validated or counted again (:class:`_Kept`).
-    Async only to count a long input in slices (``validate.paced``), never holding the loop."""
-    memo = None
-    if not count_only:
-        memo = app.memos[WS_MEMO if req.transport == "ws" else MEMO]
-        kept = memo.get(req.body, app.config)
-        if kept is not None:
-            return kept.prepared()  # type: ignore[no-any-return]
-    p = await _prepare(req, app, body, count_only=count_only)
-    if (memo is not None and p.parent is None and p.conversation is None
-            and not any(it.get("type") == "item_reference" for it in p.rr.input_items)):
-        memo.put(req.body, app.config, _Kept(p))
-    return p
+    Async only to count a long input in slices (``validate.paced``), never holding the loop.
+    (A create looks its body up in the memo first: :func:`prepare_create`.)"""
+    return await _prepare(req, app, body, count_only=count_only)
+
+
+async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, Ask | None,
+                                                          dict[str, Any]]:
+    """A create's :class:`Prepared`, its seed and its :class:`~llmsim.sim.decide.Ask` (None:
+    ``generate: false``, nothing to decide) and the fields its Response echoes. A body seen
+    before (the same bytes, transport and config) that reads no stored state is not parsed,
+    validated, counted or hashed again (:class:`_Kept`)."""
+    memo = app.memos[WS_MEMO if req.transport == "ws" else MEMO]
+    kept: _Kept | None = memo.get(req.body, app.config)
+    if kept is not None:
+        return kept.prepared(), kept.seed, kept.ask, kept.echo
+    body = req.json_object()
+    p = await _prepare(req, app, body)
+    seed = asked = None
+    if p.rr.generate:
+        seed = request_seed(app.config.seed, "/v1/responses", body)
+        asked = ask(p.rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
+    echo = render.echo_fields(p.rr)
+    if _Kept.keeps(p):
+        memo.put(req.body, app.config, _Kept(p, seed, asked, echo))
+    return p, seed, asked, echo
 
 
 async def _prepare(req: Request, app: App, body: dict[str, Any], *,
@@ -300,8 +325,7 @@ def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     """``POST /v1/responses`` (and WebSocket ``response.create`` through dispatch)."""
     st = state(app)
-    body = req.json_object()
-    p = await prepare(req, app, body)
+    p, seed, asked, echo = await prepare_create(req, app)
     rr = p.rr
     cfg = app.config.responses
     if p.conversation is not None:  # the input joins the conversation: it must fit there
@@ -314,15 +338,14 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         if st.active_background >= cfg.background_max_active:
             raise E.too_many_background.at("background", limit=cfg.background_max_active)
     rid, created_at = new_id("resp_"), int(app.clock.time())
-    if rr.generate:
-        rng = request_rng(app.config.seed, "/v1/responses", body)
-        asked = ask(rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
-        decision = await app.answer(req, "responses", asked, rng, app.latency(rr.profile),
-                              response_id=rid)
+    if asked is not None:
+        rng = rng_of(seed)
+        lat = app.latency(rr.profile)
+        decision = app.answer_now(asked, rng, lat) or \
+            await app.answer(req, "responses", asked, rng, lat, response_id=rid)
         out = render.response_out(decision, rid, created_at)
     else:  # WebSocket warm-up: state only, no model output
         out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
-    echo = render.echo_fields(rr)
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
                  conversation=p.conversation, ws_context=_previous_responses(req),
                  warmup=not rr.generate)
