@@ -54,6 +54,11 @@ class Timer:
         self.callback = callback
         self.cancelled = False
 
+    def fire(self) -> None:
+        """Run the callback: what the clock calls when the timer is due (a subclass that is
+        its own callback overrides it: flow.Pump)."""
+        self.callback()
+
     def cancel(self) -> None:
         self.cancelled = True
         self.callback = _released  # the heap may keep the entry until its deadline: not what
@@ -202,7 +207,7 @@ class Clock:
                         if not t.cancelled:  # list, run in a later turn)
                             t.cancelled = True  # fired; a late cancel() is a no-op
                             try:
-                                t.callback()
+                                t.fire()
                             except Exception:  # a broken callback must not stop the others
                                 import logging
 
@@ -240,7 +245,7 @@ class Clock:
         bound. Amortised O(1) (a compaction follows at least len/2 cancels)."""
         if timer.cancelled:
             return
-        timer.cancel()
+        Timer.cancel(timer)  # (the timer's own: a subclass may give cancel another meaning)
         self._stale += 1
         if (self._running or self._entries < self.COMPACT_MIN
                 or self._stale * 2 <= self._entries):

@@ -309,3 +309,59 @@ async def test_a_claim_while_a_run_waits_for_its_first_token_numbers_before_it()
     clock.advance(0.01)
     assert _seqs(sink) == [0, 2, 3, 4]
     assert [t for t, _ in sink.writes] == [0.0, 0.07, 0.08]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("sink_cls", [WireSink, FrameLog])
+@pytest.mark.parametrize("supply", [len(PIECES) + 1, len(PIECES) - 1, 3, 0])
+async def test_equal_gaps_write_what_the_same_gaps_read_one_by_one_write(
+        sink_cls: Any, supply: int) -> None:
+    """A constant latency's gaps (ConstantGaps) are taken by the pump at once, not read per
+    token: the writes, their times and what the plan reads after the run are those of the
+    same values read one by one, with enough gaps for the run, exactly enough, or too few
+    (the rest of the run at once, then 0.0 after it, as an iterator that ran out gives)."""
+    from llmsim.sim.latency import ConstantGaps
+
+    def plan(const: bool) -> Any:  # (a generator: it reads on after the run, as render's)
+        g: Any = ConstantGaps(0.01, supply) if const else iter([0.01] * supply)
+        pre = _TEXT_DELTA % (orjson.dumps("msg_1"), 0)
+        yield 0.0, "response.created", {"type": "response.created"}
+        yield 0.05, "response.output_text.delta", TokenRun(PIECES, g, pre, _TEXT_DELTA_END)
+        yield next(g, 0.0), "response.output_text.done", {"type": "t.done"}
+        yield next(g, 0.0), "response.completed", {"type": "r.completed"}
+
+    fast = await run(plan(True), RESPONSES, encode.sse_responses, sink_cls, runs=True)
+    slow = await run(plan(False), RESPONSES, encode.sse_responses, sink_cls, runs=True)
+    assert fast == slow
+    ends = [t for t, _ in fast]
+    run_gaps = min(supply, len(PIECES) - 1)
+    after = max(0, supply - (len(PIECES) - 1))  # gaps left for the two events after it
+    last_token = 0.05 + 0.01 * run_gaps
+    assert ends[-1] == round(last_token + 0.01 * min(after, 2), 9)
+
+
+def test_constant_gaps_take_all_or_nothing() -> None:
+    from llmsim.sim.latency import ConstantGaps
+    g = ConstantGaps(0.25, 5)
+    assert g.take(0) and g.take(3) and list(g) == [0.25, 0.25]
+    g = ConstantGaps(0.25, 2)
+    assert not g.take(3) and list(g) == [0.25, 0.25]  # (nothing consumed)
+    assert g.value == 0.25 and not g.take(1) and g.take(0)
+
+
+@pytest.mark.asyncio
+async def test_a_pump_finished_while_armed_leaves_the_clock() -> None:
+    """The pump is its own clock timer: cancelled while it waits for its next token, its
+    entry is dead (the clock never ticks it again) and the stream ends once."""
+    clock = FakeClock(start=0.0)
+    sink = FrameLog(clock)
+    ends: list[str] = []
+    s = EventStream(iter(chat_plan(GAPS)), CHAT)
+    p = Pump(s, clock, encode.sse_chat, sink, on_done=ends.append)
+    p.start()
+    assert clock.pending == 1 and not sink.writes  # armed for the role chunk at 0.1 s
+    p.cancel()
+    assert clock.pending == 0 and ends == ["cancelled"]
+    clock.advance(1.0)
+    await asyncio.sleep(0)
+    assert not sink.writes and ends == ["cancelled"]

@@ -12,13 +12,39 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .models import ModelProfile
 
-__all__ = ["Latency"]
+__all__ = ["Latency", "ConstantGaps"]
+
+
+class ConstantGaps(itertools.repeat):  # type: ignore[type-arg]
+    """``n`` equal gaps: ``itertools.repeat(value, n)`` (the same iterator, at C speed) whose
+    ``value`` can be read. A pump that writes a run of tokens (flow.Pump) takes the run's
+    gaps from it at once (:meth:`take`) and adds ``value`` per token, reading no iterator
+    and touching no per-stream object beyond itself (issue 15)."""
+
+    __slots__ = ("value",)
+    value: float
+
+    def __new__(cls, value: float, n: int) -> ConstantGaps:
+        self = super().__new__(cls, value, n)
+        self.value = value
+        return self
+
+    def take(self, k: int) -> bool:
+        """Consume the next ``k`` gaps at once; False (nothing consumed) when fewer are
+        left (the reader must then take them one by one: past the end they are 0.0)."""
+        if k <= 0:
+            return True
+        if operator.length_hint(self) < k:
+            return False
+        next(itertools.islice(self, k - 1, k), None)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +74,13 @@ class Latency:
         """``n`` gaps, the values ``n`` calls of :meth:`gap` give, drawn lazily: one generator
         with its draws inlined, as a stream's schedule reads one per token (hot path)."""
         if self.instant:
-            return itertools.repeat(0.0, n)
+            return ConstantGaps(0.0, n)
         if self.fixed_itl_ms is not None:
-            return itertools.repeat(self.fixed_itl_ms / 1000.0, n)
+            return ConstantGaps(self.fixed_itl_ms / 1000.0, n)
         p = self.profile
         itl, sigma = p.itl_ms, p.itl_jitter
         if sigma <= 0:
-            return itertools.repeat(itl * 1.0 / 1000.0, n)
+            return ConstantGaps(itl * 1.0 / 1000.0, n)
         gauss, exp = rng.gauss, math.exp  # (the draw of _lognorm, inlined)
         return (itl * min(4.0, max(0.25, exp(gauss(0.0, sigma)))) / 1000.0 for _ in range(n))
 

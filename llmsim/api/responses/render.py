@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import repeat
+from operator import length_hint
 from typing import Any
 
 import orjson
 
 from ...sim.decide import Decision, Timing, Usage
+from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
 from ...stream import TokenRun
 from .parse import RespRequest
@@ -263,14 +265,24 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     yield 0.0, "response.in_progress", {"type": "response.in_progress",
                                         "response": snapshot(echo, out, "in_progress")}
     pending = out.first_delay
-    # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn) and
-    # summed once for completed_at; held only while the stream runs (a replay draws again)
-    drawn = list(out.iter_gaps())
-    if out.elapsed is None:
-        out.elapsed = pending + sum(drawn)
+    gaps = out.iter_gaps()
+    if type(gaps) is ConstantGaps:  # equal gaps: a token run takes them at once (flow.Pump)
+        if out.elapsed is None:
+            out.elapsed = pending + sum(repeat(gaps.value, length_hint(gaps)))
+    else:
+        # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn)
+        # and summed once for completed_at; held only while the stream runs (a replay draws
+        # again)
+        drawn = list(gaps)
+        if out.elapsed is None:
+            out.elapsed = pending + sum(drawn)
+        gaps = iter(drawn)
     # token events: the first at once (every item's first event takes the first delay,
     # before any token), then one gap each
-    gaps = chain((0.0,), drawn)
+    lead = [0.0]
+
+    def step() -> float:
+        return lead.pop() if lead else next(gaps, 0.0)
 
     def wait() -> float:
         nonlocal pending
@@ -292,7 +304,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                     "output_index": idx, "summary_index": si,
                     "part": {"type": "summary_text", "text": ""}}
                 for p in pieces:
-                    yield next(gaps, 0.0), "response.reasoning_summary_text.delta", {
+                    yield step(), "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
                 text = "".join(pieces)
@@ -321,11 +333,11 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 # the bytes the dict below gives, numbered by the stream (stream.EventStream)
                 # the deltas as one run (stream.TokenRun), each a gap after the last
                 if item.pieces:
-                    yield next(gaps, 0.0), "response.output_text.delta", TokenRun(
+                    yield step(), "response.output_text.delta", TokenRun(
                         item.pieces, gaps, _TEXT_DELTA % (_dumps(rid), idx), _TEXT_DELTA_END)
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
-                    yield next(gaps, 0.0), "response.output_text.delta", {
+                    yield step(), "response.output_text.delta", {
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
@@ -343,7 +355,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
             for p in item.pieces:
-                yield next(gaps, 0.0), dtype, {"type": dtype, "item_id": rid,
+                yield step(), dtype, {"type": dtype, "item_id": rid,
                                                "output_index": idx, "delta": p}
             if fn:
                 yield 0.0, "response.function_call_arguments.done", {
