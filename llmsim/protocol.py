@@ -368,6 +368,8 @@ class HTTPProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        if self.upgraded is not None:
+            self.upgraded.wire.paused = True
         stall = self.cfg.write_stall_timeout_s
         if stall > 0:
             self._stall_deadline = self.server.loop_time() + stall
@@ -376,6 +378,7 @@ class HTTPProtocol(asyncio.Protocol):
         self.paused = False
         self._stall_deadline = _INF
         if self.upgraded is not None:
+            self.upgraded.wire.paused = False
             self.upgraded.resume_writing()
         elif self._pump is not None:
             self._pump.resume()

@@ -47,18 +47,17 @@ class WSWire:
     nothing once :attr:`open` is False (the session's word: a close frame was sent or
     received, or the connection is gone) or the transport is closing."""
 
-    __slots__ = ("protocol", "transport", "open")
+    __slots__ = ("paused", "open", "transport", "protocol")
 
     def __init__(self, protocol: HTTPProtocol, transport: asyncio.Transport | None) -> None:
-        self.protocol = protocol
-        self.transport = transport
+        # the transport's write buffer is above its high-water mark (the connection's
+        # backpressure, shared by every response on it): the protocol's flag, copied here
+        # by the protocol's pause_writing / resume_writing (a pump reads it per tick: one
+        # object, not two)
+        self.paused = protocol.paused
         self.open = transport is not None
-
-    @property
-    def paused(self) -> bool:
-        """The transport's write buffer is above its high-water mark (the connection's
-        backpressure, shared by every response on it)."""
-        return self.protocol.paused
+        self.transport = transport
+        self.protocol = protocol
 
     def write_events(self, frames: list[bytes]) -> None:
         """One text frame per event payload, in one write (flow.Sink)."""
