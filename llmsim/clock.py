@@ -275,6 +275,7 @@ class RealClock(Clock):
         self._loop = loop
         self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
+        self._time_fn: Callable[[], float] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -286,10 +287,16 @@ class RealClock(Clock):
         return self.loop.time()
 
     def now_fn(self) -> Callable[[], float]:
+        fn = self._time_fn
+        if fn is not None:
+            return fn
         try:
-            return self.loop.time  # (the loop's own bound method: one C call per tick)
+            # the loop's own bound method (one C call per tick), one object for every pump:
+            # a pump's tick reads a bound method every stream shares, not one of its own
+            fn = self._time_fn = self.loop.time
         except RuntimeError:  # no loop yet: found at each call
             return self.now
+        return fn
 
     def _arm(self) -> None:
         # armed for the start of the earliest live slot: its timers all run in that pass

@@ -365,3 +365,24 @@ async def test_a_pump_finished_while_armed_leaves_the_clock() -> None:
     clock.advance(1.0)
     await asyncio.sleep(0)
     assert not sink.writes and ends == ["cancelled"]
+
+
+@pytest.mark.asyncio
+async def test_the_stream_knows_the_next_number_when_a_run_stops_midway() -> None:
+    """The pump numbers a run's tokens itself: when the stream ends mid-run (the client
+    gone), the stream's own count (what a stored response's cancel reads) is the number
+    after the last token written, and the stream's end callback already sees it."""
+    pre = _TEXT_DELTA % (b'"msg_1"', 0)
+    seen: list[int] = []
+    plan = [(0.0, "response.created", {"type": "response.created"}),
+            (0.0, "response.output_text.delta",
+             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), pre, _TEXT_DELTA_END))]
+    clock = FakeClock(start=0.0)
+    sink = FrameLog(clock)
+    s = EventStream(iter(plan), RESPONSES, on_end=lambda: seen.append(s.seq))
+    p = Pump(s, clock, encode.ws_text, sink)
+    p.start()  # created + token a
+    clock.advance(0.01)  # token b
+    assert _seqs(sink) == [0, 1, 2]
+    p.cancel()
+    assert s.seq == 3 and seen == [3]
