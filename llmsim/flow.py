@@ -45,7 +45,7 @@ MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 _NO_FRAME = (b"", b"")  # Pump._pre, _post: no bytes frame (every payload goes through encode)
 _NO_WIRE = (b"", 0, b"")  # Pump._fmt, _extra, _plain: no wire format (the sink frames each)
-_NO_PIECES: list[bytes] = []  # Pump: no token run (never changed)
+_NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
 class Sink(Protocol):
@@ -91,7 +91,7 @@ class Pump(Timer):
     pump fails (None: write nothing, e.g. no client)."""
 
     __slots__ = ("_armed", "_done", "_in_run", "_wired", "sink", "stream", "_now", "_same",
-                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq", "_run_json", "_run_stamps",
+                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq", "_run_pieces", "_run_stamps",
                  "_run_extra", "_run_fmt", "_times", "_fold_every", "_pending",
                  "clock", "encode", "on_done", "observer", "error_frame", "_paused_at",
                  "_per_write", "_is_token", "_unobserved", "_bytes_frame", "_token_types",
@@ -119,7 +119,7 @@ class Pump(Timer):
         self._same = clock.coalesce
         self._catch_up = clock.catch_up
         # a TokenRun being written (see _start_run): the deadline of its next event, the
-        # event's index, the run's length, its gap when constant, its tokens' JSON, its frame
+        # event's index, the run's length, its gap when constant, its pieces, its frame
         # format: ``fmt % (len(payload) + extra, payload)`` with the wire, ``fmt % payload``
         # without; the payload is the token's JSON, in a numbering dialect followed by
         # ``post`` and the number (``stamps[seq]``, or rendered past the table)
@@ -130,7 +130,7 @@ class Pump(Timer):
         # written (the stream's own ``seq`` is brought up to date when the run ends, the
         # pump finishes, or a number is claimed: :meth:`_sync_seq`)
         self._seq = 0
-        self._run_json: list[bytes] = _NO_PIECES
+        self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
         self._run_extra = 0
         self._run_fmt = b""
@@ -217,7 +217,7 @@ class Pump(Timer):
         self._sync_seq()  # (before the stream closes: its end callbacks read the number)
         self._in_run = False
         self._run_gaps = None
-        self._run_json = _NO_PIECES
+        self._run_pieces = _NO_PIECES
         if self._armed:  # (the clock drops the entry when its slot comes, or compacts)
             self._armed = False
             self.clock.cancel(self)
@@ -276,9 +276,8 @@ class Pump(Timer):
 
     def _start_run(self, run: TokenRun, deadline: float) -> None:
         """Take over ``run``, its first event due at ``deadline`` (see TokenRun)."""
-        # the tokens' JSON, read from the shared table in one pass here: a list read per
-        # token, not a hash probe into a table thousands of streams share (issue 15)
-        self._run_json = [TOKEN_JSON[p] for p in run.pieces]
+        self._run_pieces = run.pieces  # (not their JSON in a list of the run's own: no
+        # faster per token, and a pointer more per token for every stream in flight)
         self._run_n = len(run.pieces)
         self._run_i = 0
         self._run_at = deadline
@@ -364,7 +363,7 @@ class Pump(Timer):
                         break
                     if in_run:
                         i = self._run_i
-                        x = self._run_json[i]
+                        x = TOKEN_JSON[self._run_pieces[i]]
                         stamps = self._run_stamps
                         if stamps is not None:  # numbered: the stream's next number
                             seq = self._seq
