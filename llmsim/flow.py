@@ -91,12 +91,12 @@ class Pump(Timer):
     pump fails (None: write nothing, e.g. no client)."""
 
     __slots__ = ("_armed", "_done", "_in_run", "_wired", "sink", "stream", "_now", "_same",
-                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq", "_run_pieces", "_run_stamps",
-                 "_run_extra", "_run_fmt", "_times", "_fold_every", "_pending",
-                 "clock", "encode", "on_done", "observer", "error_frame", "_paused_at",
-                 "_per_write", "_is_token", "_unobserved", "_bytes_frame", "_token_types",
-                 "_fold", "_each", "_wire", "_pre", "_post", "_fmt", "_extra", "_plain",
-                 "_run_gaps", "_run_post")
+                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq",
+                 "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
+                 "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
+                 "error_frame", "_paused_at", "_per_write", "_is_token", "_unobserved",
+                 "_bytes_frame", "_token_types", "_fold", "_each", "_wire", "_pre", "_post",
+                 "_fmt", "_extra", "_plain", "_run_gaps", "_run_post")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
