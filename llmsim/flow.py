@@ -90,7 +90,7 @@ class Pump(Timer):
     ``error_frame(err, sequence_number)`` renders the terminal error frame written when the
     pump fails (None: write nothing, e.g. no client)."""
 
-    __slots__ = ("_armed", "_done", "_in_run", "_wired", "sink", "stream", "_now", "_same",
+    __slots__ = ("_done", "_in_run", "_wired", "sink", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq",
                  "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
                  "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
@@ -109,7 +109,9 @@ class Pump(Timer):
         # assignments here): a tick touches three cache lines of the pump, not six, where
         # thousands of streams take turns (issue 15).
         super().__init__(0.0, _fired_by_clock)
-        self._armed = False  # in a slot of the clock (recall'ed, not yet fired)
+        # Timer.cancelled is "not in a slot of the clock": True until a tick arms the pump
+        # (Clock.recall clears it), set again when the clock fires it or a finish cancels it
+        self.cancelled = True
         self._done = False
         self._in_run = False  # a TokenRun is being written (its state in the _run_ fields)
         self._wired = False  # the sink takes wire bytes (write_wire), else write_events
@@ -189,7 +191,6 @@ class Pump(Timer):
 
     def fire(self) -> None:
         """The clock's call at the deadline the last tick armed (Timer)."""
-        self._armed = False
         self._tick()
 
     def resume(self) -> None:
@@ -218,9 +219,8 @@ class Pump(Timer):
         self._in_run = False
         self._run_gaps = None
         self._run_pieces = _NO_PIECES
-        if self._armed:  # (the clock drops the entry when its slot comes, or compacts)
-            self._armed = False
-            self.clock.cancel(self)
+        # armed: the clock drops the entry when its slot comes, or compacts (a no-op if not)
+        self.clock.cancel(self)
         try:
             self.stream.close()
         except Exception:  # a plan's cleanup failed: on_done must still release everything
@@ -262,7 +262,7 @@ class Pump(Timer):
                 log.exception("cannot render the terminal error frame")
         try:
             if out:
-                self._write(out)  # (a failure: not the hot path)
+                self._write(out)
         except Exception:  # the sink itself is broken: drop the connection instead
             log.exception("cannot write the terminal error frame")
             self.sink.abort()
@@ -306,6 +306,8 @@ class Pump(Timer):
         self._in_run = self._run_n > 0
 
     def _write(self, frames: list[bytes]) -> None:
+        # (a method call on the sink: no bound method object of this stream's to read, one
+        # cold cache line fewer per write)
         if self._wired:
             self.sink.write_wire(frames)  # type: ignore[attr-defined]
         else:
@@ -415,12 +417,7 @@ class Pump(Timer):
                         left = MAX_BATCH
                         break
                 if frames:
-                    # (a method call on the sink: no bound method object of this stream's
-                    # to read, one cold cache line fewer per write)
-                    if self._wired:
-                        self.sink.write_wire(frames)  # type: ignore[attr-defined]
-                    else:
-                        self.sink.write_events(frames)
+                    self._write(frames)
                     frames = []
                     if tokens:
                         times = self._times
@@ -437,8 +434,7 @@ class Pump(Timer):
                             if self._per_write is not None:
                                 self._per_write(n, now)
                 if end is None:
-                    if not self._done and not self._armed:  # (armed: a tick comes anyway)
-                        self._armed = True
+                    if not self._done and self.cancelled:  # (armed: a tick comes anyway)
                         self.clock.recall(self, deadline)
                     return
                 if end == _FULL:  # re-check backpressure, then go on

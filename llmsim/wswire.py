@@ -47,7 +47,7 @@ class WSWire:
     nothing once :attr:`open` is False (the session's word: a close frame was sent or
     received, or the connection is gone) or the transport is closing."""
 
-    __slots__ = ("paused", "open", "transport", "protocol")
+    __slots__ = ("paused", "open", "transport")
 
     def __init__(self, protocol: HTTPProtocol, transport: asyncio.Transport | None) -> None:
         # the transport's write buffer is above its high-water mark (the connection's
@@ -57,7 +57,6 @@ class WSWire:
         self.paused = protocol.paused
         self.open = transport is not None
         self.transport = transport
-        self.protocol = protocol
 
     def write_events(self, frames: list[bytes]) -> None:
         """One text frame per event payload, in one write (flow.Sink)."""

@@ -233,15 +233,6 @@ class _Kept:
 MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
 
 
-async def prepare(req: Request, app: App, body: dict[str, Any], *,
-                  count_only: bool = False) -> Prepared:
-    """Validate and assemble the context of a create (or input_tokens) request.
-
-    Async only to count a long input in slices (``validate.paced``), never holding the loop.
-    (A create looks its body up in the memo first: :func:`prepare_create`.)"""
-    return await _prepare(req, app, body, count_only=count_only)
-
-
 async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, Ask | None,
                                                           dict[str, Any]]:
     """A create's :class:`Prepared`, its seed and its :class:`~llmsim.sim.decide.Ask` (None:
@@ -253,7 +244,7 @@ async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, 
     if kept is not None:
         return kept.prepared(), kept.seed, kept.ask, kept.echo
     body = req.json_object()
-    p = await _prepare(req, app, body)
+    p = await prepare(req, app, body)
     seed = asked = None
     if p.rr.generate:
         seed = request_seed(app.config.seed, "/v1/responses", body)
@@ -264,8 +255,12 @@ async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, 
     return p, seed, asked, echo
 
 
-async def _prepare(req: Request, app: App, body: dict[str, Any], *,
-                   count_only: bool = False) -> Prepared:
+async def prepare(req: Request, app: App, body: dict[str, Any], *,
+                  count_only: bool = False) -> Prepared:
+    """Validate and assemble the context of a create (or input_tokens) request.
+
+    Async only to count a long input in slices (``validate.paced``), never holding the loop.
+    (A create looks its body up in the memo first: :func:`prepare_create`.)"""
     st = state(app)
     rr = parse_body(body, app, transport=req.transport, count_only=count_only)
     parent = None
