@@ -12,7 +12,7 @@ import pytest
 
 from llmsim.clock import FakeClock
 from llmsim.flow import Pump
-from llmsim.server import Server
+from llmsim.server import GC_YOUNG_THRESHOLD, Server
 from llmsim.state.stats import StreamTrack
 from llmsim.stream import EventStream
 
@@ -64,10 +64,13 @@ async def test_an_ended_stream_is_freed_without_a_collection(path, body, done) -
 async def test_settle_freezes_what_start_up_left() -> None:
     server = Server(mem_server().config)
     await server.start()
+    thresholds = gc.get_threshold()
     try:
         before = gc.get_freeze_count()
         await server.settle()
         assert gc.get_freeze_count() > before
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *thresholds[1:])
     finally:
         gc.unfreeze()  # (the test process goes on: give the collector its objects back)
+        gc.set_threshold(*thresholds)
         await server.close()
