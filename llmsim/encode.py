@@ -9,7 +9,8 @@ from typing import Any
 
 import orjson
 
-from .wswire import ws_text_frame  # (WebSocket text frames: framed there, re-exported)
+# (the wire's syntax, HTTP chunks and WebSocket text frames: framed there, re-exported)
+from .wire import CHUNK, ws_text_frame
 
 __all__ = ["sse_chat", "sse_responses", "sse_error_chat", "sse_error_responses", "ws_text", "ws_text_frame", "DONE_FRAME",
            "KEEPALIVE_FRAME", "chunk"]
@@ -102,7 +103,6 @@ def _ws_frame(etype: str | None) -> tuple[bytes, bytes]:
 ws_text.bytes_frame = _ws_frame  # type: ignore[attr-defined]
 
 
-CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: CHUNK % (len(payload), payload)
 
 
 def chunk(payload: bytes) -> bytes:

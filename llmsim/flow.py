@@ -36,6 +36,7 @@ from .encode import TOKEN_JSON
 from .errors import APIError, server_error
 from .sim.latency import ConstantGaps
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
+from .wire import Wire
 
 __all__ = ["Pump", "Sink", "NullSink"]
 
@@ -49,7 +50,9 @@ _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
 class Sink(Protocol):
-    """Where a pump writes: the HTTP protocol (chunked SSE) or a WebSocket session.
+    """Where a pump writes: a connection's :class:`~llmsim.wire.Wire` (an HTTP stream's
+    chunks, a WebSocket session's text frames; the pump calls it natively), the HTTP
+    protocol itself for a body that is not chunked, or :class:`NullSink`.
     ``write_events`` consumes the list before it returns (the pump reuses it).
 
     A sink that frames every event the same way may also offer ``wire_format(prefix,
@@ -90,7 +93,7 @@ class Pump(Timer):
     ``error_frame(err, sequence_number)`` renders the terminal error frame written when the
     pump fails (None: write nothing, e.g. no client)."""
 
-    __slots__ = ("_done", "_in_run", "_wired", "sink", "stream", "_now", "_same",
+    __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq",
                  "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
                  "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
@@ -116,6 +119,9 @@ class Pump(Timer):
         self._in_run = False  # a TokenRun is being written (its state in the _run_ fields)
         self._wired = False  # the sink takes wire bytes (write_wire), else write_events
         self.sink = sink
+        # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
+        # read and its write called natively by the compiled build, not looked up by name
+        self._nw: Wire | None = sink if isinstance(sink, Wire) else None
         self.stream = stream
         self._now = clock.now_fn()
         self._same = clock.coalesce
@@ -308,7 +314,13 @@ class Pump(Timer):
     def _write(self, frames: list[bytes]) -> None:
         # (a method call on the sink: no bound method object of this stream's to read, one
         # cold cache line fewer per write)
-        if self._wired:
+        nw = self._nw
+        if nw is not None:
+            if self._wired:
+                nw.write_wire(frames)
+            else:
+                nw.write_events(frames)
+        elif self._wired:
             self.sink.write_wire(frames)  # type: ignore[attr-defined]
         else:
             self.sink.write_events(frames)
@@ -332,8 +344,8 @@ class Pump(Timer):
         frames: list[bytes] = []
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
-            sink = self.sink
-            if sink.paused:
+            nw = self._nw
+            if nw.paused if nw is not None else self.sink.paused:
                 if self._paused_at is None:
                     self._paused_at = self._now()
                 return
@@ -438,13 +450,13 @@ class Pump(Timer):
                         self.clock.recall(self, deadline)
                     return
                 if end == _FULL:  # re-check backpressure, then go on
-                    if sink.paused and not self._done:
+                    if self.sink.paused and not self._done:
                         self._paused_at = now
                         return
                 elif end == "completed":
                     self._finish("completed")
                 elif end == DISCONNECT:
-                    sink.abort()
+                    self.sink.abort()
                     self._finish("disconnect")
                 elif end == STOP:
                     self._finish("stopped")

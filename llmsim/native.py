@@ -2,8 +2,9 @@
 
 Theory of operation. Every token of every stream runs through these modules: the shared clock
 (``llmsim.clock``), the pump (``llmsim.flow``), the event stream (``llmsim.stream``) and the
-connection that writes it: over HTTP ``llmsim.protocol`` (which also parses every request),
-over WebSocket ``llmsim.wswire`` (the text frames of an upgraded connection). They
+connection that writes it: ``llmsim.protocol`` (which also parses every request) and
+``llmsim.wire`` (what a stream's pump writes through: an HTTP connection's chunks, a WebSocket
+connection's text frames). They
 are plain, fully annotated Python, and mypyc (part of mypy) can compile them as they are into
 C extension modules placed next to their sources, which Python then imports instead. Nothing
 else changes: same code, same tests (CI runs the whole suite against both builds). Pure Python
@@ -11,7 +12,7 @@ stays the default and the reference; the compiled build is an opt-in, like uvloo
 
 Measured (bench/RESULTS.md, "the optional compiled build"): the user-space instructions per
 streamed event fall by about a quarter (callgrind on a live server: chat 33.7k -> 25.0k,
-Responses 38.0k -> 27.5k, WebSocket 41.1k -> 31.4k, 26.5k with ``wswire``; the bare anchor
+Responses 38.0k -> 27.5k, WebSocket 41.1k -> 31.4k, 26.5k with the WebSocket wire; the bare anchor
 about 25k), the CPU per token live by 0-17%: a token's live cost is mostly memory traffic and
 the kernel's write, which compiling does not change.
 
@@ -47,7 +48,7 @@ from typing import Any
 __all__ = ["MODULES", "build_info", "choose"]
 
 PKG = Path(__file__).resolve().parent
-MODULES = ("clock", "flow", "stream", "protocol", "wswire")  # compiled together (one mypyc group): all or none
+MODULES = ("clock", "flow", "stream", "protocol", "wire")  # compiled together (one mypyc group): all or none
 NAMES = ", ".join(f"llmsim.{n}" for n in MODULES)
 GROUP = "llmsim._native"  # the group's shared runtime library: llmsim/_native__mypyc.*.so
 MANIFEST = "_compiled.json"

@@ -71,10 +71,11 @@ import h11
 
 from . import encode
 from .errors import APIError, E, server_error
-from .flow import Pump
+from .flow import Pump, Sink
 from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 from .sim.rng import new_request_id
 from .state import accounting
+from .wire import HTTPWire
 
 if TYPE_CHECKING:
     from .server import Server
@@ -269,7 +270,7 @@ class HTTPProtocol(asyncio.Protocol):
     __slots__ = ("server", "app", "cfg", "conn", "transport", "peer", "phase", "exchange",
                  "paused", "upgraded", "_buffered", "_deadline", "_heads", "_pump",
                  "_reading_paused", "_shutdown", "_stall_deadline", "_task", "_timer_kind",
-                 "__weakref__")
+                 "wire", "__weakref__")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -280,6 +281,9 @@ class HTTPProtocol(asyncio.Protocol):
         self.phase = _IDLE
         self.exchange: Exchange | None = None  # the request in flight (None between them)
         self.paused = False  # write side (backpressure from the client)
+        # what a chunked stream's pump writes through: open while its body is on the wire
+        # (from the head to the stream's end), paused with the transport
+        self.wire = HTTPWire(None)
         self._reading_paused = False  # mirrors transport.pause_reading()
         self._shutdown = False  # graceful shutdown: no request after the one in flight
         self._buffered = 0  # pipelined bytes received while a request is in flight
@@ -303,6 +307,7 @@ class HTTPProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.transport = transport  # type: ignore[assignment]
+        self.wire.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -367,7 +372,7 @@ class HTTPProtocol(asyncio.Protocol):
         return self._busy
 
     def pause_writing(self) -> None:
-        self.paused = True
+        self.paused = self.wire.paused = True
         if self.upgraded is not None:
             self.upgraded.wire.paused = True
         stall = self.cfg.write_stall_timeout_s
@@ -375,7 +380,7 @@ class HTTPProtocol(asyncio.Protocol):
             self._stall_deadline = self.server.loop_time() + stall
 
     def resume_writing(self) -> None:
-        self.paused = False
+        self.paused = self.wire.paused = False
         self._stall_deadline = _INF
         if self.upgraded is not None:
             self.upgraded.wire.paused = False
@@ -681,9 +686,13 @@ class HTTPProtocol(asyncio.Protocol):
             return
         self.phase = _STREAMING
         dialect = stream.dialect
+        sink: Sink = self
+        if ex.framing is _CHUNKED:
+            sink = self.wire
+            self.wire.open = True
         try:
             ex.track = accounting.stream_started(self.app, req, ex.endpoint, res)
-            self._pump = Pump(stream, self.app.clock, dialect.sse, self, self._stream_done,
+            self._pump = Pump(stream, self.app.clock, dialect.sse, sink, self._stream_done,
                               ex.track.observe, dialect.sse_error)
         except Exception:  # the head is out: a terminal error event and a clean end
             log.exception("cannot start the stream")
@@ -765,22 +774,9 @@ class HTTPProtocol(asyncio.Protocol):
             self._end_cycle(ex)
         return framing is not _NOBODY
 
-    # Sink interface for the pump
-    def wire_format(self, prefix: bytes, suffix: bytes) -> tuple[bytes, int] | None:
-        """The chunk of a streamed event ``prefix + payload + suffix`` as one bytes format
-        (flow.Sink): ``fmt % (len(payload) + extra, payload)``; None unless this response's
-        body is chunked (its head, written before the pump starts, decided that)."""
-        ex = self.exchange
-        if ex is None or ex.framing is not _CHUNKED:
-            return None
-        return (b"%x\r\n" + prefix.replace(b"%", b"%%") + b"%b" + suffix.replace(b"%", b"%%")
-                + b"\r\n", len(prefix) + len(suffix))
-
-    def write_wire(self, frames: list[bytes]) -> None:
-        """Chunks rendered with :meth:`wire_format`, written as they are (flow.Sink)."""
-        if self.phase is _STREAMING and self.transport is not None:
-            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
-
+    # Sink interface for the pump of a stream whose body is not chunked (an HTTP/1.0
+    # client's: the body ends with the connection); a chunked stream's pump writes through
+    # the connection's HTTPWire
     def write_events(self, frames: list[bytes]) -> None:
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         ex = self.exchange
@@ -797,6 +793,7 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _stream_done(self, reason: str) -> None:
         self._pump = None
+        self.wire.open = False  # (before the terminating chunk: nothing after it)
         ex = self.exchange
         if ex is None:
             return

@@ -24,7 +24,7 @@ becomes ``Request(method="POST", path="/v1/responses", transport="ws", ...)`` an
 as HTTP starts a handler (:func:`~llmsim.protocol.start_handler`, on the loop pass after the
 read); there is no second implementation of the Responses logic here. The resulting
 ``EventStream`` is paced by a :class:`~llmsim.flow.Pump` whose sink is the session's
-:class:`~llmsim.wswire.WSWire`: every event becomes one JSON text frame (framed by hand there,
+:class:`~llmsim.wire.WSWire`: every event becomes one JSON text frame (framed by hand there,
 20x cheaper than ``wsproto.send``), with ``stream_id`` appended when the create named a lane.
 Errors decided before the first event (a ``RawResponse``) become the SDK's nested ``ResponseWsError`` event and the
 connection stays open.
@@ -91,10 +91,10 @@ from .messages import (
 from .protocol import start_handler
 from .sim.rng import new_id
 from .state import accounting  # per-request accounting shared with HTTP (stats, access log)
+from .wire import WSWire
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_handshake import WS_PATHS, check_capacity, check_handshake, ws_path
 from .ws_lanes import LaneLimitError, LaneScheduler
-from .wswire import WSWire
 
 if TYPE_CHECKING:
     from .app import App
@@ -264,7 +264,7 @@ class WebSocketSession:
         self.closing = False  # a close frame was sent or received: no new work
         # what every event is written through (the pumps' sink): open while text may be
         # sent, i.e. while wsproto's state is OPEN and the transport is here (_sync)
-        self.wire = WSWire(protocol, protocol.transport)
+        self.wire = WSWire(protocol.transport, protocol.paused)
         self.draining = False  # graceful shutdown: finish in-flight, then close
         self._counted = False
         self._msg: list[str] = []  # fragments of the unfinished text message

@@ -192,6 +192,61 @@ async def test_phases_and_exchange_follow_the_request() -> None:
     assert proto.phase is Phase.CLOSED and st.active_connections == 0
 
 
+async def _until(cond: Any, passes: int = 20000) -> bool:
+    for _ in range(passes):
+        if cond():
+            return True
+        await asyncio.sleep(0)
+    return cond()
+
+
+@pytest.mark.parametrize("version, chunked", [(b"1.1", True), (b"1.0", False)])
+async def test_a_chunked_stream_writes_through_the_connection_wire_only_while_open(
+        version: bytes, chunked: bool) -> None:
+    """A chunked stream's pump writes through the connection's HTTPWire, which is open from
+    the head to the stream's end and paused with the transport; once the stream ended (and
+    after the terminating chunk) nothing written to it reaches the client. A body that is
+    not chunked (HTTP/1.0) is written by the protocol itself."""
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=50, itl_ms=10)
+    proto, tr = connect(server)
+    assert not proto.wire.open and proto.wire.transport is tr
+    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 20})
+    proto.data_received(b"POST /v1/chat/completions HTTP/%s\r\nhost: x\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (version, len(body), body))
+    assert await _until(lambda: proto._pump is not None)
+    assert (proto._pump.sink is proto.wire) is chunked
+    assert proto.wire.open is chunked
+    proto.pause_writing()  # backpressure: the wire's flag, which the pump reads
+    assert proto.wire.paused
+    proto.resume_writing()
+    assert not proto.wire.paused
+    assert await _until(lambda: b"data: [DONE]" in tr.out)
+    assert not proto.wire.open
+    if chunked:
+        assert bytes(tr.out).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        n = len(tr.out)
+        proto.wire.write_wire([b"late"])  # (a write after the end: dropped)
+        proto.wire.write_events([b"late"])
+        assert len(tr.out) == n
+    assert b"late" not in tr.out
+    proto.connection_lost(None)
+
+
+async def test_a_lost_connection_closes_the_wire_of_its_stream() -> None:
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=50, itl_ms=10)
+    proto, tr = connect(server)
+    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 20})
+    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    assert await _until(lambda: proto._pump is not None)
+    assert proto.wire.open
+    proto.connection_lost(None)
+    assert not proto.wire.open and proto._pump is None
+    assert server.app.stats.active_streams == 0
+
+
 async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
     clock = FakeClock(start=0.0)
     server = mem_server(clock=clock, header_timeout_s=10, idle_timeout_s=75)
