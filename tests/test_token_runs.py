@@ -349,6 +349,28 @@ def test_constant_gaps_take_all_or_nothing() -> None:
     assert g.value == 0.25 and not g.take(1) and g.take(0)
 
 
+@pytest.mark.parametrize("profile, lat, constant", [
+    ({"itl_jitter": 0.2}, {}, None),  # drawn: the seeded generator's values
+    ({"itl_jitter": 0.0, "itl_ms": 12.0}, {}, 0.012),  # a profile without jitter
+    ({}, {"fixed_itl_ms": 7.0}, 0.007),
+    ({}, {"instant": True}, 0.0),
+])
+def test_seeded_gaps_are_the_gaps_of_the_seeded_generator(
+        profile: dict[str, Any], lat: dict[str, Any], constant: float | None) -> None:
+    """``seeded_gaps(seed, n)`` seeds no generator when nothing is drawn, and gives what
+    ``gaps(Random(seed), n)`` gives either way."""
+    import random
+
+    from llmsim.sim.latency import ConstantGaps, Latency
+    from llmsim.sim.models import ModelProfile
+    lt = Latency(ModelProfile("m", **profile), **lat)
+    assert lt.constant_gap() == constant
+    got = lt.seeded_gaps(1234, 6)
+    assert isinstance(got, ConstantGaps) is (constant is not None)
+    assert list(got) == list(lt.gaps(random.Random(1234), 6))
+    assert len(set(lt.seeded_gaps(1234, 6))) == (1 if constant is not None else 6)
+
+
 @pytest.mark.asyncio
 async def test_a_pump_finished_while_armed_leaves_the_clock() -> None:
     """The pump is its own clock timer: cancelled while it waits for its next token, its

@@ -46,7 +46,7 @@ from . import tokens as tok
 from .described import described_schema, requested_json
 from .latency import Latency
 from .models import ModelProfile
-from .rng import derive, new_id, seeded
+from .rng import derive, new_id
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -224,7 +224,7 @@ class Timing:
         lat = self.lat
         if lat.is_zero or n <= 0:
             return iter(())
-        return lat.gaps(seeded(self.seed), n)  # (random.Random(seed), without its wrappers)
+        return lat.seeded_gaps(self.seed, n)
 
     def duration(self, steps: int) -> float:
         """Seconds from the request to the last of ``steps`` delivery steps."""

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .models import ModelProfile
+from .rng import seeded
 
 __all__ = ["Latency", "ConstantGaps"]
 
@@ -70,17 +71,31 @@ class Latency:
         """Seconds between two visible tokens."""
         return next(self.gaps(rng, 1))
 
+    def constant_gap(self) -> float | None:
+        """The gap between tokens when it never varies (instant, ``--itl-ms``, a profile
+        without jitter), in seconds; None when each gap is drawn."""
+        if self.instant:
+            return 0.0
+        if self.fixed_itl_ms is not None:
+            return self.fixed_itl_ms / 1000.0
+        p = self.profile
+        return p.itl_ms * 1.0 / 1000.0 if p.itl_jitter <= 0 else None
+
     def gaps(self, rng: random.Random, n: int) -> Iterator[float]:
         """``n`` gaps, the values ``n`` calls of :meth:`gap` give, drawn lazily: one generator
         with its draws inlined, as a stream's schedule reads one per token (hot path)."""
-        if self.instant:
-            return ConstantGaps(0.0, n)
-        if self.fixed_itl_ms is not None:
-            return ConstantGaps(self.fixed_itl_ms / 1000.0, n)
+        c = self.constant_gap()
+        return ConstantGaps(c, n) if c is not None else self._drawn(rng, n)
+
+    def seeded_gaps(self, seed: int, n: int) -> Iterator[float]:
+        """``gaps(Random(seed), n)``, with the generator seeded only when a gap is drawn
+        (seeding one costs ~1.5 µs a request)."""
+        c = self.constant_gap()
+        return ConstantGaps(c, n) if c is not None else self._drawn(seeded(seed), n)
+
+    def _drawn(self, rng: random.Random, n: int) -> Iterator[float]:
         p = self.profile
         itl, sigma = p.itl_ms, p.itl_jitter
-        if sigma <= 0:
-            return ConstantGaps(itl * 1.0 / 1000.0, n)
         gauss, exp = rng.gauss, math.exp  # (the draw of _lognorm, inlined)
         return (itl * min(4.0, max(0.25, exp(gauss(0.0, sigma)))) / 1000.0 for _ in range(n))
 
