@@ -267,7 +267,7 @@ class RealClock(Clock):
 
     # A pass of due timers ends after this long even if more are due (they run in the next
     # pass, after the loop polled its sockets): a saturated server keeps reading requests
-    # and accepting connections (uvloop accepts one connection per loop iteration).
+    # and accepting connections (server.Listener: up to ACCEPT_BATCH a pass).
     pass_budget = 0.0005
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:

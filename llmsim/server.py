@@ -12,11 +12,12 @@ thread with its own loop for synchronous test code::
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import socket
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .app import App
@@ -30,9 +31,130 @@ from .sim import tokens
 # collection per event at 700, 0.08 at 5000, with no longer pauses (see settle).
 GC_YOUNG_THRESHOLD = 5000
 
+BACKLOG = 4096  # pending connections the kernel holds for each listening socket
+# Connections accepted at most per readiness of a listening socket (one loop pass): 16 a pass
+# is ~16,000 a second on a busy loop, and ~0.3 ms of work (a connection costs ~20 µs to take
+# over), so a flood of connects cannot stall the streams in flight.
+ACCEPT_BATCH = 16
+ACCEPT_RETRY_S = 0.1  # out of file descriptors (or memory): accept again after this long
+
 __all__ = ["Server", "ServerThread"]
 
 log = logging.getLogger("llmsim")
+
+
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for ``host:port``, one per address the name
+    resolves to (as ``loop.create_server`` binds them: ``SO_REUSEADDR``, IPv6 sockets
+    IPv6-only)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, type_, proto, _, sockaddr in infos:
+            if (family, sockaddr) in seen:
+                continue
+            seen.add((family, sockaddr))
+            s = socket.socket(family, type_, proto)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as exc:
+                raise OSError(exc.errno, f"error while attempting to bind on address "
+                                         f"{sockaddr!r}: {exc.strerror}") from None
+            s.listen(BACKLOG)
+            s.setblocking(False)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+class Listener:
+    """Accepts the connections of a server's listening sockets, up to :data:`ACCEPT_BATCH`
+    each time one is readable, and hands each to ``loop.connect_accepted_socket``.
+
+    Why not ``loop.create_server``: libuv (under uvloop) accepts one connection per loop
+    pass since 1.45 (libuv#3696). A busy simulator runs a pass every millisecond or so, so a
+    load test that opens a thousand connections at once waited in the kernel's accept queue:
+    228 connections queued and the last accepted 280 ms late at 1000 WebSocket streams
+    (TTFT error p99 +150-260 ms; issue 15). asyncio's own loop accepts up to its backlog per
+    pass; this does the same on every loop, bounded."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
+                 factory: Callable[[], asyncio.Protocol]) -> None:
+        self.loop = loop
+        self.sockets = socks
+        self.factory = factory
+        self._adopting: set[asyncio.Task[Any]] = set()
+        self._retry: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def start(self) -> None:
+        for s in self.sockets:
+            self.loop.add_reader(s.fileno(), self._accept, s)
+
+    def _accept(self, lsock: socket.socket) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # the client gave up while it waited: next
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # no descriptor (or memory) for one more: the connections wait in the
+                    # kernel's queue until some close; try again shortly, not in a busy loop
+                    log.warning("cannot accept a connection: %s; retrying in %gs",
+                                exc.strerror, ACCEPT_RETRY_S)
+                    self._pause()
+                    return
+                log.exception("accept failed")
+                return
+            try:
+                conn.setblocking(False)
+                task = self.loop.create_task(self._adopt(conn))
+            except Exception:  # (the loop is closing)
+                conn.close()
+                return
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.factory, conn)
+        except Exception as exc:  # the client reset it before its transport was made
+            log.debug("dropped an accepted connection: %r", exc)
+            conn.close()
+
+    def _pause(self) -> None:
+        for s in self.sockets:
+            self.loop.remove_reader(s.fileno())
+        self._retry = self.loop.call_later(ACCEPT_RETRY_S, self._resume)
+
+    def _resume(self) -> None:
+        self._retry = None
+        if not self.closed:
+            self.start()
+
+    def close(self) -> None:
+        """Stop accepting and close the listening sockets (connections stay)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        for s in self.sockets:
+            if s.fileno() >= 0:
+                self.loop.remove_reader(s.fileno())
+            s.close()
 
 
 class Server:
@@ -43,7 +165,8 @@ class Server:
         self.config = config or Config()
         self.app = App(self.config, clock=clock, state_dir=state_dir)
         self.connections: set[HTTPProtocol] = set()
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.base_events.Server | None = None  # (a loop without add_reader)
+        self._listener: Listener | None = None
         self._sock = sock
         self._idle: asyncio.Event | None = None  # created on start (needs a loop)
         self.host = self.config.host
@@ -74,14 +197,21 @@ class Server:
         loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()
         self._idle.set()
-        kwargs: dict[str, Any] = {"backlog": 4096}
-        if self._sock is not None:
-            self._server = await loop.create_server(lambda: HTTPProtocol(self),
-                                                    sock=self._sock, **kwargs)
-        else:
-            self._server = await loop.create_server(lambda: HTTPProtocol(self),
-                                                    self.config.host, self.config.port,
-                                                    reuse_address=True, **kwargs)
+        socks = [self._sock] if self._sock is not None else listening_sockets(
+            self.config.host, self.config.port)
+        for s in socks:
+            s.listen(BACKLOG)
+            s.setblocking(False)
+        listener = Listener(loop, socks, lambda: HTTPProtocol(self))
+        try:
+            listener.start()
+            self._listener = listener
+        except NotImplementedError:  # a loop without add_reader (Windows' proactor)
+            listener.closed = True
+            for s in socks[1:]:
+                s.close()
+            self._server = await loop.create_server(lambda: HTTPProtocol(self), sock=socks[0],
+                                                    backlog=BACKLOG)
         # load the tokenizer files off the loop now; the first request waits only if needed
         if self.config.tokenizer == "auto":
             self._warming = [loop.run_in_executor(None, tokens.get_encoding, enc)
@@ -89,8 +219,7 @@ class Server:
         # the sweep is polled by one loop timer, not put on the app clock's heap: a FakeClock
         # would jump to it whenever the loop is idle, and the heap must hold stream timers only
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
-        s = self._server.sockets[0]
-        addr = s.getsockname()
+        addr = socks[0].getsockname()
         self.host, self.port = addr[0], addr[1]
         for hook in self.app.on_start:
             await hook(self.app)
@@ -150,7 +279,7 @@ class Server:
             except Exception:  # one broken connection must not stop the sweep for all
                 log.exception("connection timeout failed")
                 c.force_close()
-        if self._server is not None:
+        if self._serving:
             self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every,
                                                                   self._sweep)
 
@@ -170,12 +299,19 @@ class Server:
         if not self.connections and self._idle is not None:
             self._idle.set()
 
+    @property
+    def _serving(self) -> bool:
+        return self._listener is not None or self._server is not None
+
     async def close(self, grace: float | None = None) -> None:
         """Stop accepting; let in-flight requests finish within ``grace`` s; close the rest."""
-        if self._server is None:
+        if not self._serving:
             return
         grace = self.config.shutdown_grace_s if grace is None else grace
-        self._server.close()
+        if self._listener is not None:
+            self._listener.close()
+        if self._server is not None:
+            self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -201,12 +337,14 @@ class Server:
                 if not self.connections:
                     break
                 await asyncio.sleep(0)
-        await self._server.wait_closed() if not self.connections else None
+        if self._server is not None and not self.connections:
+            await self._server.wait_closed()
         self._server = None
+        self._listener = None
 
     async def serve_forever(self, stop: asyncio.Event | None = None) -> None:
         """Start (if needed) and serve until ``stop`` is set, then close gracefully."""
-        if self._server is None:
+        if not self._serving:
             await self.start()
         stop = stop or asyncio.Event()
         await stop.wait()

@@ -93,7 +93,9 @@ def _reuseport_socket(family: int, sockaddr: Any, listen: bool) -> socket.socket
             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         s.bind(sockaddr)
         if listen:
-            s.listen(4096)
+            from .server import BACKLOG
+
+            s.listen(BACKLOG)
             s.setblocking(False)
     except BaseException:
         s.close()
