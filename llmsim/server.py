@@ -143,6 +143,11 @@ class Listener:
         if not self.closed:
             self.start()
 
+    async def adopted(self) -> None:
+        """Wait until every connection accepted so far has its transport and protocol."""
+        while self._adopting:
+            await asyncio.gather(*self._adopting, return_exceptions=True)
+
     def close(self) -> None:
         """Stop accepting and close the listening sockets (connections stay)."""
         if self.closed:
@@ -310,6 +315,9 @@ class Server:
         grace = self.config.shutdown_grace_s if grace is None else grace
         if self._listener is not None:
             self._listener.close()
+            # connections accepted just before are being set up: let them join
+            # self.connections, so the shutdown below closes them too
+            await self._listener.adopted()
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:

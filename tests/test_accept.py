@@ -139,3 +139,24 @@ async def test_out_of_descriptors_it_pauses_then_accepts_again(monkeypatch: Any)
         for t in made:
             t.close()
     assert all(s.fileno() == -1 for s in socks)
+
+
+async def test_a_connection_accepted_as_the_server_closes_is_closed_too() -> None:
+    """Close while a just-accepted connection is still being set up: it joins the server's
+    connections before the shutdown, which closes it (it is not left open, unserved)."""
+    srv = Server(Config(port=0, quiet=True))
+    await srv.start()
+    lst = srv._listener
+    assert lst is not None
+    lsock = lst.sockets[0]
+    asyncio.get_running_loop().remove_reader(lsock.fileno())  # (accepted by hand below)
+    client = socket.create_connection(("127.0.0.1", srv.port))
+    client.settimeout(5)
+    try:
+        lst._accept(lsock)  # a pass accepted it: its transport is made on a later pass
+        assert srv.connections == set() and len(lst._adopting) == 1
+        await srv.close(grace=0)
+        assert srv.connections == set()
+        assert await asyncio.to_thread(client.recv, 1) == b""  # closed by the shutdown
+    finally:
+        client.close()
