@@ -191,8 +191,16 @@ class Pump(Timer):
         self._pre, self._post = frame
         self._fmt, self._extra, self._plain = wire
 
-    def start(self) -> None:
-        self.stream.begin(self._now())
+    def start(self, received_at: float | None = None) -> None:
+        """Begin the stream: its schedule counts from ``received_at`` (clock time), when the
+        request was read, if given and not later than now, else from now. A transport gives
+        it when nothing was waited for on purpose between the read and this start (the
+        handler never suspended), so the loop pass a request waits to be handled, and the
+        handlers of the requests read with it, do not add to its time to first token
+        (issue 15); a handler that waited (a capacity queue, a delay fault, a hook) begins
+        when it is done waiting, its wait part of what the client sees."""
+        now = self._now()
+        self.stream.begin(now if received_at is None or received_at > now else received_at)
         self._tick()
 
     def fire(self) -> None:

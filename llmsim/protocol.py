@@ -174,7 +174,7 @@ class Exchange:
     __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "headers",
                  "body", "body_len",
                  "endpoint", "counted", "framing", "status", "req", "track",
-                 "on_close")
+                 "on_close", "first_step")
 
     def __init__(self, head: h11.Request | None, rid: str, t0: float) -> None:
         self.head = head
@@ -196,6 +196,8 @@ class Exchange:
         self.req: Request | None = None  # the request whose stream is being written
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
+        # the handler is in its first step (HTTPProtocol._handle): it has not suspended
+        self.first_step = False
 
 
 class _Resume:
@@ -546,7 +548,11 @@ class HTTPProtocol(asyncio.Protocol):
         tr = self.transport
         if not self._serving(ex) or tr is None or tr.is_closing():
             return  # (the connection went meanwhile: connection_lost releases the request)
-        task = start_handler(self._run(req, ex), lambda: self._serving(ex))
+        ex.first_step = True
+        try:
+            task = start_handler(self._run(req, ex), lambda: self._serving(ex))
+        finally:
+            ex.first_step = False
         if task is not None:
             self._task = task
 
@@ -700,7 +706,8 @@ class HTTPProtocol(asyncio.Protocol):
             self.write_events([dialect.sse_error(server_error(), stream.claim())])
             self._stream_done("error")
             return
-        self._pump.start()  # never raises: the pump ends its own failures (flow.Pump)
+        # (a handler that has not suspended: the schedule counts from the read, Pump.start)
+        self._pump.start(req.received_at if ex.first_step else None)  # never raises
 
     def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
              length: int = -1, end: bool = False) -> bool:

@@ -230,7 +230,7 @@ class Job:
     """One response running on a lane: the dispatch task, then its pump."""
 
     __slots__ = ("lane", "req", "prev_id", "task", "pump", "res", "done", "streaming",
-                 "endpoint", "track", "answered")
+                 "endpoint", "track", "answered", "first_step")
 
     def __init__(self, lane: str | None, req: Request, prev_id: str | None) -> None:
         self.lane = lane  # the stream_id (None: the default lane)
@@ -244,6 +244,7 @@ class Job:
         self.endpoint = "responses"
         self.track: Any = None  # the stats StreamTrack while streaming
         self.answered = False  # counted in stats (stream started or error sent)
+        self.first_step = False  # its handler runs its first step (it has not suspended)
 
     def running(self) -> bool:
         """Not ended (its handler is still wanted)."""
@@ -617,7 +618,11 @@ class WebSocketSession:
 
     def _start_job(self, job: Job) -> None:
         if not job.done:  # (not cancelled meanwhile: _cancel_all ends a job with no task)
-            job.task = start_handler(self._run(job), job.running)
+            job.first_step = True
+            try:
+                job.task = start_handler(self._run(job), job.running)
+            finally:
+                job.first_step = False
 
     async def _run(self, job: Job) -> None:
         app = self.app
@@ -729,7 +734,9 @@ class WebSocketSession:
         job.pump = Pump(res.stream, self.app.clock, enc, self.wire,
                         lambda reason: self._pump_done(job, reason), job.track.observe,
                         error_frame)
-        job.pump.start()  # never raises: the pump ends its own failures (flow.Pump)
+        # (a handler that has not suspended: the schedule counts from the create's arrival,
+        # Pump.start)
+        job.pump.start(job.req.received_at if job.first_step else None)  # never raises
 
     def _pump_done(self, job: Job, reason: str) -> None:
         self._close_stream(job, reason)
