@@ -103,8 +103,6 @@ def _ws_frame(etype: str | None) -> tuple[bytes, bytes]:
 ws_text.bytes_frame = _ws_frame  # type: ignore[attr-defined]
 
 
-
-
 def chunk(payload: bytes) -> bytes:
     """One HTTP/1.1 chunked-transfer chunk (written by hand after h11 sent the head)."""
     return CHUNK % (len(payload), payload)

@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import h11
@@ -196,8 +196,7 @@ class Exchange:
         self.req: Request | None = None  # the request whose stream is being written
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
-        # the handler is in its first step (HTTPProtocol._handle): it has not suspended
-        self.first_step = False
+        self.first_step = False  # its handler runs its first step (start_handler)
 
 
 class _Resume:
@@ -247,17 +246,29 @@ class _Resume:
 Coroutine.register(_Resume)  # (what asyncio.iscoroutine checks: a Task may run it)
 
 
-def start_handler(coro: Coroutine[Any, Any, None],
-                  wanted: Callable[[], bool]) -> asyncio.Task[None] | None:
+class Stepped(Protocol):
+    """What a handler runs for (an HTTP :class:`Exchange`, a WebSocket job): ``first_step``
+    is True while the handler runs its first step, i.e. has not suspended."""
+
+    first_step: bool
+
+
+def start_handler(coro: Coroutine[Any, Any, None], wanted: Callable[[], bool],
+                  owner: Stepped) -> asyncio.Task[None] | None:
     """Run a handler coroutine's first step now, outside a Task: most answers (instant
     latency, no waiting hook, a stream handed to its pump) complete without suspending and
     need no Task. One that suspends continues in a Task (:class:`_Resume`), returned, if
     ``wanted()`` still holds; else it is closed. Both transports start every handler so, on
-    the loop pass after the one that read its request (:meth:`HTTPProtocol._handle`)."""
+    the loop pass after the one that read its request (:meth:`HTTPProtocol._handle`).
+    ``owner.first_step`` is True during the first step: a stream started then counts from
+    its request's read (flow.Pump.start), one started after a wait from its start."""
+    owner.first_step = True
     try:
         awaited = coro.send(None)
     except StopIteration:
         return None
+    finally:
+        owner.first_step = False
     if wanted():
         return asyncio.get_running_loop().create_task(_Resume(coro, awaited))
     coro.close()
@@ -548,11 +559,7 @@ class HTTPProtocol(asyncio.Protocol):
         tr = self.transport
         if not self._serving(ex) or tr is None or tr.is_closing():
             return  # (the connection went meanwhile: connection_lost releases the request)
-        ex.first_step = True
-        try:
-            task = start_handler(self._run(req, ex), lambda: self._serving(ex))
-        finally:
-            ex.first_step = False
+        task = start_handler(self._run(req, ex), lambda: self._serving(ex), ex)
         if task is not None:
             self._task = task
 
@@ -782,17 +789,10 @@ class HTTPProtocol(asyncio.Protocol):
         return framing is not _NOBODY
 
     # Sink interface for the pump of a stream whose body is not chunked (an HTTP/1.0
-    # client's: the body ends with the connection); a chunked stream's pump writes through
-    # the connection's HTTPWire
+    # client's: the body ends with the connection), framed by _out; a chunked stream's
+    # pump writes through the connection's HTTPWire
     def write_events(self, frames: list[bytes]) -> None:
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        ex = self.exchange
-        if ex is not None and ex.framing is _CHUNKED and self.phase is _STREAMING:
-            # the hot path (one call per event): a chunk of the body whose framing _out
-            # decided with the head, written as _out's body branch writes it
-            self.transport.write(_CHUNK % (len(data), data))  # type: ignore[union-attr]
-        else:
-            self._out(data)
+        self._out(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def abort(self) -> None:
         if self.transport is not None:

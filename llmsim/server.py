@@ -43,31 +43,45 @@ __all__ = ["Server", "ServerThread"]
 log = logging.getLogger("llmsim")
 
 
+def bound_socket(family: int, sockaddr: Any, *, reuse_port: bool = False,
+                 listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``sockaddr`` as ``loop.create_server`` binds one
+    (``SO_REUSEADDR``, an IPv6 socket IPv6-only; ``SO_REUSEPORT`` for the workers), and
+    with ``listen`` listening and non-blocking. Every server socket is made here."""
+    s = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(sockaddr)
+        if listen:
+            s.listen(BACKLOG)
+            s.setblocking(False)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 def listening_sockets(host: str, port: int) -> list[socket.socket]:
     """Bound, listening, non-blocking sockets for ``host:port``, one per address the name
-    resolves to (as ``loop.create_server`` binds them: ``SO_REUSEADDR``, IPv6 sockets
-    IPv6-only)."""
+    resolves to (as ``loop.create_server`` binds them)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     seen: set[tuple[int, Any]] = set()
     try:
-        for family, type_, proto, _, sockaddr in infos:
+        for family, _, _, _, sockaddr in infos:
             if (family, sockaddr) in seen:
                 continue
             seen.add((family, sockaddr))
-            s = socket.socket(family, type_, proto)
-            socks.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
-                s.bind(sockaddr)
+                socks.append(bound_socket(family, sockaddr))
             except OSError as exc:
                 raise OSError(exc.errno, f"error while attempting to bind on address "
                                          f"{sockaddr!r}: {exc.strerror}") from None
-            s.listen(BACKLOG)
-            s.setblocking(False)
     except BaseException:
         for s in socks:
             s.close()
@@ -202,11 +216,12 @@ class Server:
         loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()
         self._idle.set()
-        socks = [self._sock] if self._sock is not None else listening_sockets(
-            self.config.host, self.config.port)
-        for s in socks:
-            s.listen(BACKLOG)
-            s.setblocking(False)
+        if self._sock is not None:  # (given: listening may not have been asked of it)
+            self._sock.listen(BACKLOG)
+            self._sock.setblocking(False)
+            socks = [self._sock]
+        else:
+            socks = listening_sockets(self.config.host, self.config.port)
         listener = Listener(loop, socks, lambda: HTTPProtocol(self))
         try:
             listener.start()

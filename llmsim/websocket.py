@@ -244,7 +244,7 @@ class Job:
         self.endpoint = "responses"
         self.track: Any = None  # the stats StreamTrack while streaming
         self.answered = False  # counted in stats (stream started or error sent)
-        self.first_step = False  # its handler runs its first step (it has not suspended)
+        self.first_step = False  # its handler runs its first step (start_handler)
 
     def running(self) -> bool:
         """Not ended (its handler is still wanted)."""
@@ -618,11 +618,7 @@ class WebSocketSession:
 
     def _start_job(self, job: Job) -> None:
         if not job.done:  # (not cancelled meanwhile: _cancel_all ends a job with no task)
-            job.first_step = True
-            try:
-                job.task = start_handler(self._run(job), job.running)
-            finally:
-                job.first_step = False
+            job.task = start_handler(self._run(job), job.running, job)
 
     async def _run(self, job: Job) -> None:
         app = self.app

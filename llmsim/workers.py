@@ -85,22 +85,9 @@ def _addr(host: str, port: int) -> tuple[int, Any]:
 
 
 def _reuseport_socket(family: int, sockaddr: Any, listen: bool) -> socket.socket:
-    s = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        s.bind(sockaddr)
-        if listen:
-            from .server import BACKLOG
+    from .server import bound_socket  # (not at import: the server module loads the app)
 
-            s.listen(BACKLOG)
-            s.setblocking(False)
-    except BaseException:
-        s.close()
-        raise
-    return s
+    return bound_socket(family, sockaddr, reuse_port=True, listen=listen)
 
 
 # ------------------------------------------------------------------------------------------
