@@ -281,7 +281,7 @@ class HTTPProtocol(asyncio.Protocol):
     # slots, not a __dict__: a connection's state in one object (its hot fields, ``phase``
     # and ``transport``, read on every streamed event), and less memory per idle connection
     __slots__ = ("server", "app", "cfg", "conn", "transport", "peer", "phase", "exchange",
-                 "paused", "upgraded", "_buffered", "_deadline", "_heads", "_pump",
+                 "upgraded", "_buffered", "_deadline", "_heads", "_pump",
                  "_reading_paused", "_shutdown", "_stall_deadline", "_task", "_timer_kind",
                  "wire", "__weakref__")
 
@@ -293,9 +293,9 @@ class HTTPProtocol(asyncio.Protocol):
         self.conn = self._new_conn()
         self.phase = _IDLE
         self.exchange: Exchange | None = None  # the request in flight (None between them)
-        self.paused = False  # write side (backpressure from the client)
         # what a chunked stream's pump writes through: open while its body is on the wire
-        # (from the head to the stream's end), paused with the transport
+        # (from the head to the stream's end); its ``paused`` is the connection's write-side
+        # backpressure (:attr:`paused`)
         self.wire = HTTPWire(None)
         self._reading_paused = False  # mirrors transport.pause_reading()
         self._shutdown = False  # graceful shutdown: no request after the one in flight
@@ -384,8 +384,15 @@ class HTTPProtocol(asyncio.Protocol):
         # keep our write side open while a response is still being produced
         return self._busy
 
+    @property
+    def paused(self) -> bool:
+        """The write side is paused (backpressure from the client): the transport's buffer
+        is above its high-water mark. Kept by the connection's wire, which a chunked
+        stream's pump reads (flow.Sink)."""
+        return self.wire.paused
+
     def pause_writing(self) -> None:
-        self.paused = self.wire.paused = True
+        self.wire.paused = True
         if self.upgraded is not None:
             self.upgraded.wire.paused = True
         stall = self.cfg.write_stall_timeout_s
@@ -393,7 +400,7 @@ class HTTPProtocol(asyncio.Protocol):
             self._stall_deadline = self.server.loop_time() + stall
 
     def resume_writing(self) -> None:
-        self.paused = self.wire.paused = False
+        self.wire.paused = False
         self._stall_deadline = _INF
         if self.upgraded is not None:
             self.upgraded.wire.paused = False

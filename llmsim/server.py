@@ -27,8 +27,8 @@ from .protocol import HTTPProtocol
 from .sim import tokens
 
 # The collector's young-generation threshold a serving process runs with (``Server.settle``;
-# CPython's default is 700). Measured at 1000 streams (issue 15, RESULTS.md): 0.19-0.28 µs of
-# collection per event at 700, 0.08 at 5000, with no longer pauses (see settle).
+# CPython's default is 700). Measured at 1000 streams (issue 15, RESULTS.md): 0.20-0.28 µs of
+# collection per event at 700, 0.015-0.05 at 5000, with no longer pauses (see settle).
 GC_YOUNG_THRESHOLD = 5000
 
 BACKLOG = 4096  # pending connections the kernel holds for each listening socket

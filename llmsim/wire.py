@@ -79,7 +79,6 @@ class Wire:
             self.transport.abort()
 
 
-
 class HTTPWire(Wire):
     """The chunks of a streamed HTTP/1.1 response body. The protocol sets :attr:`open`
     when a stream's chunked head is out and clears it when the stream ends, whatever ended
