@@ -10,12 +10,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, RealClock
-from .config import Config
+from .config import Config, ConfigError
 from .errors import APIError, E, missing, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse, error_result
 from .routing import Route, Router
+from .sim import lengths, tokens
 from .sim import schema as sch
-from .sim import tokens
+from .sim.cache import PromptCache
 from .sim.decide import Ask, Decision, decide
 from .sim.faults import fault_error
 from .sim.latency import Latency
@@ -80,6 +81,18 @@ class App:
                                  first=self.config.default_model,
                                  served=self.config.served_model_name)
         self.script = Script(load_script(self.config.script) if self.config.script else None)
+        source, trace = lengths.parse_source(self.config.max_tokens_mode)
+        if trace is not None:  # read (and checked) once, at start-up
+            try:
+                lengths.load_trace(trace)
+            except lengths.TraceError as e:
+                raise ConfigError(f"max_tokens_mode: {e}") from None
+        elif self.config.max_tokens_mode == "cap":
+            log.warning("--max-tokens-mode cap is retired: lengths are 'natural' (an answer "
+                        "longer than max_tokens is cut there, finish_reason 'length')")
+        self.length_source = source
+        # the simulated prompt cache (sim.cache): prefixes' digests, bounded in bytes
+        self.prompt_cache = PromptCache(self.config.prompt_cache_bytes)
         self.router = Router()
         self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
         # validated request bodies by their bytes, one memo per API family that keeps them

@@ -62,8 +62,23 @@ class ModelSpec(_Checked):
     itl_ms: float | None = None
     itl_jitter: float | None = None
     reasoning_itl_ms: float | None = None
+    prefill_ms_per_1k: float | None = None
+    cached_prefill_ms_per_1k: float | None = None
+    cache_min_tokens: int | None = None
+    verbosity: float | None = None
     encoding: str | None = None
     created: int | None = None
+
+    def validate(self) -> None:
+        for name in ("ttft_ms", "itl_ms", "reasoning_itl_ms", "prefill_ms_per_1k",
+                     "cached_prefill_ms_per_1k", "ttft_jitter", "itl_jitter"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= 1e7:
+                raise ConfigError(f"models.{name}: must be between 0 and 1e7")
+        if self.cache_min_tokens is not None and not 0 <= self.cache_min_tokens <= 1 << 30:
+            raise ConfigError("models.cache_min_tokens: must be between 0 and 2^30")
+        if self.verbosity is not None and not 0.01 <= self.verbosity <= 100:
+            raise ConfigError("models.verbosity: must be between 0.01 and 100")
 
 
 @dataclass(frozen=True)
@@ -379,21 +394,28 @@ class Config(_Checked):
         choices=("lorem", "echo", "fixed", "sequence"))
     fixed_text: str = opt("Hello! This is a simulated response from llmsim.",
                           "The text used by --text fixed.", metavar="TEXT")
-    output_tokens_mean: float = opt(150.0, "Mean completion length in tokens when the request "
-                                    "sets no limit (log-normal distribution).", metavar="N")
-    output_tokens_sigma: float = opt(0.5, "Log-normal sigma of the completion length "
+    output_tokens_mean: float | None = opt(
+        None, "Replace the prompt-aware length model by one log-normal with this mean (tokens) "
+        "for every request, whatever it asks (unset: lengths follow what is asked, see "
+        "--max-tokens-mode natural).", metavar="N")
+    output_tokens_sigma: float = opt(0.5, "Log-normal sigma of --output-tokens-mean "
                                      "(0 = always the mean).", metavar="S")
-    output_tokens_min: int = opt(1, "Smallest drawn completion length.", metavar="N")
-    output_tokens_max: int = opt(2048, "Largest drawn completion length (a request's own "
-                                 "max_tokens always wins).", metavar="N")
-    max_tokens_mode: Literal["exact", "cap"] = opt(
-        "cap", "How a request's max_tokens is used by generated text (lorem, sequence): 'cap' "
-        "(default) answers with a natural length, as a real model stops on its own well "
-        "before a generous limit (mean at most a third of the limit, under 1 percent of answers "
-        "reach it and finish 'length'); 'exact' always produces exactly max_tokens tokens "
-        "(finish_reason 'length': fixed-length benchmarks; per request, vLLM's ignore_eos "
-        "does the same).",
-        choices=("exact", "cap"))
+    output_tokens_min: int = opt(1, "Shortest natural answer (tokens).", metavar="N")
+    output_tokens_max: int = opt(4096, "Longest natural answer (tokens); a request's own "
+                                 "max_tokens always wins.", metavar="N")
+    max_tokens_mode: str = opt(
+        "natural", "Where answer lengths come from. 'natural' (default): from what the request "
+        "asks (a greeting is short, a 1000-word essay long, a plain chat turn follows the "
+        "Azure 2023 conversation trace), cut at exactly max_tokens with finish_reason 'length' "
+        "when longer, as a real model is. 'exact': every answer fills its max_tokens "
+        "(fixed-length benchmarks; per request: ignore_eos). 'trace:FILE': lengths drawn "
+        "from a CSV with ContextTokens,GeneratedTokens columns (the Azure trace format), "
+        "from the rows of the nearest input size. ('cap', the retired mode, reads as "
+        "'natural'.)", metavar="MODE")
+    prompt_cache_bytes: int = opt(
+        64 * 1024 * 1024, "Memory for the simulated prompt cache (digests of prompt prefixes, "
+        "never their text; least recently used dropped first; 0 = no prompt caching).",
+        metavar="BYTES")
     tokenizer: Literal["auto", "estimate"] = opt(
         "auto", "Token counting: 'auto' is exact when the optional tiktoken extra is installed "
         "(its files load in ~0.4 s at start-up, the first request waits for them); 'estimate' "
@@ -695,8 +717,19 @@ def _check(cfg: Config) -> None:
         raise ConfigError("tool_call_probability: must be between 0 and 1")
     if cfg.output_tokens_min < 1 or cfg.output_tokens_max < cfg.output_tokens_min:
         raise ConfigError("output_tokens_min/max: need 1 <= min <= max")
-    if cfg.output_tokens_mean <= 0 or cfg.output_tokens_sigma < 0:
-        raise ConfigError("output_tokens_mean must be > 0 and output_tokens_sigma >= 0")
+    if cfg.output_tokens_mean is not None and not 0 < cfg.output_tokens_mean <= 1e6 \
+            or not 0 <= cfg.output_tokens_sigma <= 10:
+        raise ConfigError("output_tokens_mean must be > 0 (at most 1e6) and output_tokens_sigma "
+                          "between 0 and 10")
+    if cfg.output_tokens_max > 1 << 20:
+        raise ConfigError("output_tokens_max: at most 1048576")
+    mode = cfg.max_tokens_mode
+    if mode not in ("natural", "exact", "cap") and not (
+            mode.startswith("trace:") and len(mode) > len("trace:")):
+        raise ConfigError(f"max_tokens_mode: {mode!r} is not 'natural', 'exact' or "
+                          "'trace:FILE'")
+    if not 0 <= cfg.prompt_cache_bytes <= 1 << 40:
+        raise ConfigError("prompt_cache_bytes: must be between 0 and 2^40")
     if cfg.write_stall_timeout_s < 0:
         raise ConfigError("write_stall_timeout_s: must be >= 0")
     for name in ("max_body_bytes", "max_header_bytes", "max_pipelined", "max_input_items"):

@@ -436,6 +436,11 @@ class E:
                                            "#max-tokens-and-context-window-size")
     anthropic_prompt_too_long = Entry(400, "invalid_value", "prompt is too long: {prompt} "
                                       "tokens > {max} maximum")
+    anthropic_too_many_breakpoints = Entry(400, "invalid_value", "A maximum of 4 blocks with "
+                                           "cache_control may be provided. Found {found}.")
+    anthropic_ttl_order = Entry(400, "invalid_value", "{param}: a ttl='1h' cache_control block "
+                                "must not come after a ttl='5m' cache_control block (longer "
+                                "lifetimes first, in the order tools, system, messages)")
 
     # --- rate limits, faults and overload -----------------------------------------------------
     rate_limited = Entry(429, "rate_limit_exceeded", "Rate limit reached for {model} in "

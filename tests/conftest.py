@@ -12,7 +12,7 @@ from llmsim import Config, ServerThread
 
 def cfg(**kw: Any) -> Config:
     # max_tokens_mode "exact": most tests count tokens against the limit they set (the
-    # product default "cap" answers with natural lengths: tested in test_natural_lengths.py)
+    # product default "natural" reads the length from what is asked: test_realism.py)
     base: dict[str, Any] = {"port": 0, "latency": "instant", "seed": 1234, "quiet": True,
                             "max_tokens_mode": "exact"}
     base.update(kw)

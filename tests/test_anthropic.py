@@ -24,7 +24,7 @@ TOOLS = [{"name": "get_weather", "description": "Current weather for a city",
 def ant(make_server: Any) -> Any:
     """The SDK on a server with the product defaults (natural lengths); raw wire checks use
     the shared ``srv`` (exact lengths)."""
-    srv = make_server(max_tokens_mode="cap")
+    srv = make_server(max_tokens_mode="natural")
     with anthropic.Anthropic(base_url=srv.url + "/anthropic", api_key="sk-ant-x",
                              max_retries=0) as c:
         yield c

@@ -31,7 +31,7 @@ def test_record_then_replay(make_server: Any, tmp_path: Path) -> None:
     a = c.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=8)
     chunks = list(c.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=6,
                                             stream=True))
-    with c.responses.stream(model="gpt-4o", input="hi", max_output_tokens=16) as s:
+    with c.responses.stream(model="gpt-4o", input="hi", max_output_tokens=64) as s:
         r = s.get_final_response()
     files = sorted(tmp_path.glob("*.json"))
     assert len(files) == 3
@@ -50,7 +50,7 @@ def test_record_then_replay(make_server: Any, tmp_path: Path) -> None:
     again = list(p.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=6,
                                            stream=True))
     assert [x.model_dump() for x in again] == [x.model_dump() for x in chunks]
-    with p.responses.stream(model="gpt-4o", input="hi", max_output_tokens=16) as s:
+    with p.responses.stream(model="gpt-4o", input="hi", max_output_tokens=64) as s:
         assert s.get_final_response().model_dump() == r.model_dump()
 
 

@@ -335,7 +335,7 @@ def test_shipped_config_is_accepted_by_llmsim(tmp_path: Path, redis: bool) -> No
     env = _env(objs)
     env["LLMSIM_CONFIG"] = str(f)
     cfg = load_config(env=env)  # unknown LLMSIM_* variables or keys would raise
-    assert cfg.port == 8080 and cfg.max_tokens_mode == "cap"
+    assert cfg.port == 8080 and cfg.max_tokens_mode == "natural"
     assert cfg.state == ("redis://llmsim-redis:6379/0" if redis else None)
 
 

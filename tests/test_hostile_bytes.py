@@ -210,7 +210,8 @@ async def test_store_flood_memory_under_budget(shape: str) -> None:
     by at most the budget + 1 MiB, and the accounted size is not below what is really held
     (the estimate is honest) nor wildly above it."""
     budget = 2 * MIB
-    app = App(Config(latency="instant", quiet=True, seed=3,
+    # (the prompt cache has a budget of its own, flooded in test_realism.py)
+    app = App(Config(latency="instant", quiet=True, seed=3, prompt_cache_bytes=0,
                      responses=ResponsesConfig(store_max_bytes=budget)))
 
     def body(i: int) -> dict[str, Any]:

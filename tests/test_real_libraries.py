@@ -31,9 +31,9 @@ class Joke(BaseModel):
 
 @pytest.fixture
 def srv(make_server: Any) -> Any:
-    """The product defaults (natural lengths: ``--max-tokens-mode cap``), unlike the shared
+    """The product defaults (natural lengths: ``--max-tokens-mode natural``), unlike the shared
     fixture that pins exact lengths for token-counting tests."""
-    return make_server(max_tokens_mode="cap")
+    return make_server(max_tokens_mode="natural")
 
 
 @pytest.fixture

@@ -36,7 +36,13 @@ async def stats(req: Request, app: App) -> JSONResponse:
     raw = await collect(app)
     if req.query_one("raw") in ("1", "true"):
         return JSONResponse(raw)
-    return JSONResponse(render(raw))
+    out = render(raw)
+    # this process's settings and store (the counters above add up every worker's)
+    src = app.length_source
+    out["length_source"] = app.config.max_tokens_mode if src != "natural" else \
+        "natural" if app.config.output_tokens_mean is None else "lognormal"
+    out["prompt_cache"]["store"] = app.prompt_cache.snapshot()
+    return JSONResponse(out)
 
 
 async def reset(req: Request, app: App) -> JSONResponse:

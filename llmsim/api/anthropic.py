@@ -31,11 +31,13 @@ from ..dialect import Dialect
 from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, StreamResponse
 from ..sim import schema as sch
+from ..sim.cache import NO_USE
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
 from ..sim.described import json_hint
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_rng
 from ..stream import EventStream, TokenRun
+from .caching import anthropic_cached, anthropic_marks
 from .validate import V, check_request_work, deliver_after, paced
 
 if TYPE_CHECKING:
@@ -52,7 +54,10 @@ _BLOCK_TAGS = ", ".join(f"'{t}'" for t in BLOCKS)  # pydantic's list: no "and"
 KNOWN_FIELDS = frozenset((
     "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
     "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier",
-    "container", "mcp_servers", "context_management"))
+    "container", "mcp_servers", "context_management",
+    # llmsim's extension (not Anthropic's): answer exactly max_tokens tokens, as vLLM's
+    # ignore_eos does on the OpenAI paths (benchmark harnesses)
+    "ignore_eos"))
 FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
           "content_filter": "refusal"}
 
@@ -197,9 +202,22 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
     if not messages and not count_only:
         raise E.anthropic_no_messages.at("messages")
     chat_like: list[dict[str, Any]] = []
+    # the prompt as the cache reads it (tools, system, messages: one entry a block) and the
+    # blocks marked with cache_control (caching.anthropic_marks)
+    cache_blocks: list[object] = []
+    marks: list[tuple[int, float]] = []
+    raw_tools = body.get("tools")
+    if isinstance(raw_tools, list):
+        for i, t in enumerate(raw_tools[:app.config.max_input_items]):
+            if isinstance(t, dict):
+                anthropic_marks(t, f"tools.{i}", marks, len(cache_blocks))
+                cache_blocks.append(_unmarked(t))
     system = body.get("system")
     if system is not None:
         sys_blocks = _blocks(system, "system")
+        for j, b in enumerate(sys_blocks):
+            anthropic_marks(b, f"system.{j}", marks, len(cache_blocks))
+            cache_blocks.append(("system", _unmarked(b)))
         chat_like.append({"role": "system",
                           "content": "\n".join(_block_text(b) for b in sys_blocks)})
     last_user = ""
@@ -208,6 +226,9 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise E.anthropic_not_role.at(f"messages.{i}.role")
         blocks = _blocks(m.get("content"), f"messages.{i}.content")
+        for j, b in enumerate(blocks):
+            anthropic_marks(b, f"messages.{i}.content.{j}", marks, len(cache_blocks))
+            cache_blocks.append((m["role"], _unmarked(b)))
         text = "\n".join(_block_text(b) for b in blocks)
         chat_like.append({"role": m["role"], "content": text})
         if m["role"] == "user":
@@ -252,13 +273,17 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
         for t in tools] or None, profile.encoding, cap=cw - (limit or 0)))
     if prompt + (limit or 0) > cw:
         raise E.anthropic_prompt_too_long.at("messages", prompt=prompt, max=cw - (limit or 0))
-    ask = Ask(profile, prompt, user_text=lambda: last_user,
+    ignore_eos = bool(v.bool("ignore_eos", False))
+    use = anthropic_cached(app, profile, cache_blocks, marks, prompt) if marks and \
+        not count_only else NO_USE
+    ask = Ask(profile, prompt, use.read, user_text=lambda: last_user,
               prompt_texts=lambda: [m["content"] for m in chat_like if m["role"] != "assistant"],
               json_hint=json_hint(req.body), after_tool_result=after_tool,
               tools=tuple(tools), tool_choice=choice, parallel_tool_calls=parallel,
               output=TEXT, limit=limit, stops=tuple(stops), effort=effort,
               summary="detailed" if effort is not None else None,
-              encrypted=effort is not None)
+              encrypted=effort is not None, ignore_eos=ignore_eos, cache_write=use.written,
+              cache_write_1h=use.written_1h)
     if not count_only:
         check_request_work(1, limit or 1, 0, param="max_tokens")
     return ask, {"model": model, "stream": bool(v.bool("stream", False)),
@@ -269,10 +294,23 @@ async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bo
 # Rendering
 # ------------------------------------------------------------------------------------------
 
+def _unmarked(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as the cache reads it: where its breakpoint sits does not change its prefix."""
+    if "cache_control" not in block:
+        return block
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
 def _usage(d: Decision) -> dict[str, Any]:
+    """Anthropic's usage: ``input_tokens`` is the uncached rest of the prompt, besides the
+    tokens read from the cache and those written to it (by TTL in ``cache_creation``)."""
     u = d.usage
-    return {"input_tokens": u.prompt_tokens, "output_tokens": u.output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+    written = u.cache_write_tokens
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens - written,
+            "output_tokens": u.output_tokens,
+            "cache_creation_input_tokens": written, "cache_read_input_tokens": u.cached_tokens,
+            "cache_creation": {"ephemeral_5m_input_tokens": written - u.cache_write_1h,
+                               "ephemeral_1h_input_tokens": u.cache_write_1h},
             "service_tier": "standard"}
 
 
@@ -318,6 +356,7 @@ def _plan(mid: str, model: str, d: Decision) -> Iterator[tuple[float, str, Any]]
                                    "message": _message(mid, model, d, done=False)}
     idx = 0
     first = True
+    due = True  # the first delta is due with message_start, at the TTFT (as chat's first token)
     for block in final["content"]:
         t = block["type"]
         start: dict[str, Any]
@@ -337,9 +376,10 @@ def _plan(mid: str, model: str, d: Decision) -> Iterator[tuple[float, str, Any]]
             assert r is not None
             for part in r.summary:
                 for piece in part:
-                    yield next(gaps, 0.0), "content_block_delta", {
+                    yield 0.0 if due else next(gaps, 0.0), "content_block_delta", {
                         "type": "content_block_delta", "index": idx,
                         "delta": {"type": "thinking_delta", "thinking": piece}}
+                    due = False
             yield 0.0, "content_block_delta", {
                 "type": "content_block_delta", "index": idx,
                 "delta": {"type": "signature_delta", "signature": block["signature"]}}
@@ -347,21 +387,28 @@ def _plan(mid: str, model: str, d: Decision) -> Iterator[tuple[float, str, Any]]
             pre = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta",' \
                   b'"text":' % idx
             if c.pieces:  # the deltas as one run (stream.TokenRun), each a gap after the last
-                yield next(gaps, 0.0), "content_block_delta", TokenRun(c.pieces, gaps, pre,
-                                                                       b"}}")
+                yield 0.0 if due else next(gaps, 0.0), "content_block_delta", TokenRun(
+                    c.pieces, gaps, pre, b"}}")
+                due = False
         else:
             call = c.calls[idx - len(final["content"]) + len(c.calls)]
             for piece in call.pieces:
-                yield next(gaps, 0.0), "content_block_delta", {
+                yield 0.0 if due else next(gaps, 0.0), "content_block_delta", {
                     "type": "content_block_delta", "index": idx,
                     "delta": {"type": "input_json_delta", "partial_json": piece}}
+                due = False
         yield 0.0, "content_block_stop", {"type": "content_block_stop", "index": idx}
         idx += 1
     yield 0.0, "message_delta", {"type": "message_delta",
                                  "delta": {"stop_reason": final["stop_reason"],
                                            "stop_sequence": final["stop_sequence"]},
-                                 "usage": {"output_tokens": d.usage.output_tokens}}
+                                 "usage": {k: v for k, v in final["usage"].items()
+                                           if k in _DELTA_USAGE}}
     yield 0.0, "message_stop", {"type": "message_stop"}
+
+
+_DELTA_USAGE = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                "cache_read_input_tokens")
 
 
 def _steps(d: Decision) -> int:

@@ -14,7 +14,7 @@ SDK models it; streamed, its deltas carry ``custom`` pieces (see :func:`_choice_
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -44,6 +44,7 @@ from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..sim.rng import new_id, request_seed, rng_of
 from ..stream import EventStream, TokenRun
+from .caching import check_retention, openai_cached, openai_segments
 from .validate import (
     FUNCTION_NAME,
     BodyMemo,
@@ -721,11 +722,18 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     hit = memo.get(body, app.config)
     if hit is None:
         cr = await parse(req, app)
+        retention = check_retention(cr.body)
         a = ask(cr, json_hint(body))
         seed = request_seed(app.config.seed, "/v1/chat/completions", cr.body)
-        memo.put(body, app.config, (cr, a, seed))
+        seg = openai_segments(app, cr.profile, cr.body, lambda: _cache_blocks(cr),
+                              cr.prompt_tokens)
+        memo.put(body, app.config, (cr, a, seed, seg, retention))
     else:
-        cr, a, seed = hit
+        cr, a, seed, seg, retention = hit
+    if seg is not None:  # (a prompt of 1,024+ tokens: the prompt cache may hold its prefix)
+        cached = openai_cached(app, seg, cr.prompt_tokens, retention)
+        if cached:
+            a = replace(a, cached_tokens=cached)
     rng = rng_of(seed)
     lat = app.latency(cr.profile)
     decision = app.answer_now(a, rng, lat) or \
@@ -742,6 +750,12 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
 
 
 MEMO = "chat.completions"  # this family's validated-body memo in App.memos
+
+
+def _cache_blocks(cr: ChatRequest) -> list[object]:
+    """The prompt in the order the model reads it, for the prompt cache: tools, then
+    each message."""
+    return [cr.tools, *cr.messages] if cr.tools else list(cr.messages)
 
 
 def register(app: App) -> None:

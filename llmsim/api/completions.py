@@ -38,10 +38,12 @@ from ..errors import APIError, E, missing
 from ..messages import JSONResponse, Request, StreamResponse
 from ..sim import text as txt
 from ..sim import tokens as tok
+from ..sim.cache import OPENAI_MIN_TOKENS
 from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
 from ..sim.rng import new_id, request_rng
 from ..stream import EventStream, TokenRun
+from .caching import check_retention, openai_cached, openai_segments
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
 from .validate import V, check_request_work, deliver_after, got, paced, stream_flags
 
@@ -238,7 +240,23 @@ def ask(cr: CompletionRequest) -> Ask:
     return Ask(cr.profile, cr.prompt_tokens, user_text=lambda: last, output=TEXT,
                limit=cr.limit, min_tokens=cr.min_tokens, ignore_eos=cr.ignore_eos,
                stops=cr.stops, n=cr.n * len(cr.prompts), logprobs=cr.logprobs is not None,
-               top_logprobs=cr.logprobs or 0)
+               top_logprobs=cr.logprobs or 0, completion=True)
+
+
+def cached_tokens(cr: CompletionRequest, app: App, retention: str | None) -> int:
+    """Prompt tokens read from the prompt cache (OpenAI's automatic rule), each prompt of
+    the batch its own prefix."""
+    raw = cr.body.get("prompt")
+    prompts: list[Any] = [raw] if isinstance(raw, str) or (
+        isinstance(raw, list) and raw and type(raw[0]) is int) else list(raw or ())
+    if len(prompts) != len(cr.prompt_counts):
+        return 0
+    total = 0
+    for p, count in zip(prompts, cr.prompt_counts, strict=True):
+        one: list[object] = [p]
+        seg = openai_segments(app, cr.profile, cr.body, one.copy, count)
+        total += openai_cached(app, seg, count, retention)
+    return total
 
 
 # ------------------------------------------------------------------------------------------
@@ -289,8 +307,11 @@ def completion_json(cr: CompletionRequest, decision: Decision, cid: str,
 
 def _usage(decision: Decision) -> dict[str, Any]:
     u = decision.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.output_tokens,
-            "total_tokens": u.total_tokens}
+    out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens,
+                           "completion_tokens": u.output_tokens, "total_tokens": u.total_tokens}
+    if u.cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens, "audio_tokens": 0}
+    return out
 
 
 def _steps(decision: Decision) -> int:
@@ -366,7 +387,11 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
 async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
     cr = await parse(req, app)
     rng = request_rng(app.config.seed, "/v1/completions", cr.body)
-    decision = await app.answer(req, "completions", ask(cr), rng, app.latency(cr.profile))
+    a = ask(cr)
+    retention = check_retention(cr.body)
+    if cr.prompt_tokens >= OPENAI_MIN_TOKENS:
+        a.cached_tokens = cached_tokens(cr, app, retention)
+    decision = await app.answer(req, "completions", a, rng, app.latency(cr.profile))
     cid, created = new_id("cmpl-"), int(app.clock.time())
     if cr.stream:
         stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,

@@ -10,8 +10,9 @@ the same RNG state give the same answer in every dialect.
 Order of decisions (and of RNG draws), per choice: the first from the request's RNG itself
 (no second generator to seed per request: seeding one costs ~3.5 µs), choice ``i`` ≥ 1 from
 ``derive(rng, "choice{i}")`` after it, so the first choice is the same whatever ``n``:
-the natural length (raised to ``min_tokens``), the hidden reasoning size (bounded together
-with the visible output by the limit), the reasoning summary and encrypted blob, whether and
+the natural length (read from what the request asks, :mod:`llmsim.sim.lengths`, raised to
+``min_tokens``; the limit then cuts it), the hidden reasoning size (by the kind of task and the
+effort, spent first from the limit), the reasoning summary and encrypted blob, whether and
 which tools are called, then either the calls' arguments (schema-valid, cut at the limit) or
 the text (plain, echo, fixed or JSON; cut at a stop sequence) and its logprobs. The timing
 comes last, from the request RNG: time to first output (TTFT plus the reasoning time) and the
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import APIError
+from . import lengths as lens
 from . import schema as sch
 from . import text as txt
 from . import tokens as tok
@@ -144,6 +146,9 @@ class Ask:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    completion: bool = False  # a legacy completions prompt (continued, not answered)
+    cache_write: int = 0  # prompt tokens written to the cache (Anthropic cache_control)
+    cache_write_1h: int = 0  # of which with the 1-hour TTL
 
 
 # ------------------------------------------------------------------------------------------
@@ -202,7 +207,9 @@ class Usage:
     prompt_tokens: int
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # read from the prompt cache
+    cache_write_tokens: int = 0  # written to it (Anthropic's cache_creation_input_tokens)
+    cache_write_1h: int = 0  # of those, written with the 1-hour TTL
 
     @property
     def total_tokens(self) -> int:
@@ -255,48 +262,71 @@ def decide(ask: Ask, cfg: Config, rng: random.Random, lat: Latency) -> Decision:
     Raises a 400 :class:`~llmsim.errors.APIError` only when a schema's generation runs out of
     its work budget (:mod:`llmsim.sim.schema`), before anything is sent."""
     work = sch.Work()  # every value this request generates is paid from one schema budget
-    c = _choice(ask, cfg, rng, 0, work)
+    task = _Lazy(ask)
+    c = _choice(ask, cfg, rng, 0, work, task)
     if ask.n == 1:  # (the usual request: no loop)
         choices: tuple[Choice, ...] = (c,)
         think = reasoning = c.reasoning_tokens
         out = c.tokens + reasoning
     else:
-        choices = (c, *(_choice(ask, cfg, derive(rng, f"choice{i}"), i, work)
+        choices = (c, *(_choice(ask, cfg, derive(rng, f"choice{i}"), i, work, task)
                          for i in range(1, ask.n)))
         think = max(c.reasoning_tokens for c in choices)
         reasoning = sum(c.reasoning_tokens for c in choices)
         out = sum(c.tokens for c in choices) + reasoning
-    first = lat.ttft(rng, ask.prompt_tokens) + lat.reasoning_time(rng, think)
-    return Decision(choices, Usage(ask.prompt_tokens, out, reasoning, ask.cached_tokens),
+    first = lat.ttft(rng, ask.prompt_tokens, ask.cached_tokens) + lat.reasoning_time(rng, think)
+    return Decision(choices, Usage(ask.prompt_tokens, out, reasoning, ask.cached_tokens,
+                                   ask.cache_write, ask.cache_write_1h),
                     Timing(first, lat, rng.getrandbits(64)))
 
 
-LIMIT_HEADROOM = 3.0
-"""A limit (max_tokens / max_output_tokens) is sized generously by the client: under
-``--max-tokens-mode cap`` the natural length is drawn with a mean of at most the limit's visible
-share / LIMIT_HEADROOM, so (sigma 0.5) under 1% of answers run into the limit."""
+class _Lazy:
+    """The request's :class:`~llmsim.sim.lengths.Task`, read from its text on first use
+    (an exact-length benchmark request never reads it)."""
+
+    __slots__ = ("ask", "_task")
+
+    def __init__(self, ask: Ask) -> None:
+        self.ask = ask
+        self._task: lens.Task | None = None
+
+    def get(self) -> lens.Task:
+        if self._task is None:
+            ask = self.ask
+            self._task = lens.TOOL_ANSWER if ask.after_tool_result else \
+                lens.read_task(ask.user_text(), completion=ask.completion)
+        return self._task
 
 
-def _natural_mean(ask: Ask, cfg: Config) -> float:
-    """The mean of this answer's natural length (see :data:`LIMIT_HEADROOM`)."""
-    mean = cfg.output_tokens_mean
-    limit = ask.limit
-    if limit is None or ask.ignore_eos or cfg.max_tokens_mode != "cap":
-        return mean
-    share = float(limit)
-    if ask.profile.reasoning and ask.effort is not None:  # reasoning spends from the limit
-        share = limit / (1.0 + txt.EFFORT_MULTIPLIER.get(ask.effort, 3.0))
-    return min(mean, max(1.0, share / LIMIT_HEADROOM))
+def _natural(ask: Ask, cfg: Config, rng: random.Random, task: _Lazy) -> int:
+    """The answer's natural length (before the limit): by the length source
+    (:mod:`llmsim.sim.lengths`), clipped to ``--output-tokens-min/-max``, raised to
+    ``min_tokens``."""
+    lo, hi = cfg.output_tokens_min, cfg.output_tokens_max
+    if ask.limit is not None and (ask.ignore_eos or cfg.max_tokens_mode == "exact") \
+            and cfg.text in ("lorem", "sequence"):
+        return max(ask.limit, ask.min_tokens)  # (the limit decides: nothing to draw)
+    if cfg.output_tokens_mean is not None:  # one prompt-blind log-normal
+        n = txt.draw_length(rng, cfg.output_tokens_mean, cfg.output_tokens_sigma, lo, hi)
+    elif cfg.max_tokens_mode.startswith("trace:"):
+        n = min(hi, max(lo, lens.load_trace(cfg.max_tokens_mode[6:]).draw(
+            rng, ask.prompt_tokens)))
+    else:
+        t = task.get()
+        x = lens.natural_length(t, rng, prompt_tokens=ask.prompt_tokens,
+                                user_chars=len(ask.user_text()) if t.kind == "rewrite" else 0,
+                                verbosity=ask.profile.verbosity)
+        n = int(min(hi, max(lo, round(x))))
+    return max(n, ask.min_tokens)
 
 
-def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Work) -> Choice:
-    natural = txt.draw_length(rng, _natural_mean(ask, cfg), cfg.output_tokens_sigma,
-                              cfg.output_tokens_min, cfg.output_tokens_max)
-    natural = max(natural, ask.min_tokens)
+def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Work,
+            task: _Lazy) -> Choice:
+    natural = _natural(ask, cfg, rng, task)
     limit = ask.limit
     reasoning = None
     if ask.profile.reasoning and ask.effort is not None:
-        spent, limit = _reasoning_budget(rng, natural, ask.effort, limit)
+        spent, limit = _reasoning_budget(rng, task.get(), ask.effort, limit)
         if spent > 0:
             parts = _summary_parts(rng, txt.summary_words(spent, ask.summary))
             reasoning = Reasoning(spent, parts, _encrypted(rng, spent) if ask.encrypted
@@ -322,16 +352,16 @@ def _choice(ask: Ask, cfg: Config, rng: random.Random, index: int, work: sch.Wor
     return Choice(index, t.pieces, (), t.finish, t.tokens, reasoning, lps, t.stop)
 
 
-def _reasoning_budget(rng: random.Random, natural: int, effort: str,
+def _reasoning_budget(rng: random.Random, task: lens.Task, effort: str,
                       limit: int | None) -> tuple[int, int | None]:
-    """Hidden reasoning tokens for a ``natural``-token answer, and what the limit leaves for
-    the visible output: the limit (max_completion_tokens / max_output_tokens) bounds both
-    together, reasoning taking at most its effort's share and always leaving one token."""
-    spent = txt.reasoning_tokens(rng, natural, effort)
+    """Hidden reasoning tokens for ``task`` at ``effort``, and what the limit leaves for the
+    visible output. As on the real API the limit (max_completion_tokens / max_output_tokens)
+    bounds both together and reasoning is spent first: a reasoning run that reaches the limit
+    leaves no visible output (the answer then ends ``length`` / ``incomplete``)."""
+    spent = lens.reasoning_length(task, effort, rng)
     if limit is None:
         return spent, None
-    mult = txt.EFFORT_MULTIPLIER.get(effort, 3.0)
-    spent = min(spent, limit - 1, int(limit * mult / (1 + mult)))
+    spent = min(spent, limit)
     return spent, limit - spent
 
 

@@ -10,7 +10,10 @@ bounded work, as a JSON Schema the generator (:mod:`llmsim.sim.schema`) can fill
 3. else key names the text lists in backticks or quotes next to the words "key", "field" or
    "property" ("respond in JSON with `setup` and `punchline` keys", LangChain's json_mode
    docs): an object of those keys with string values;
-4. else None (the caller keeps its default object).
+4. else key names in plain words after the word JSON ("extract a person as JSON with name
+   and age"): an object of those keys, typed by name (``age`` an integer, ``price`` a
+   number, ``is_...`` a boolean, the rest strings);
+5. else None (the caller keeps its default object).
 
 Bounds: at most :data:`MAX_SCAN_CHARS` of prompt text is read, in one linear pass that finds
 the top-level ``{...}`` spans (string-aware, so braces inside strings do not count); at most
@@ -135,7 +138,57 @@ def described_schema(texts: Iterable[str]) -> dict[str, Any] | None:
         keys = named[:MAX_KEYS]
         return {"type": "object", "properties": {k: {"type": "string"} for k in keys},
                 "required": keys, "additionalProperties": False}
+    worded = _worded_keys(texts)
+    if worded:
+        return {"type": "object", "properties": {k: _typed(k) for k in worded},
+                "required": worded, "additionalProperties": False}
     return None
+
+
+# "JSON with name and age", "a JSON object containing the title, author and year": key names
+# in plain words after the word JSON (each part 1-3 words, joined with "_")
+_PLAIN = re.compile(r"(?i)\bjson\b[^.!?\n]{0,60}?\b(?:with|containing|having|including|"
+                    r"of|for)\s+(?:the\s+)?(?:(?:keys?|fields?|properties|attributes)"
+                    r"\s*:?\s+)?([^.!?\n]{1,300})")
+_PART = re.compile(r"\s*,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+")
+_ARTICLE = re.compile(r"(?i)^(?:the|a|an|their|his|her|its|your)\s+")
+_INTEGER = re.compile(r"(?:^|_)(?:age|count|year|years|number|num|quantity|qty|id|rank|"
+                      r"day|month|pages|population)(?:$|_)")
+_NUMBER = re.compile(r"(?:^|_)(?:price|amount|score|rating|latitude|longitude|lat|lon|"
+                     r"weight|height|temperature|percent|percentage|cost|salary)(?:$|_)")
+_BOOLEAN = re.compile(r"^(?:is|has|can|should|was)_")
+
+
+def _worded_keys(texts: Iterable[str]) -> list[str]:
+    for text in texts:
+        m = _PLAIN.search(text[:MAX_SCAN_CHARS])
+        if m is None:
+            continue
+        keys: list[str] = []
+        listed = re.split(r"[:;(\[{]", m.group(1), maxsplit=1)[0]  # (the data may follow)
+        for part in _PART.split(listed.strip()):
+            words = _ARTICLE.sub("", part.strip()).split()
+            if not 1 <= len(words) <= 3 or not all(w.isalpha() for w in words):
+                break
+            key = "_".join(w.lower() for w in words)
+            if key not in keys and key != "json":
+                keys.append(key)
+            if len(keys) >= MAX_KEYS:
+                break
+        if keys:
+            return keys
+    return []
+
+
+def _typed(key: str) -> dict[str, Any]:
+    """A plain-worded key's likely type, from its name (age: integer, price: number, ...)."""
+    if _INTEGER.search(key):
+        return {"type": "integer", "minimum": 0, "maximum": 120 if "age" in key else 10_000}
+    if _NUMBER.search(key):
+        return {"type": "number"}
+    if _BOOLEAN.search(key):
+        return {"type": "boolean"}
+    return {"type": "string"}
 
 
 # "respond in JSON", "return ... json", "JSON format/object/only", "```json": the prompt asks

@@ -1,7 +1,8 @@
 """The latency model: time to first token and inter-token gaps, sans-IO.
 
 Realistic mode draws TTFT from a log-normal around the model's median, plus prefill time that
-grows with the prompt (``prefill_ms_per_1k``), and each inter-token gap from a log-normal
+grows with the prompt (``prefill_ms_per_1k`` for uncached tokens, ``cached_prefill_ms_per_1k``
+for tokens read from the prompt cache), and each inter-token gap from a log-normal
 around the model's median gap (clipped to [0.25x, 4x] so one draw cannot stall a stream).
 Hidden reasoning tokens are "thought" at ``reasoning_itl_ms`` before the first visible token.
 Fixed mode (``--ttft-ms``/``--itl-ms``) uses exactly the given numbers with no jitter and no
@@ -57,15 +58,19 @@ class Latency:
     fixed_ttft_ms: float | None = None
     fixed_itl_ms: float | None = None
 
-    def ttft(self, rng: random.Random, prompt_tokens: int = 0) -> float:
-        """Seconds from request to the first token (reasoning time not included)."""
+    def ttft(self, rng: random.Random, prompt_tokens: int = 0, cached_tokens: int = 0) -> float:
+        """Seconds from request to the first token (reasoning time not included): the
+        model's base time, then prefill of the uncached prompt tokens at the model's rate and
+        of the cached ones at its (much lower) cached rate."""
         if self.instant:
             return 0.0
         if self.fixed_ttft_ms is not None:
             return self.fixed_ttft_ms / 1000.0
         p = self.profile
         base = p.ttft_ms * _lognorm(rng, p.ttft_jitter)
-        return (base + p.prefill_ms_per_1k * prompt_tokens / 1000.0) / 1000.0
+        cached = min(cached_tokens, prompt_tokens)
+        return (base + (p.prefill_ms_per_1k * (prompt_tokens - cached)
+                        + p.cached_prefill_ms_per_1k * cached) / 1000.0) / 1000.0
 
     def gap(self, rng: random.Random) -> float:
         """Seconds between two visible tokens."""

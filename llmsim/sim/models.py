@@ -35,7 +35,10 @@ class ModelProfile:
     itl_ms: float = 12.0  # median inter-token gap
     itl_jitter: float = 0.2  # log-normal sigma
     reasoning_itl_ms: float | None = None  # hidden reasoning token pace (default: itl_ms)
-    prefill_ms_per_1k: float = 15.0  # extra TTFT per 1000 prompt tokens
+    prefill_ms_per_1k: float = 15.0  # extra TTFT per 1000 uncached prompt tokens
+    cached_prefill_ms_per_1k: float = 1.5  # extra TTFT per 1000 prompt tokens read from cache
+    cache_min_tokens: int = 1024  # the smallest prefix Anthropic's cache_control caches
+    verbosity: float = 1.0  # scales the natural answer length (llmsim.sim.lengths)
     encoding: str = "o200k_base"
     builtin: bool = True
     kind: str = "chat"  # "chat" (generates text) | "embedding" (POST /v1/embeddings)
@@ -56,6 +59,20 @@ def _p(id: str, base: Mapping[str, object] | None = None, **kw: object) -> Model
     return ModelProfile(id=id, **{**(base or {}), **kw})  # type: ignore[arg-type]
 
 
+# Prefill (ms per 1000 prompt tokens, uncached / read from the prompt cache), profile data:
+# - frontier OpenAI models: ~90 uncached (FIDELITY-ANCHORS: the implied frontier rate); the
+#   cached rate solves OpenAI's "cached TTFT 67% faster at 150k+ tokens" for a ~0.45 s base;
+# - mini models: 58 from Artificial Analysis' GPT-4.1 mini (0.93 s TTFT at 10k input, 0.35 s
+#   base), cached by the same 67% rule; nano: two thirds of mini (assumption);
+# - Claude: 106 uncached / 15 cached from Anthropic's prompt-caching launch (Claude 3.5
+#   Sonnet, 100k-token prompt 11.5 s uncached, 2.4 s cached, ~0.9 s base), for every Claude.
+_FRONTIER = dict(prefill_ms_per_1k=90.0, cached_prefill_ms_per_1k=28.0)
+_MINI = dict(prefill_ms_per_1k=58.0, cached_prefill_ms_per_1k=18.0)
+_NANO = dict(prefill_ms_per_1k=40.0, cached_prefill_ms_per_1k=12.0)
+# cache_control minimums (tokens) per Anthropic's docs: Sonnet 1,024, Haiku 4.5 4,096, the
+# newest Opus 512 (sources differ between 512 and 4,096: profile data, overridable)
+_CLAUDE = dict(owned_by="anthropic", prefill_ms_per_1k=106.0, cached_prefill_ms_per_1k=15.0)
+
 _G5 = dict(context_window=400_000, max_output_tokens=128_000, reasoning=True,
            efforts=GPT5_EFFORTS, default_effort="medium", created=1754425777)
 _O = dict(context_window=200_000, max_output_tokens=100_000, reasoning=True, efforts=O_EFFORTS,
@@ -63,29 +80,29 @@ _O = dict(context_window=200_000, max_output_tokens=100_000, reasoning=True, eff
 _G41 = dict(context_window=1_047_576, max_output_tokens=32_768, created=1744316542)
 
 BUILTIN: tuple[ModelProfile, ...] = (
-    _p("gpt-5", _G5, ttft_ms=650.0, itl_ms=14.0),
-    _p("gpt-5-mini", _G5, ttft_ms=450.0, itl_ms=8.0),
-    _p("gpt-5-nano", _G5, ttft_ms=350.0, itl_ms=5.0),
-    _p("gpt-5.1", {**_G5, "efforts": ("none",) + GPT5_EFFORTS[1:]}, ttft_ms=600.0,
+    _p("gpt-5", {**_G5, **_FRONTIER}, ttft_ms=650.0, itl_ms=14.0),
+    _p("gpt-5-mini", {**_G5, **_MINI}, ttft_ms=450.0, itl_ms=8.0),
+    _p("gpt-5-nano", {**_G5, **_NANO}, ttft_ms=350.0, itl_ms=5.0),
+    _p("gpt-5.1", {**_G5, **_FRONTIER, "efforts": ("none",) + GPT5_EFFORTS[1:]}, ttft_ms=600.0,
        itl_ms=13.0),
-    _p("gpt-5.2", {**_G5, "efforts": ("none",) + GPT5_EFFORTS[1:] + ("xhigh",)},
+    _p("gpt-5.2", {**_G5, **_FRONTIER, "efforts": ("none",) + GPT5_EFFORTS[1:] + ("xhigh",)},
        ttft_ms=600.0, itl_ms=13.0),
-    _p("gpt-5-codex", _G5, ttft_ms=650.0, itl_ms=14.0),
-    _p("o1", _O, ttft_ms=1200.0, itl_ms=18.0, created=1734375816),
-    _p("o3", _O, ttft_ms=900.0, itl_ms=14.0),
-    _p("o3-mini", _O, ttft_ms=600.0, itl_ms=7.0, created=1737146383),
-    _p("o4-mini", _O, ttft_ms=600.0, itl_ms=8.0),
-    _p("gpt-4.1", _G41, ttft_ms=500.0, itl_ms=14.0),
-    _p("gpt-4.1-mini", _G41, ttft_ms=350.0, itl_ms=9.0),
-    _p("gpt-4.1-nano", _G41, ttft_ms=250.0, itl_ms=6.0),
-    _p("gpt-4o", context_window=128_000, max_output_tokens=16_384, ttft_ms=450.0, itl_ms=12.0),
-    _p("gpt-4o-mini", context_window=128_000, max_output_tokens=16_384, ttft_ms=350.0,
+    _p("gpt-5-codex", {**_G5, **_FRONTIER}, ttft_ms=650.0, itl_ms=14.0),
+    _p("o1", {**_O, **_FRONTIER}, ttft_ms=1200.0, itl_ms=18.0, created=1734375816),
+    _p("o3", {**_O, **_FRONTIER}, ttft_ms=900.0, itl_ms=14.0),
+    _p("o3-mini", {**_O, **_MINI}, ttft_ms=600.0, itl_ms=7.0, created=1737146383),
+    _p("o4-mini", {**_O, **_MINI}, ttft_ms=600.0, itl_ms=8.0),
+    _p("gpt-4.1", {**_G41, **_FRONTIER}, ttft_ms=500.0, itl_ms=14.0),
+    _p("gpt-4.1-mini", {**_G41, **_MINI}, ttft_ms=350.0, itl_ms=9.0),
+    _p("gpt-4.1-nano", {**_G41, **_NANO}, ttft_ms=250.0, itl_ms=6.0),
+    _p("gpt-4o", _FRONTIER, context_window=128_000, max_output_tokens=16_384, ttft_ms=450.0, itl_ms=12.0),
+    _p("gpt-4o-mini", _MINI, context_window=128_000, max_output_tokens=16_384, ttft_ms=350.0,
        itl_ms=10.0, created=1721172741),
-    _p("gpt-4-turbo", context_window=128_000, max_output_tokens=4_096, ttft_ms=600.0,
+    _p("gpt-4-turbo", _FRONTIER, context_window=128_000, max_output_tokens=4_096, ttft_ms=600.0,
        itl_ms=25.0, encoding="cl100k_base", created=1712361441),
-    _p("gpt-4", context_window=8_192, max_output_tokens=8_192, ttft_ms=700.0, itl_ms=35.0,
+    _p("gpt-4", _FRONTIER, context_window=8_192, max_output_tokens=8_192, ttft_ms=700.0, itl_ms=35.0,
        encoding="cl100k_base", created=1687882411),
-    _p("gpt-3.5-turbo", context_window=16_385, max_output_tokens=4_096, ttft_ms=300.0,
+    _p("gpt-3.5-turbo", _NANO, context_window=16_385, max_output_tokens=4_096, ttft_ms=300.0,
        itl_ms=10.0, encoding="cl100k_base", created=1677610602, owned_by="openai"),
     # embedding models (POST /v1/embeddings): the time is ttft_ms plus prefill_ms_per_1k per
     # 1000 input tokens; context_window is the per-input token limit
@@ -100,16 +117,16 @@ BUILTIN: tuple[ModelProfile, ...] = (
        created=1671217299, owned_by="openai-internal"),
     # Anthropic's Claude models (POST /anthropic/v1/messages, /v1/messages); thinking is
     # enabled per request (`thinking`), so they are not "reasoning" models on OpenAI paths
-    _p("claude-sonnet-5-5", context_window=1_000_000, max_output_tokens=64_000, ttft_ms=900.0,
-       itl_ms=14.0, owned_by="anthropic", created=1790812800),
-    _p("claude-opus-5-5", context_window=1_000_000, max_output_tokens=128_000, ttft_ms=1400.0,
-       itl_ms=22.0, owned_by="anthropic", created=1790812800),
-    _p("claude-haiku-5-5", context_window=200_000, max_output_tokens=64_000, ttft_ms=450.0,
-       itl_ms=6.0, owned_by="anthropic", created=1790812800),
-    _p("claude-sonnet-4-6", context_window=200_000, max_output_tokens=64_000, ttft_ms=900.0,
-       itl_ms=14.0, owned_by="anthropic", created=1771200000),
-    _p("claude-haiku-4-5", context_window=200_000, max_output_tokens=64_000, ttft_ms=500.0,
-       itl_ms=7.0, owned_by="anthropic", created=1760572800),
+    _p("claude-sonnet-5-5", _CLAUDE, context_window=1_000_000, max_output_tokens=64_000,
+       ttft_ms=900.0, itl_ms=14.0, created=1790812800, cache_min_tokens=1024),
+    _p("claude-opus-5-5", _CLAUDE, context_window=1_000_000, max_output_tokens=128_000,
+       ttft_ms=1400.0, itl_ms=22.0, created=1790812800, cache_min_tokens=512),
+    _p("claude-haiku-5-5", _CLAUDE, context_window=200_000, max_output_tokens=64_000,
+       ttft_ms=450.0, itl_ms=6.0, created=1790812800, cache_min_tokens=4096),
+    _p("claude-sonnet-4-6", _CLAUDE, context_window=200_000, max_output_tokens=64_000,
+       ttft_ms=900.0, itl_ms=14.0, created=1771200000, cache_min_tokens=1024),
+    _p("claude-haiku-4-5", _CLAUDE, context_window=200_000, max_output_tokens=64_000,
+       ttft_ms=500.0, itl_ms=7.0, created=1760572800, cache_min_tokens=4096),
     # the legacy completions models (POST /v1/completions)
     _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
        itl_ms=8.0, encoding="cl100k_base", created=1692901427),

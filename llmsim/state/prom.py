@@ -55,6 +55,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "vllm:prompt_tokens_total": ("counter", "Prompt tokens processed (vLLM-compatible)."),
     "vllm:generation_tokens_total": ("counter", "Generation tokens delivered "
                                      "(vLLM-compatible)."),
+    "vllm:prefix_cache_queries_total": ("counter", "Prompt tokens looked up in the prompt "
+                                        "cache (vLLM-compatible: tokens, not requests)."),
+    "vllm:prefix_cache_hits_total": ("counter", "Prompt tokens found in the prompt cache "
+                                     "(vLLM-compatible)."),
+    "llmsim_prompt_cache_written_tokens_total": ("counter", "Prompt tokens written to the "
+                                                 "cache by Anthropic cache_control."),
     "vllm:time_to_first_token_seconds": ("histogram", "Time to first token "
                                          "(vLLM-compatible)."),
     "vllm:inter_token_latency_seconds": ("histogram", "Inter-token latency "
@@ -185,6 +191,11 @@ def prometheus_text(raw: dict[str, Any]) -> str:
     for m in names:
         o.sample("vllm:generation_tokens_total", (("model_name", m),),
                  models.get(m, [0, 0])[1])
+    for name, key in (("vllm:prefix_cache_queries_total", "prompt_cache_queries"),
+                      ("vllm:prefix_cache_hits_total", "prompt_cache_hits"),
+                      ("llmsim_prompt_cache_written_tokens_total", "prompt_cache_writes")):
+        o.head(name)
+        o.sample(name, (), c.get(key, 0))
     for hname in HISTS:
         per_model = {m: hs[hname] for m, hs in hists.items()}
         for vname in _HIST_NAMES[hname][1]:

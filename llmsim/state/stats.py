@@ -312,6 +312,9 @@ class Stats:
         self.tokens_out = 0
         self.tokens_reasoning = 0
         self.tokens_delivered = 0
+        self.cache_queries = 0  # prompt tokens looked up in the prompt cache
+        self.cache_hits = 0  # of those, found cached (read)
+        self.cache_writes = 0  # written by cache_control (Anthropic)
         self.connections_total = 0
         self.streams_total = 0
         self.websockets_total = 0
@@ -410,6 +413,13 @@ class Stats:
             kind = "other"
         errors[kind] += n
         self.errors_n += n
+
+    def prompt_cache(self, queried: int, read: int, written: int = 0) -> None:
+        """One prompt-cache lookup: ``queried`` prompt tokens, ``read`` of them cached,
+        ``written`` newly cached (vLLM's prefix_cache_queries/hits count tokens too)."""
+        self.cache_queries += queried
+        self.cache_hits += read
+        self.cache_writes += written
 
     def usage(self, tokens_in: int, tokens_out: int, reasoning: int = 0) -> None:
         """Billed tokens of one response (streams: when the plan reaches its usage)."""
@@ -521,7 +531,10 @@ class Stats:
                          "websockets_total": self.websockets_total,
                          "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                          "tokens_reasoning": self.tokens_reasoning,
-                         "tokens_delivered": self._delivered()},
+                         "tokens_delivered": self._delivered(),
+                         "prompt_cache_queries": self.cache_queries,
+                         "prompt_cache_hits": self.cache_hits,
+                         "prompt_cache_writes": self.cache_writes},
             "gauges": {"connections": self.active_connections,
                        "requests": self.active_requests, "streams": self.active_streams,
                        "websockets": self.active_websockets},
@@ -719,6 +732,9 @@ def render(raw: dict[str, Any]) -> dict[str, Any]:
         "tokens": {"input": c.get("tokens_in", 0), "output": c.get("tokens_out", 0),
                    "reasoning": c.get("tokens_reasoning", 0),
                    "delivered": c.get("tokens_delivered", 0)},
+        "prompt_cache": {"queried_tokens": c.get("prompt_cache_queries", 0),
+                         "hit_tokens": c.get("prompt_cache_hits", 0),
+                         "written_tokens": c.get("prompt_cache_writes", 0)},
         "errors_total": c.get("errors_total", 0),
         "errors": dict(raw["errors"]),
         "stream_ends": dict(raw["stream_ends"]),

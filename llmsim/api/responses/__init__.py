@@ -14,6 +14,7 @@ a background pump on the shared clock.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -25,11 +26,14 @@ from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
 from ...sim import tokens as tok
+from ...sim.cache import Segments
+from ...sim.decide import Ask
 from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
 from ...stream import EventStream
+from ..caching import openai_cached, openai_segments
 from ..validate import BodyMemo, V, check_request_work, paced
 from . import render
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
@@ -205,10 +209,10 @@ class _Kept:
     view of it (:func:`.parse.ask`) and the request fields each Response echoes. Shared by
     every create with these bytes: read-only, as everything a BodyMemo keeps."""
 
-    __slots__ = ("rr", "items", "fresh", "tokens", "seed", "ask", "echo")
+    __slots__ = ("rr", "items", "fresh", "tokens", "seed", "ask", "echo", "seg")
 
     def __init__(self, p: Prepared, seed: int | None, asked: Ask | None,
-                 echo: dict[str, Any]) -> None:
+                 echo: dict[str, Any], seg: Segments | None = None) -> None:
         self.rr = p.rr
         self.items = orjson.dumps(p.input_items)
         self.fresh = generated_ids(p.rr.body.get("input"))
@@ -216,6 +220,7 @@ class _Kept:
         self.seed = seed
         self.ask = asked
         self.echo = echo
+        self.seg = seg  # the input's prompt-cache segments (None: too short to cache)
 
     def prepared(self) -> Prepared:
         items: list[Item] = orjson.loads(self.items)  # this response's own items
@@ -242,7 +247,8 @@ async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, 
     memo = app.memos[WS_MEMO if req.transport == "ws" else MEMO]
     kept: _Kept | None = memo.get(req.body, app.config)
     if kept is not None:
-        return kept.prepared(), kept.seed, kept.ask, kept.echo
+        p, asked = _cached(app, kept.prepared(), kept.seg, kept.ask)
+        return p, kept.seed, asked, kept.echo
     body = req.json_object()
     p = await prepare(req, app, body)
     seed = asked = None
@@ -250,9 +256,29 @@ async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, 
         seed = request_seed(app.config.seed, "/v1/responses", body)
         asked = ask(p.rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
     echo = render.echo_fields(p.rr)
+    seg = openai_segments(app, p.rr.profile, body, lambda: _cache_blocks(p), p.input_tokens)
     if _Kept.keeps(p):
-        memo.put(req.body, app.config, _Kept(p, seed, asked, echo))
+        memo.put(req.body, app.config, _Kept(p, seed, asked, echo, seg))
+    p, asked = _cached(app, p, seg, asked)
     return p, seed, asked, echo
+
+
+def _cache_blocks(p: Prepared) -> list[object]:
+    """The input in the order the model reads it, for the prompt cache."""
+    return [p.rr.instructions or "", p.rr.tools or [], *p.context]
+
+
+def _cached(app: App, p: Prepared, seg: Segments | None, asked: Ask | None
+            ) -> tuple[Prepared, Ask | None]:
+    """``p`` and its Ask with the tokens the prompt cache holds (stateless requests too:
+    the longest cached prefix, OpenAI's rule)."""
+    if seg is not None:
+        read = openai_cached(app, seg, p.input_tokens, p.rr.prompt_cache_retention)
+        if read > p.cached_tokens:
+            p.cached_tokens = read
+            if asked is not None:
+                asked = replace(asked, cached_tokens=read)
+    return p, asked
 
 
 async def prepare(req: Request, app: App, body: dict[str, Any], *,

@@ -142,7 +142,8 @@ def response_out(d: Decision, rid: str, created_at: int) -> RespOut:
                              "completed" if t.complete else "incomplete"))
         streamed += len(t.pieces)
     reason = INCOMPLETE.get(c.finish)
-    if c.pieces is not None:
+    if c.pieces is not None and (c.pieces or reason is None or r is None):
+        # (reasoning that spent the whole max_output_tokens leaves no message, as on the API)
         items.append(MessageOut(new_id("msg_"), c.pieces, c.tokens,
                                 "completed" if reason is None else "incomplete", c.logprobs))
         streamed += len(c.pieces)
