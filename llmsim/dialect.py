@@ -24,10 +24,12 @@ layers ask it:
   then ``[DONE]``; Responses: ``response.failed`` — a stream may override it with its own, see
   ``EventStream.fail``);
 - ``sse_error(err, seq)``: the terminal frame written when the server itself fails after the
-  head is out (chat: error chunk + ``[DONE]``; Responses: the ``error`` event numbered ``seq``).
+  head is out (chat: error chunk + ``[DONE]``; Responses: the ``error`` event numbered ``seq``);
+- ``stream_headers``: the streamed body's content headers when it is not SSE (Ollama's NDJSON,
+  Gemini's JSON array); ``sse`` then renders that format's frames.
 
-Adding an API family: its parse/render module, one ``Dialect(...)`` value there, and one line
-in :data:`llmsim.api.MODULES`.
+Adding an API family: its module (a :class:`~llmsim.api.pipeline.Family` with its parse,
+renderers and one ``Dialect(...)`` value), and one line in :data:`llmsim.api.MODULES`.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Dialect:
 
     __slots__ = ("endpoint", "numbered", "sse", "ws", "is_token", "terminals",
                  "error_events", "sse_error", "bytes_tokens", "bytes_type",
-                 "token_types")
+                 "token_types", "stream_headers")
 
     def __init__(self, endpoint: str, *, numbered: bool,
                  sse: Callable[[str, Any], bytes],
@@ -63,7 +65,8 @@ class Dialect:
                  terminals: frozenset[str] = frozenset(),
                  ws: Callable[[str, Any], bytes] | None = None,
                  bytes_tokens: bool = False, bytes_type: str | None = None,
-                 token_types: frozenset[str] | None = None) -> None:
+                 token_types: frozenset[str] | None = None,
+                 stream_headers: bytes | None = None) -> None:
         self.endpoint = endpoint
         self.numbered = numbered
         self.sse = sse
@@ -82,6 +85,8 @@ class Dialect:
         self.sse_error = sse_error
         self.bytes_tokens = bytes_tokens
         self.bytes_type = bytes_type
+        # the streamed response's content headers (``name: value\r\n`` lines; None: SSE's)
+        self.stream_headers = stream_headers
 
     def __repr__(self) -> str:
         return f"Dialect({self.endpoint!r})"

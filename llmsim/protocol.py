@@ -697,7 +697,8 @@ class HTTPProtocol(asyncio.Protocol):
         ex.req = req
         ex.on_close = res.on_close  # released by _release_stream on every path
         stream = res.stream
-        if not self._out(status=res.status, headers=header_bytes(res.headers) + _SSE_HEADERS):
+        if not self._out(status=res.status, headers=header_bytes(res.headers)
+                         + (stream.dialect.stream_headers or _SSE_HEADERS)):
             # HEAD: the head GET would get, no events
             stream.close()
             accounting.response_sent(self.app, req, ex.endpoint, res.status, res)

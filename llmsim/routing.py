@@ -26,6 +26,8 @@ class Route:
     stream_capable: bool = False
     # the family's error answer (None: the OpenAI envelope, llmsim.app.error_result)
     errors: Callable[[APIError], Any] | None = None
+    # a path that always (True) or never (False) streams; None: the body's "stream" says
+    streaming: bool | None = None
 
 
 class Router:
@@ -37,9 +39,10 @@ class Router:
 
     def add(self, method: str, pattern: str, handler: Handler, name: str,
             *, aliases: bool = True, stream_capable: bool = False,
-            errors: Callable[[APIError], Any] | None = None) -> None:
+            errors: Callable[[APIError], Any] | None = None,
+            streaming: bool | None = None) -> None:
         """Register ``pattern``; ``/v1/...`` patterns also get ``/openai/v1/...``."""
-        route = Route(method.upper(), pattern, handler, name, stream_capable, errors)
+        route = Route(method.upper(), pattern, handler, name, stream_capable, errors, streaming)
         paths = [pattern]
         if aliases and pattern.startswith("/v1/"):
             paths.append("/openai" + pattern)

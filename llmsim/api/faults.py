@@ -71,10 +71,14 @@ MAX_ENGINES = 1024  # per-model engines; model ids come from clients, the rest s
 QUEUE_WATCH_S = 0.05  # while requests queue for a sequence: how often to look for gone clients
 
 
+CONTROL_PATHS = frozenset(("/health", "/metrics", "/tokenize", "/detokenize"))
+
+
 def is_api_path(path: str) -> bool:
-    """Paths that are authenticated, faulted, rate limited and queued."""
-    return (path.startswith("/v1/") or path.startswith("/openai/v1/")
-            or path.startswith("/anthropic/v1/"))
+    """Paths that are authenticated, faulted, rate limited and queued: every API family's
+    (``/v1/…``, ``/anthropic/…``, and any family's own prefix), never the server's own
+    ``/health``, ``/metrics``, ``/llmsim/…`` or vLLM's ``/tokenize``/``/detokenize``."""
+    return not (path in CONTROL_PATHS or path.startswith("/llmsim") or path == "/")
 
 
 def _body(req: Request) -> dict[str, Any]:
@@ -90,11 +94,15 @@ def _body(req: Request) -> dict[str, Any]:
 
 
 def _model(req: Request) -> str | None:
-    m = _body(req).get("model")
+    """The request's model: the body's ``model``, or a ``{model}`` path parameter (the
+    families that name it in the path: Gemini, Bedrock, Azure deployments)."""
+    m = _body(req).get("model") or req.params.get("model")
     return m if isinstance(m, str) and m else None
 
 
 def _streaming(req: Request, route: Route) -> bool:
+    if route.streaming is not None:  # a path that always or never streams
+        return route.streaming or req.transport == "ws"
     return req.transport == "ws" or (route.stream_capable and _body(req).get("stream") is True)
 
 

@@ -34,7 +34,7 @@ from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
 from ...stream import EventStream
 from ..caching import openai_cached, openai_segments
-from ..validate import BodyMemo, V, check_request_work, paced
+from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
 from . import render
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
@@ -389,8 +389,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         rec.stream = stream
         return StreamResponse(stream, usage=out.counts)
     try:
-        if out.duration > 0:
-            await app.clock.sleep(out.duration)
+        await deliver_after(app, rr.model, out.duration)  # (counted as running meanwhile)
     except BaseException:
         rec.cancel()  # the client went away: a foreground response stops generating
         raise

@@ -1,0 +1,150 @@
+"""The request pipeline (issue 30): a family is one module. The test-only echo family
+(``tests/echo_family.py``) registered with one line gets JSON and streaming, scripts, faults,
+capacity, stats and metrics from the pipeline and the generic hooks; and every generating
+family counts as running while in flight, streamed or not."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from llmsim import Config, ServerThread
+from llmsim.config import CapacityConfig
+
+from . import echo_family
+
+SAY = "/echo/v1/say"
+
+
+def _echo_server(**kw: Any) -> ServerThread:
+    srv = ServerThread(Config(port=0, quiet=True, seed=3, **kw)).start()
+    echo_family.register(srv.app)  # the one registration line
+    return srv
+
+
+@pytest.fixture
+def echo() -> Any:
+    srv = _echo_server(latency="instant", max_tokens_mode="exact")
+    yield srv
+    srv.stop()
+
+
+def test_json_and_ndjson_stream(echo: Any) -> None:
+    r = httpx.post(echo.url + SAY, json={"model": "gpt-4o", "text": "hello", "max_tokens": 7})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"].startswith("echo_") and body["tokens"] == 7 and body["finish"] == "length"
+    with httpx.stream("POST", echo.url + SAY, json={"model": "gpt-4o", "text": "hello",
+                                                    "max_tokens": 5, "stream": True}) as s:
+        assert s.headers["content-type"] == "application/x-ndjson"
+        lines = [json.loads(x) for x in s.iter_lines() if x]
+    assert [x["token"] for x in lines[:-1]] and len(lines) == 6
+    assert lines[-1] == {"done": True, "finish": "length", "tokens": 5}
+    bad = httpx.post(echo.url + SAY, json={"model": "gpt-4o"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "text"
+    # the same request, the same answer (the seed comes from the pipeline)
+    a = httpx.post(echo.url + SAY, json={"model": "gpt-4o", "text": "x", "max_tokens": 9})
+    b = httpx.post(echo.url + SAY, json={"model": "gpt-4o", "text": "x", "max_tokens": 9})
+    assert a.json()["text"] == b.json()["text"]
+
+
+def test_scripts_and_faults_reach_the_family(echo: Any) -> None:
+    rules = {"rules": [{"match": {"contains": "weather"},
+                        "reply": [{"text": "It is sunny."}]}]}
+    assert httpx.post(echo.url + "/llmsim/scripts", json=rules).status_code == 200
+    r = httpx.post(echo.url + SAY, json={"model": "gpt-4o", "text": "the weather?"})
+    assert r.json()["text"] == "It is sunny."
+    r = httpx.post(echo.url + SAY, json={"model": "gpt-4o", "text": "x", "max_tokens": 3},
+                   headers={"X-LLMSim-Fault": "503"})
+    assert r.status_code == 503
+    with httpx.stream("POST", echo.url + SAY, headers={"X-LLMSim-Fault": "error-after:2"},
+                      json={"model": "gpt-4o", "text": "x", "max_tokens": 8,
+                            "stream": True}) as s:
+        lines = [json.loads(x) for x in s.iter_lines() if x]
+    assert [x.get("token") is not None for x in lines] == [True, True, False]
+    assert "error" in lines[-1]
+
+
+def test_stats_metrics_and_running_while_in_flight() -> None:
+    srv = _echo_server(latency="realistic", ttft_ms=600, itl_ms=1)
+    try:
+        seen: list[str] = []
+
+        def poll() -> None:
+            for _ in range(40):
+                m = httpx.get(srv.url + "/metrics").text
+                seen.extend(ln for ln in m.splitlines()
+                            if ln.startswith('vllm:num_requests_running{model_name="echo-m"}'))
+                time.sleep(0.02)
+
+        t = threading.Thread(target=poll)
+        t.start()
+        r = httpx.post(srv.url + SAY, json={"model": "echo-m", "text": "x", "max_tokens": 2},
+                       timeout=10)
+        t.join()
+        assert r.status_code == 200
+        assert any(ln.endswith(" 1") for ln in seen), seen[:3]
+        stats = httpx.get(srv.url + "/llmsim/stats").json()
+        assert stats["requests_by_endpoint"].get("echo.say") == 1
+    finally:
+        srv.stop()
+
+
+def test_capacity_applies_to_the_family() -> None:
+    srv = _echo_server(latency="realistic", ttft_ms=400, itl_ms=1,
+                       capacity=CapacityConfig(max_seqs=1, queue=0))
+    try:
+        results: list[int] = []
+
+        def one() -> None:
+            results.append(httpx.post(srv.url + SAY, json={
+                "model": "echo-m", "text": "x", "max_tokens": 2}, timeout=10).status_code)
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 200 in results and any(s in (429, 503) for s in results), results
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "run-m", "messages": [{"role": "user", "content": "x"}],
+                              "max_tokens": 2}),
+    ("/v1/completions", {"model": "run-m", "prompt": "x", "max_tokens": 2}),
+    ("/v1/responses", {"model": "run-m", "input": "x", "max_output_tokens": 16}),
+    ("/anthropic/v1/messages", {"model": "run-m", "max_tokens": 2,
+                                "messages": [{"role": "user", "content": "x"}]}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_family_counts_as_running_while_in_flight(path: str, body: dict[str, Any],
+                                                        stream: bool) -> None:
+    """vllm:num_requests_running is 1 while a request of any family is generating."""
+    with ServerThread(Config(port=0, quiet=True, latency="realistic", ttft_ms=500,
+                             itl_ms=1, max_tokens_mode="exact")) as srv:
+        seen: list[str] = []
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                m = httpx.get(srv.url + "/metrics").text
+                seen.extend(ln for ln in m.splitlines()
+                            if ln.startswith('vllm:num_requests_running{model_name="run-m"}'))
+                time.sleep(0.02)
+
+        t = threading.Thread(target=poll)
+        t.start()
+        try:
+            r = httpx.post(srv.url + path, json={**body, "stream": stream}, timeout=10)
+            assert r.status_code == 200, r.text
+        finally:
+            done.set()
+            t.join()
+        assert any(ln.endswith(" 1") for ln in seen), (path, stream, seen[:3])
