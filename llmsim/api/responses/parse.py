@@ -32,7 +32,9 @@ KNOWN_FIELDS = frozenset((
     "moderation", "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
     "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
     "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
-    "tools", "top_logprobs", "top_p", "truncation", "user", "personality"))
+    "tools", "top_logprobs", "top_p", "truncation", "user", "personality",
+    # Open Responses' CreateResponseBody (the SDK's params lack them; the real API echoes them)
+    "presence_penalty", "frequency_penalty"))
 
 # tool type -> required fields besides ``type`` (the SDK's Tool union, openai 3.52)
 TOOL_TYPES: dict[str, tuple[str, ...]] = {
@@ -85,6 +87,8 @@ class RespRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_logprobs: int = 0
+    presence_penalty: float = 0.0  # accepted and echoed (no effect on the simulated text)
+    frequency_penalty: float = 0.0
     truncation: str = "disabled"
     service_tier: str = "auto"
     user: str | None = None
@@ -468,6 +472,8 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
     metadata = v.metadata() or {}
     temperature = v.num("temperature", None, lo=0, hi=2)
     top_p = v.num("top_p", None, lo=0, hi=1)
+    presence = v.num("presence_penalty", None, lo=-2, hi=2)
+    frequency = v.num("frequency_penalty", None, lo=-2, hi=2)
     top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
     include = v.list("include", []) or []
     for i, inc in enumerate(include):
@@ -533,6 +539,7 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
         effort=effort, summary=summary, include=list(include),
         metadata=metadata, temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p, top_logprobs=top_logprobs or 0,
+        presence_penalty=presence or 0.0, frequency_penalty=frequency or 0.0,
         truncation=truncation, service_tier=service_tier, user=user,
         safety_identifier=safety_identifier, prompt_cache_key=prompt_cache_key,
         prompt_cache_retention=retention, generate=generate)

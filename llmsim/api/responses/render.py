@@ -183,6 +183,9 @@ def echo_fields(rr: RespRequest) -> dict[str, Any]:
         "truncation": rr.truncation,
         "user": rr.user,
         "metadata": rr.metadata,
+        # required by the Open Responses schema (the SDK's Response tolerates them)
+        "presence_penalty": rr.presence_penalty,
+        "frequency_penalty": rr.frequency_penalty,
     }
 
 
