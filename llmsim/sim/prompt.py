@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from . import tokens as tok
+from .compaction import summary_tokens
 
 __all__ = ["add_counts", "chat_prompt_tokens", "chat_prompt_steps", "content_text",
            "count_json", "input_steps", "item_steps", "input_prompt_tokens",
@@ -136,6 +137,8 @@ def _item_parts(it: Item, enc: str) -> tuple[int, tuple[str, ...]]:
         return 3 + extra, (text,)
     if t == "reasoning":
         return 3, tuple(s.get("text", "") for s in it.get("summary") or ())
+    if t == "compaction":  # its summary's tokens (llmsim.sim.compaction)
+        return 3 + summary_tokens(it.get("encrypted_content")), ()
     return 3, ()
 
 

@@ -31,7 +31,7 @@ from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
 from ...stream import EventStream
 from ..validate import BodyMemo, V, check_request_work, paced
-from . import render
+from . import compaction, render
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
     CANCEL,
@@ -163,12 +163,14 @@ def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) ->
 
 
 def _check_call_ids(items: list[Item], history: list[Item]) -> None:
-    """Every tool output must answer a tool call of the context, as the real API insists."""
+    """Every tool output must answer a tool call of the context (a compacted one too), as
+    the real API insists."""
     if not any(it.get("type") in ("function_call_output", "custom_tool_call_output")
                for it in items):
         return  # (nothing to check: no scan of a long history)
     calls = {it.get("call_id") for it in history
              if it.get("type") in ("function_call", "custom_tool_call")}
+    calls |= compaction.call_ids(history + items)
     for i, it in enumerate(items):
         t = it.get("type")
         if t in ("function_call", "custom_tool_call"):
@@ -276,6 +278,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
     _check_call_ids(items, history)
+    history, items = compaction.prune(history, items)
     cw = rr.profile.context_window
     room = cw - (rr.limit or 0)
     # Counted once, item by item, and only up to what can fit (input_tokens: the whole
@@ -339,6 +342,13 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         decision = app.answer_now(asked, rng, lat) or \
             await app.answer(req, "responses", asked, rng, lat, response_id=rid)
         out = render.response_out(decision, rid, created_at)
+        if rr.compact_threshold is not None and p.input_tokens > rr.compact_threshold:
+            item, summary = compaction.auto(p.context, p.input_tokens, lat)
+            out.items.insert(0, item)
+            out.extra += item.seconds
+            u = out.counts
+            out.counts = type(u)(u.prompt_tokens, u.output_tokens + summary,
+                                 u.reasoning_tokens, u.cached_tokens)
     else:  # WebSocket warm-up: state only, no model output
         out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
@@ -667,6 +677,7 @@ def register(app: App) -> None:
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
+    r.add("POST", "/v1/responses/compact", compaction.compact, "responses.compact")
     r.add("GET", "/v1/responses/{id}", retrieve, "responses.retrieve", stream_capable=True)
     r.add("DELETE", "/v1/responses/{id}", delete, "responses.delete")
     r.add("POST", "/v1/responses/{id}/cancel", cancel, "responses.cancel")

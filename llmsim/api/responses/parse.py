@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import APIError, E, missing, quoted
 from ...sim import schema as sch
+from ...sim.compaction import MAX_BLOB_CHARS, summary_tokens
 from ...sim.decide import TEXT, TOOL_CHOICES, Ask, Output, Tool, ToolChoice
 from ...sim.models import ModelProfile
 from ...sim.prompt import content_text
@@ -55,7 +56,8 @@ INPUT_ROLES = ("user", "assistant", "system", "developer")
 USER_PARTS = ("input_text", "input_image", "input_file")
 ASSISTANT_PARTS = ("output_text", "refusal")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning",
-              "item_reference", "custom_tool_call", "custom_tool_call_output")
+              "item_reference", "custom_tool_call", "custom_tool_call_output", "compaction")
+MAX_CONTEXT_MANAGEMENT = 4  # entries of context_management
 
 
 @dataclass(slots=True)
@@ -95,6 +97,7 @@ class RespRequest:
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    compact_threshold: int | None = None  # context_management: compact past this many tokens
     generate: bool = True  # WebSocket warm-up (generate: false) produces no output
 
     @property
@@ -167,7 +170,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
 
 ID_PREFIX = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_",
              "function_call_output": "fco_", "custom_tool_call_output": "ctco_",
-             "reasoning": "rs_"}
+             "reasoning": "rs_", "compaction": "cmp_"}
 """The prefix of the id an input item of each type gets when the client gave none."""
 
 
@@ -277,6 +280,11 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             if isinstance(it.get("content"), list):
                 item["content"] = it["content"]
             items.append(item)
+        elif t == "compaction":
+            blob = _need_str(it, "encrypted_content", p)
+            if summary_tokens(blob) <= 0 or len(blob) > MAX_BLOB_CHARS:  # (expanded lazily)
+                raise E.invalid_encrypted_content.at(f"{p}.encrypted_content")
+            items.append({"id": _item_id(it, t), "type": t, "encrypted_content": blob})
         else:  # item_reference
             rid = _need_str(it, "id", p)
             refs.append(rid)
@@ -486,6 +494,7 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
     safety_identifier = v.str("safety_identifier", max_len=64)
     prompt_cache_key = v.str("prompt_cache_key")
     retention = v.str("prompt_cache_retention", None, choices=("in_memory", "24h"))
+    compact_threshold = _context_management(v, profile)
     so = v.dict("stream_options")
     if so is not None and not stream and transport != "ws":
         raise E.stream_options_without_stream.at("stream_options")
@@ -542,7 +551,29 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
         presence_penalty=presence or 0.0, frequency_penalty=frequency or 0.0,
         truncation=truncation, service_tier=service_tier, user=user,
         safety_identifier=safety_identifier, prompt_cache_key=prompt_cache_key,
-        prompt_cache_retention=retention, generate=generate)
+        prompt_cache_retention=retention, compact_threshold=compact_threshold,
+        generate=generate)
+
+
+def _context_management(v: V, profile: ModelProfile) -> int | None:
+    """``context_management``: the compaction threshold in input tokens (None: never
+    compact). A compaction entry without ``compact_threshold`` compacts past 80% of the
+    model's context window."""
+    entries = v.list("context_management", None, max_len=MAX_CONTEXT_MANAGEMENT)
+    threshold = None
+    for i, e in enumerate(entries or ()):
+        p = f"context_management[{i}]"
+        if _typed(e, p, ("compaction",)) == "compaction":
+            t = e.get("compact_threshold")
+            if t is None:
+                t = profile.context_window * 4 // 5
+            elif type(t) is not int:
+                raise E.invalid_type.at(f"{p}.compact_threshold", expected="an integer")
+            elif not 1000 <= t <= profile.context_window:
+                raise E.out_of_range.at(f"{p}.compact_threshold", lo=1000,
+                                        hi=profile.context_window, value=t)
+            threshold = t if threshold is None else min(threshold, t)
+    return threshold
 
 
 def _texts(items: list[dict[str, Any]]) -> list[str]:

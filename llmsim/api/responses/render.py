@@ -30,7 +30,7 @@ from ...sim.rng import new_id
 from ...stream import TokenRun
 from .parse import RespRequest
 
-__all__ = ["ReasoningOut", "MessageOut", "CallOut", "RespOut", "response_out", "no_output",
+__all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
            "completed_at", "TERMINAL"]
 
@@ -81,6 +81,24 @@ class CallOut:
 
 
 @dataclass(slots=True)
+class HostedOut:
+    """An item the server makes itself, not the model's tokens: a compaction, or a hosted
+    tool's call (``llmsim.api.responses.hosted``). Its JSON when added and when done, and the
+    events between, each ``(delay, type, fields)``: the delay after the event before it
+    (the tool's time), the fields besides ``type``, ``item_id`` and ``output_index``."""
+
+    id: str
+    added: dict[str, Any]
+    done: dict[str, Any]
+    steps: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
+    tail: float = 0.0  # the delay before output_item.done
+
+    @property
+    def seconds(self) -> float:
+        return sum(d for d, _, _ in self.steps) + self.tail
+
+
+@dataclass(slots=True)
 class RespOut:
     """A decided response as output items: usage, status and timing (``timing`` None: no
     model output, a WebSocket warm-up). ``streamed`` counts the token events of its stream
@@ -89,7 +107,7 @@ class RespOut:
     id: str
     created_at: int
     counts: Usage
-    items: list[ReasoningOut | MessageOut | CallOut] = field(default_factory=list)
+    items: list[ReasoningOut | MessageOut | CallOut | HostedOut] = field(default_factory=list)
     status: str = "completed"  # or "incomplete"
     incomplete_reason: str | None = None
     timing: Timing | None = None
@@ -97,6 +115,7 @@ class RespOut:
     # seconds from response.created to the terminal event, once known (the stream's plan
     # sums the gaps it draws; else :attr:`duration` draws them)
     elapsed: float | None = None
+    extra: float = 0.0  # seconds of server-side work besides the tokens (HostedOut.steps)
 
     @property
     def first_delay(self) -> float:
@@ -109,7 +128,8 @@ class RespOut:
         d = self.elapsed
         if d is None:
             t = self.timing
-            d = self.elapsed = t.duration(self.streamed) if t is not None else 0.0
+            d = self.elapsed = (t.duration(self.streamed) if t is not None else 0.0) \
+                + self.extra
         return d
 
     def iter_gaps(self) -> Iterator[float]:
@@ -129,7 +149,7 @@ class RespOut:
 def response_out(d: Decision, rid: str, created_at: int) -> RespOut:
     """The decision (one choice) as Responses output: reasoning, then calls or a message."""
     c = d.choices[0]
-    items: list[ReasoningOut | MessageOut | CallOut] = []
+    items: list[ReasoningOut | MessageOut | CallOut | HostedOut] = []
     streamed = 0
     r = c.reasoning
     if r is not None:
@@ -221,8 +241,11 @@ def final_snapshot(echo: dict[str, Any], out: RespOut) -> dict[str, Any]:
                     completed_at=completed_at(out), incomplete=out.incomplete_reason)
 
 
-def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> dict[str, Any]:
+def item_json(item: ReasoningOut | MessageOut | CallOut | HostedOut,
+              done: bool = True) -> dict[str, Any]:
     """An output item as in ``response.output`` (``done``) or ``output_item.added``."""
+    if type(item) is HostedOut:
+        return item.done if done else item.added
     if type(item) is MessageOut:
         content = ([{"type": "output_text", "text": item.text, "annotations": [],
                      "logprobs": item.logprobs or []}] if done else [])
@@ -271,14 +294,14 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     gaps = out.iter_gaps()
     if type(gaps) is ConstantGaps:  # equal gaps: a token run takes them at once (flow.Pump)
         if out.elapsed is None:
-            out.elapsed = pending + sum(repeat(gaps.value, length_hint(gaps)))
+            out.elapsed = pending + sum(repeat(gaps.value, length_hint(gaps))) + out.extra
     else:
         # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn)
         # and summed once for completed_at; held only while the stream runs (a replay draws
         # again)
         drawn = list(gaps)
         if out.elapsed is None:
-            out.elapsed = pending + sum(drawn)
+            out.elapsed = pending + sum(drawn) + out.extra
         gaps = iter(drawn)
     # token events: the first at once (every item's first event takes the first delay,
     # before any token), then one gap each
@@ -322,6 +345,16 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             yield wait(), "response.output_item.done", {
                 "type": "response.output_item.done", "output_index": idx, "item": done}
             done_items.append(done)
+            continue
+        if type(item) is HostedOut:
+            yield wait(), "response.output_item.added", {
+                "type": "response.output_item.added", "output_index": idx, "item": item.added}
+            for delay, etype, fields in item.steps:
+                yield delay, etype, {"type": etype, "item_id": rid, "output_index": idx,
+                                     **fields}
+            yield item.tail, "response.output_item.done", {
+                "type": "response.output_item.done", "output_index": idx, "item": item.done}
+            done_items.append(item.done)
             continue
         yield wait(), "response.output_item.added", {
             "type": "response.output_item.added", "output_index": idx,
