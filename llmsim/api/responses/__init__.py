@@ -31,7 +31,7 @@ from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
 from ...stream import EventStream
 from ..validate import BodyMemo, V, check_request_work, paced
-from . import compaction, render
+from . import compaction, hosted, render
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
     CANCEL,
@@ -162,21 +162,23 @@ def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) ->
     return out
 
 
+_OUTPUTS = frozenset(("function_call_output", "custom_tool_call_output",
+                      *hosted.CALL_OF_OUTPUT))
+_CALLS = frozenset(("function_call", "custom_tool_call", *hosted.CALL_OF_OUTPUT.values()))
+
+
 def _check_call_ids(items: list[Item], history: list[Item]) -> None:
     """Every tool output must answer a tool call of the context (a compacted one too), as
     the real API insists."""
-    if not any(it.get("type") in ("function_call_output", "custom_tool_call_output")
-               for it in items):
+    if not any(it.get("type") in _OUTPUTS for it in items):
         return  # (nothing to check: no scan of a long history)
-    calls = {it.get("call_id") for it in history
-             if it.get("type") in ("function_call", "custom_tool_call")}
+    calls = {it.get("call_id") for it in history if it.get("type") in _CALLS}
     calls |= compaction.call_ids(history + items)
     for i, it in enumerate(items):
         t = it.get("type")
-        if t in ("function_call", "custom_tool_call"):
+        if t in _CALLS:
             calls.add(it.get("call_id"))
-        elif t in ("function_call_output", "custom_tool_call_output") \
-                and it.get("call_id") not in calls:
+        elif t in _OUTPUTS and it.get("call_id") not in calls:
             raise E.no_tool_call_for_output.at(f"input[{i}]", call_id=it.get("call_id"))
 
 
@@ -278,6 +280,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
     _check_call_ids(items, history)
+    hosted.check_approvals(items, history)
     history, items = compaction.prune(history, items)
     cw = rr.profile.context_window
     room = cw - (rr.limit or 0)
@@ -341,7 +344,11 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         lat = app.latency(rr.profile)
         decision = app.answer_now(asked, rng, lat) or \
             await app.answer(req, "responses", asked, rng, lat, response_id=rid)
-        out = render.response_out(decision, rid, created_at)
+        if hosted.involved(rr):
+            out = hosted.response_out(decision, asked, rr, p.context, p.input_items,
+                                      app.config, rng, lat, rid, created_at)
+        else:
+            out = render.response_out(decision, rid, created_at)
         if rr.compact_threshold is not None and p.input_tokens > rr.compact_threshold:
             item, summary = compaction.auto(p.context, p.input_tokens, lat)
             out.items.insert(0, item)

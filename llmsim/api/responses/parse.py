@@ -19,6 +19,7 @@ from ...sim.models import ModelProfile
 from ...sim.prompt import content_text
 from ...sim.rng import new_id
 from ..validate import FUNCTION_NAME, V, got, unsupported
+from . import hosted
 
 if TYPE_CHECKING:
     from ...app import App
@@ -56,7 +57,8 @@ INPUT_ROLES = ("user", "assistant", "system", "developer")
 USER_PARTS = ("input_text", "input_image", "input_file")
 ASSISTANT_PARTS = ("output_text", "refusal")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning",
-              "item_reference", "custom_tool_call", "custom_tool_call_output", "compaction")
+              "item_reference", "custom_tool_call", "custom_tool_call_output", "compaction",
+              *hosted.INPUT_TYPES)
 MAX_CONTEXT_MANAGEMENT = 4  # entries of context_management
 
 
@@ -170,7 +172,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
 
 ID_PREFIX = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_",
              "function_call_output": "fco_", "custom_tool_call_output": "ctco_",
-             "reasoning": "rs_", "compaction": "cmp_"}
+             "reasoning": "rs_", "compaction": "cmp_", **hosted.PREFIX}
 """The prefix of the id an input item of each type gets when the client gave none."""
 
 
@@ -280,6 +282,8 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             if isinstance(it.get("content"), list):
                 item["content"] = it["content"]
             items.append(item)
+        elif t in hosted.INPUT_TYPES:
+            items.append(hosted.input_item(it, t, p))
         elif t == "compaction":
             blob = _need_str(it, "encrypted_content", p)
             if summary_tokens(blob) <= 0 or len(blob) > MAX_BLOB_CHARS:  # (expanded lazily)
@@ -339,6 +343,7 @@ def _tools(raw: list[Any], work: sch.Work) -> list[dict[str, Any]]:
         elif tt == "mcp" and t.get("server_url") is None and t.get("connector_id") is None:
             raise E.one_of_required.at(p, fields="'server_url' or 'connector_id'")
         out.append(tool)
+    hosted.check_tools(out)
     return out
 
 
@@ -473,7 +478,7 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
                                        max=profile.max_output_tokens, unit="output")
     max_tool_calls = v.int("max_tool_calls", None, lo=1)
     schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
-    tools = _tools(v.list("tools", []) or [], schema_work)
+    tools = _tools(v.list("tools", [], max_len=hosted.MAX_TOOLS) or [], schema_work)
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     parallel = v.bool("parallel_tool_calls", True)
     text_format, verbosity = _text(v, schema_work)
@@ -590,7 +595,8 @@ def _texts(items: list[dict[str, Any]]) -> list[str]:
 # The request as the decision sees it
 # ------------------------------------------------------------------------------------------
 
-TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output", "computer_call_output",
+                "shell_call_output", "local_shell_call_output", "apply_patch_call_output")
 
 
 def _prompt_texts(instructions: str | None, context: list[dict[str, Any]]) -> list[str]:
@@ -610,23 +616,33 @@ def _last_user_text(context: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _decide_tool_choice(tc: Any) -> ToolChoice:
+def _allowed_name(a: dict[str, Any]) -> str | None:
+    t = a.get("type")
+    if t in CALLABLE_TOOLS:
+        return a.get("name")
+    if t == "mcp":
+        return f"mcp:{a.get('server_label')}"
+    return hosted.FAMILY.get(t or "")
+
+
+def _decide_tool_choice(tc: Any, tools: list[dict[str, Any]]) -> ToolChoice:
     if isinstance(tc, str):
         return TOOL_CHOICES[tc]  # "auto" | "none" | "required"
     t = tc["type"]
     if t in CALLABLE_TOOLS:
         return ToolChoice("named", frozenset((tc["name"],)))
     if t == "allowed_tools":
-        return ToolChoice(tc["mode"], frozenset(a["name"] for a in tc["tools"]
-                                                if isinstance(a, dict) and "name" in a))
-    return ToolChoice("hosted")  # a hosted tool is forced: llmsim never runs hosted tools
+        return ToolChoice(tc["mode"], frozenset(n for a in tc["tools"] if isinstance(a, dict)
+                                                for n in (_allowed_name(a),) if n))
+    # a hosted tool is forced: the decision calls it (none of that type: no call)
+    return hosted.forced(tc, tools) or ToolChoice("hosted")
 
 
 def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
         cached_tokens: int, json_hint: bool = False) -> Ask:
     """The request as :func:`llmsim.sim.decide.decide` needs it (``context`` = earlier turns
     plus this input, resolved)."""
-    tools: list[Tool] = []
+    tools: list[Tool] = hosted.decide_tools(rr.tools)
     for i, t in enumerate(rr.tools):  # (usually none)
         kind = t["type"]
         desc = t.get("description")
@@ -648,7 +664,7 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
                json_hint=json_hint,
                after_tool_result=bool(context) and context[-1].get("type") in TOOL_OUTPUTS,
                tools=tuple(tools) if tools else (),
-               tool_choice=_decide_tool_choice(rr.tool_choice),
+               tool_choice=_decide_tool_choice(rr.tool_choice, rr.tools),
                parallel_tool_calls=rr.parallel_tool_calls, max_tool_calls=rr.max_tool_calls,
                output=output, limit=rr.limit, effort=rr.effort, summary=rr.summary,
                encrypted=rr.encrypted, logprobs="message.output_text.logprobs" in rr.include,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import length_hint
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,7 +28,9 @@ from ...sim.decide import Decision, Timing, Usage
 from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
 from ...stream import TokenRun
-from .parse import RespRequest
+
+if TYPE_CHECKING:
+    from .parse import RespRequest
 
 __all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
@@ -60,6 +62,7 @@ class MessageOut:
     tokens: int
     status: str = "completed"  # "incomplete" when cut by max_output_tokens
     logprobs: list[dict[str, Any]] | None = None  # include message.output_text.logprobs
+    annotations: list[dict[str, Any]] | None = None  # citations of hosted tools' results
 
     @property
     def text(self) -> str:
@@ -116,6 +119,7 @@ class RespOut:
     # sums the gaps it draws; else :attr:`duration` draws them)
     elapsed: float | None = None
     extra: float = 0.0  # seconds of server-side work besides the tokens (HostedOut.steps)
+    tool_usage: dict[str, Any] | None = None  # hosted tools' billing (Response.tool_usage)
 
     @property
     def first_delay(self) -> float:
@@ -227,6 +231,7 @@ def snapshot(echo: dict[str, Any], out: RespOut, status: str,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
         **echo, "output": out_items, "output_text": output_text(out_items),
         "usage": out.usage() if usage else None,
+        **({"tool_usage": out.tool_usage} if usage and out.tool_usage is not None else {}),
     }
 
 
@@ -247,7 +252,8 @@ def item_json(item: ReasoningOut | MessageOut | CallOut | HostedOut,
     if type(item) is HostedOut:
         return item.done if done else item.added
     if type(item) is MessageOut:
-        content = ([{"type": "output_text", "text": item.text, "annotations": [],
+        content = ([{"type": "output_text", "text": item.text,
+                     "annotations": item.annotations or [],
                      "logprobs": item.logprobs or []}] if done else [])
         return {"id": item.id, "type": "message", "status": item.status if done
                 else "in_progress", "content": content, "role": "assistant"}
@@ -377,6 +383,11 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
+            for ai, ann in enumerate(item.annotations or ()):
+                yield 0.0, "response.output_text.annotation.added", {
+                    "type": "response.output_text.annotation.added", "item_id": rid,
+                    "output_index": idx, "content_index": 0, "annotation_index": ai,
+                    "annotation": ann}
             text = item.text
             yield 0.0, "response.output_text.done", {
                 "type": "response.output_text.done", "item_id": rid, "output_index": idx,
@@ -384,7 +395,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             yield 0.0, "response.content_part.done", {
                 "type": "response.content_part.done", "item_id": rid, "output_index": idx,
                 "content_index": 0, "part": {"type": "output_text", "text": text,
-                                             "annotations": [], "logprobs": lps or []}}
+                                             "annotations": item.annotations or [],
+                                             "logprobs": lps or []}}
         else:
             assert type(item) is CallOut
             fn = item.kind == "function_call"
