@@ -596,7 +596,8 @@ def _texts(items: list[dict[str, Any]]) -> list[str]:
 # ------------------------------------------------------------------------------------------
 
 TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output", "computer_call_output",
-                "shell_call_output", "local_shell_call_output", "apply_patch_call_output")
+                "shell_call_output", "local_shell_call_output", "apply_patch_call_output",
+                "mcp_approval_response")  # (an approved MCP call runs first: hosted.py)
 
 
 def _prompt_texts(instructions: str | None, context: list[dict[str, Any]]) -> list[str]:
