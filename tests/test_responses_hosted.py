@@ -478,3 +478,22 @@ def test_openai_agents_hosted_tools(hsrv: Any) -> None:
         kinds = [getattr(i.raw_item, "type", None) for i in result.new_items]
         assert isinstance(result.final_output, str) and result.final_output, kinds
         assert any(k and k.endswith(("_call", "mcp_list_tools")) for k in kinds), kinds
+
+
+def test_hosted_tools_over_websocket(hclient: Any) -> None:
+    """The same items and events over the WebSocket mode, each event strictly valid."""
+    with hclient.responses.connect() as conn:
+        conn.response.create(model="gpt-4o", input="Search the web for llamas.", tools=[WEB],
+                             tool_choice="required")
+        events = []
+        while True:
+            ev = json.loads(conn.recv_bytes())
+            SSE_EVENT.validate_python(ev, strict=True)
+            events.append(ev)
+            if ev["type"] in ("response.completed", "error"):
+                break
+    check_items(events)
+    types = [e["type"] for e in events]
+    assert "response.web_search_call.searching" in types
+    assert [o["type"] for o in events[-1]["response"]["output"]] == ["web_search_call",
+                                                                      "message"]

@@ -99,3 +99,27 @@ def test_websocket_events_and_errors_conform(osrv: Any) -> None:
             assert err["type"] == "error"
             conforms(err, "WebSocketErrorEvent")
             assert isinstance(err["error"]["code"], str)
+
+
+@pytest.mark.parametrize("body, kind", [
+    ({"input": "Search the configured vector store for relevant content and summarize one "
+               "result.", "tools": [{"type": "file_search", "vector_store_ids": ["vs_abc"]}],
+      "tool_choice": {"type": "file_search"}, "include": ["file_search_call.results"]},
+     "file_search_call"),
+    ({"input": "Find the most relevant cached result for OpenResponses.",
+      "tools": [{"type": "web_search", "external_web_access": False}],
+      "tool_choice": {"type": "web_search"}, "include": ["web_search_call.action.sources"]},
+     "web_search_call"),
+])
+def test_search_requests_of_the_compliance_suite(osrv: Any, body: dict[str, Any],
+                                                 kind: str) -> None:
+    """The suite's optional search tests (a vector store id, offline web search), answered
+    by the simulated hosted tools, and strictly valid for the openai SDK."""
+    from openai.types.responses import Response
+
+    r = rawhttp.request(osrv.url, "POST", "/v1/responses", {"model": "gpt-4o", **body})
+    assert r.status == 200, r.body
+    resp = r.json()
+    Response.model_validate(resp, strict=True)
+    assert resp["status"] == "completed"
+    assert [o["type"] for o in resp["output"]] == [kind, "message"]

@@ -384,6 +384,10 @@ def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
     hosted = ("file_search", "web_search_preview", "computer", "computer_use_preview",
               "computer_use", "web_search_preview_2025_03_11", "image_generation",
               "code_interpreter", "apply_patch", "shell", "programmatic_tool_calling")
+    if t in ("web_search", "web_search_2025_08_26"):
+        # (Open Responses' WebSearchToolChoice; the SDK's Response.tool_choice knows the
+        # family only as web_search_preview: echoed so)
+        return {"type": "web_search_preview"}
     if t not in hosted:
         raise _bad_value("tool_choice.type", t, ("function", "custom", "allowed_tools", "mcp")
                          + hosted)
