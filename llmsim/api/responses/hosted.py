@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .parse import RespRequest
 
 __all__ = ["FAMILY", "check_tools", "decide_tools", "forced", "response_out", "input_item",
-           "INPUT_TYPES", "CALL_OF_OUTPUT", "check_approvals", "MAX_TOOLS", "MAX_MCP_SERVERS",
+           "INPUT_TYPES", "CALL_OF_OUTPUT", "involved", "check_approvals", "MAX_TOOLS", "MAX_MCP_SERVERS",
            "MAX_ALLOWED_TOOLS", "MAX_VECTOR_STORES", "MAX_PENDING_APPROVALS"]
 
 Item = dict[str, Any]
@@ -593,8 +593,8 @@ def involved(rr: RespRequest) -> bool:
     return any(t["type"] in FAMILY for t in rr.tools)
 
 
-def _cite(pieces: list[str], cites: list[dict[str, Any]], enc: str,
-          rng: random.Random) -> tuple[list[str], list[dict[str, Any]], int]:
+def _cite(pieces: list[str], cites: list[dict[str, Any]],
+          enc: str) -> tuple[list[str], list[dict[str, Any]], int]:
     """The message's pieces with citations placed at up to three sentence ends: a web page
     as a markdown link the ``url_citation`` spans, a file at the ``file_citation`` index.
     Returns the pieces, the annotations and the tokens added."""
@@ -680,7 +680,7 @@ def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
     reasoning = usage.reasoning_tokens
     reason = INCOMPLETE.get(c.finish) if c.pieces is not None else None
     if c.pieces is not None:  # the model answered in text (an MCP listing at most before)
-        pieces, anns, added = _cite(c.pieces, run.cites, enc, hrng)
+        pieces, anns, added = _cite(c.pieces, run.cites, enc)
         run.items.append(MessageOut(new_id("msg_"), pieces, c.tokens + added,
                                     "completed" if reason is None else "incomplete",
                                     c.logprobs, anns or None))
@@ -695,7 +695,7 @@ def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
         c2 = d2.choices[0]
         reason = INCOMPLETE.get(c2.finish)
         cites = run.cites if reason is None else []
-        pieces, anns, added = _cite(c2.pieces or [], cites, enc, hrng)
+        pieces, anns, added = _cite(c2.pieces or [], cites, enc)
         run.items.append(MessageOut(new_id("msg_"), pieces, c2.tokens + added,
                                     "completed" if reason is None else "incomplete",
                                     c2.logprobs, anns or None))
