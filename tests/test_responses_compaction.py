@@ -212,3 +212,25 @@ def test_context_management_bounds(csrv: Any, cm: Any, param: str) -> None:
     r = rawhttp.request(csrv.url, "POST", "/v1/responses",
                         {"model": "gpt-4o", "input": "x", "context_management": cm})
     assert r.status == 400 and r.json()["error"]["param"] == param, r.body
+
+
+def test_one_blob_is_expanded_a_request(cclient: Any, csrv: Any, monkeypatch: Any) -> None:
+    """A context with many compaction items reads only the newest (the older ones are what it
+    replaced): one expansion a request however many blobs are sent; the stored input keeps
+    every item."""
+    calls = []
+    real = blob.expand
+
+    def counting(b: Any) -> Any:
+        calls.append(1)
+        return real(b)
+
+    monkeypatch.setattr(blob, "expand", counting)
+    items = [{"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"}]
+    enc = blob.encode(items, 100)
+    many = [{"type": "compaction", "encrypted_content": enc} for _ in range(200)]
+    r = cclient.responses.create(model="gpt-4o", input=[*many, {
+        "type": "function_call_output", "call_id": "call_a", "output": "x"}])
+    assert r.status == "completed" and len(calls) == 1
+    listed = cclient.responses.input_items.list(r.id, limit=100)
+    assert len(listed.data) == 100 and listed.has_more

@@ -497,3 +497,16 @@ def test_hosted_tools_over_websocket(hclient: Any) -> None:
     assert "response.web_search_call.searching" in types
     assert [o["type"] for o in events[-1]["response"]["output"]] == ["web_search_call",
                                                                       "message"]
+
+
+def test_cited_text_streams_whole_with_logprobs(hsrv: Any) -> None:
+    """Citations inserted into the answer stream as deltas too, each with its logprob."""
+    events = sse(hsrv, {"model": "gpt-4o", "input": "Search the web for llamas.",
+                        "tools": [WEB], "tool_choice": "required", "top_logprobs": 2,
+                        "include": ["message.output_text.logprobs"]})
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert "".join(e["delta"] for e in deltas) == done["text"]
+    assert len(done["logprobs"]) == len(deltas) and all(len(e["logprobs"]) == 1
+                                                         for e in deltas)
+    assert "](https://" in done["text"]

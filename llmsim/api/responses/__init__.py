@@ -167,13 +167,13 @@ _OUTPUTS = frozenset(("function_call_output", "custom_tool_call_output",
 _CALLS = frozenset(("function_call", "custom_tool_call", *hosted.CALL_OF_OUTPUT.values()))
 
 
-def _check_call_ids(items: list[Item], history: list[Item]) -> None:
+def _check_call_ids(items: list[Item], history: list[Item], given: list[Item]) -> None:
     """Every tool output must answer a tool call of the context (a compacted one too), as
-    the real API insists."""
+    the real API insists (``given``: the input as sent, which names a bad blob)."""
     if not any(it.get("type") in _OUTPUTS for it in items):
         return  # (nothing to check: no scan of a long history)
     calls = {it.get("call_id") for it in history if it.get("type") in _CALLS}
-    calls |= compaction.call_ids(history + items)
+    calls |= compaction.call_ids(history + items, given)
     for i, it in enumerate(items):
         t = it.get("type")
         if t in _CALLS:
@@ -279,16 +279,18 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
             raise E.conversation_not_found.at("conversation", id=rr.conversation)
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
-    _check_call_ids(items, history)
-    hosted.check_approvals(items, history)
-    history, items = compaction.prune(history, items)
+    # the context the model reads: before the newest compaction item, its user messages
+    # (the item stands for the rest: expanded only there); the input is kept whole
+    history, seen = compaction.prune(history, items)
+    _check_call_ids(seen, history, items)
+    hosted.check_approvals(seen, history)
     cw = rr.profile.context_window
     room = cw - (rr.limit or 0)
     # Counted once, item by item, and only up to what can fit (input_tokens: the whole
     # window); truncation "auto" drops the oldest turns that do not fit (prompt.input_steps).
     cap = cw if count_only else room
     total, first, prefix = await paced(input_steps(
-        history, items, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
+        history, seen, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
         rr.truncation == "auto"))
     history = history[first:]
     if total > cap:
@@ -302,7 +304,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
         check_request_work(1, per_choice, rr.top_logprobs if logprobs else 0,
                            param="max_output_tokens")
     cached = cached_prefix_tokens(prefix) if history else 0
-    return Prepared(rr, parent, conv, items, history + items, total, min(cached, total))
+    return Prepared(rr, parent, conv, items, history + seen, total, min(cached, total))
 
 
 # ------------------------------------------------------------------------------------------

@@ -56,13 +56,22 @@ def _expand(it: Item, param: str) -> list[Item]:
         raise E.invalid_encrypted_content.at(param) from None
 
 
-def call_ids(context: list[Item]) -> set[Any]:
-    """The call ids of the tool calls compacted into the context's compaction items (a later
-    tool output may answer one)."""
+def _param(it: Item, given: list[Item]) -> str:
+    """Where a compaction item came from: ``input[i]`` of this request, else the chain."""
+    for i, x in enumerate(given):
+        if x is it:
+            return f"input[{i}].encrypted_content"
+    return "previous_response_id"
+
+
+def call_ids(context: list[Item], given: list[Item]) -> set[Any]:
+    """The call ids of the tool calls compacted into the context's compaction item (a later
+    tool output may answer one). ``context`` is pruned (:func:`prune`): at most one item,
+    so at most one blob is expanded a request."""
     out: set[Any] = set()
-    for i, it in enumerate(context):
+    for it in context:
         if it.get("type") == "compaction":
-            out.update(c.get("call_id") for c in _expand(it, f"input[{i}].encrypted_content")
+            out.update(c.get("call_id") for c in _expand(it, _param(it, given))
                        if c.get("call_id") is not None)
     return out
 
@@ -73,11 +82,11 @@ def compact_items(context: list[Item], tokens: int) -> tuple[list[Item], Item, i
     :data:`llmsim.sim.compaction.MAX_ITEMS_BYTES`)."""
     users: list[Item] = []
     rest: list[Item] = []
-    for i, it in enumerate(context):
+    for it in context:  # (pruned: at most one compaction item)
         if _is_user(it):
             users.append(it)
         elif it.get("type") == "compaction":
-            rest.extend(_expand(it, f"input[{i}].encrypted_content"))
+            rest.extend(_expand(it, "input"))
         else:
             rest.append(it)
     summary = blob.summary_size(tokens)

@@ -593,43 +593,51 @@ def involved(rr: RespRequest) -> bool:
     return any(t["type"] in FAMILY for t in rr.tools)
 
 
-def _cite(pieces: list[str], cites: list[dict[str, Any]],
-          enc: str) -> tuple[list[str], list[dict[str, Any]], int]:
-    """The message's pieces with citations placed at up to three sentence ends: a web page
-    as a markdown link the ``url_citation`` spans, a file at the ``file_citation`` index.
-    Returns the pieces, the annotations and the tokens added."""
+def _cite(pieces: list[str], cites: list[dict[str, Any]], enc: str,
+          lps: list[dict[str, Any]] | None
+          ) -> tuple[list[str], list[dict[str, Any]], int, list[dict[str, Any]] | None]:
+    """The message's pieces with up to three citations, at the ends of equal stretches of
+    the text: a web page as a markdown link that its ``url_citation`` spans, a file at its
+    ``file_citation`` index. Returns the pieces, the annotations, the tokens added and the
+    logprobs (one for each piece: the inserted ones certain)."""
     if not cites or not pieces:
-        return pieces, [], 0
+        return pieces, [], 0, lps
     k = min(len(cites), 3)
-    # cut points: the ends of k roughly equal stretches of the text
     cuts = sorted({max(1, len(pieces) * (j + 1) // k) for j in range(k)})
     out: list[str] = []
+    out_lps: list[dict[str, Any]] | None = [] if lps is not None else None
     anns: list[dict[str, Any]] = []
     added = 0
     at = 0  # characters so far
     prev = 0
     for j, cut in enumerate(cuts):
-        for p in pieces[prev:cut]:
-            out.append(p)
-            at += len(p)
+        for i in range(prev, cut):
+            out.append(pieces[i])
+            at += len(pieces[i])
+            if out_lps is not None and lps is not None:
+                out_lps.append(lps[i])
         prev = cut
         c = cites[j]
         if c["type"] == "url_citation":
             domain = c["url"].split("/")[2] if c["url"].count("/") >= 2 else c["url"]
             link = f"[{domain}]({c['url']})"
             extra, n = tok.split_pieces_counted(f" ({link})", enc)
-            start = at + 2
+            start = at + 2  # after " ("
             anns.append({"type": "url_citation", "start_index": start,
                          "end_index": start + len(link), "title": c["title"], "url": c["url"]})
             out += extra
+            if out_lps is not None:
+                out_lps += [{"token": x, "logprob": 0.0, "bytes": list(x.encode()),
+                             "top_logprobs": []} for x in extra]
             at += sum(map(len, extra))
             added += n
         else:
             anns.append({"type": "file_citation", "file_id": c["file_id"],
                          "filename": c["filename"], "index": at})
-    for p in pieces[prev:]:
-        out.append(p)
-    return out, anns, added
+    out += pieces[prev:]
+    if out_lps is not None and lps is not None:
+        out_lps += lps[prev:]
+    return out, anns, added, out_lps
 
 
 def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
@@ -680,10 +688,10 @@ def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
     reasoning = usage.reasoning_tokens
     reason = INCOMPLETE.get(c.finish) if c.pieces is not None else None
     if c.pieces is not None:  # the model answered in text (an MCP listing at most before)
-        pieces, anns, added = _cite(c.pieces, run.cites, enc)
+        pieces, anns, added, lps = _cite(c.pieces, run.cites, enc, c.logprobs)
         run.items.append(MessageOut(new_id("msg_"), pieces, c.tokens + added,
                                     "completed" if reason is None else "incomplete",
-                                    c.logprobs, anns or None))
+                                    lps, anns or None))
         streamed += len(pieces)
         output += added
     elif run.server_ran and not run.waits_client and not calls_out:
@@ -695,10 +703,10 @@ def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
         c2 = d2.choices[0]
         reason = INCOMPLETE.get(c2.finish)
         cites = run.cites if reason is None else []
-        pieces, anns, added = _cite(c2.pieces or [], cites, enc)
+        pieces, anns, added, lps = _cite(c2.pieces or [], cites, enc, c2.logprobs)
         run.items.append(MessageOut(new_id("msg_"), pieces, c2.tokens + added,
                                     "completed" if reason is None else "incomplete",
-                                    c2.logprobs, anns or None))
+                                    lps, anns or None))
         streamed += len(pieces)
         prompt += d2.usage.prompt_tokens
         output += d2.usage.output_tokens + added
