@@ -61,7 +61,7 @@ EXPECTED: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
         "response.mcp_call_arguments.done", "response.mcp_call.completed"]),
     "mcp_approval": (MCP, ["mcp_list_tools", "mcp_approval_request"], []),
     "computer": (COMPUTER, ["computer_call"], []),
-    "shell": (SHELL, ["shell_call"], []),
+    "shell": (SHELL, ["shell_call"], []),  # (its command events: test_shell_command_events)
     "local_shell": (LOCAL_SHELL, ["local_shell_call"], []),
     "apply_patch": (PATCH, ["apply_patch_call"], []),
 }
@@ -510,3 +510,17 @@ def test_cited_text_streams_whole_with_logprobs(hsrv: Any) -> None:
     assert len(done["logprobs"]) == len(deltas) and all(len(e["logprobs"]) == 1
                                                          for e in deltas)
     assert "](https://" in done["text"]
+
+
+def test_shell_command_events(hsrv: Any) -> None:
+    events = sse(hsrv, {"model": "gpt-4o", "input": "List the files.", "tools": [SHELL],
+                        "tool_choice": "required"})
+    call = events[-1]["response"]["output"][0]
+    cmds = call["action"]["commands"]
+    assert call["type"] == "shell_call" and cmds
+    for ci, cmd in enumerate(cmds):
+        mine = [e for e in events if e["type"].startswith("response.shell_call_command.")
+                and e["command_index"] == ci]
+        assert mine[0]["type"].endswith(".added") and mine[-1]["type"].endswith(".done")
+        assert "".join(e["delta"] for e in mine if e["type"].endswith(".delta")) == cmd
+        assert mine[-1]["command"] == cmd and all("item_id" not in e for e in mine)

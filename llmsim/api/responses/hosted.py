@@ -522,6 +522,7 @@ class _Run:
         call_id = new_id("call_")
         q = self.query(script)
         fields: dict[str, Any]
+        steps: list[tuple[float, str, dict[str, Any]]] = []
         if fam == "computer":
             first = not any(it.get("type") == "computer_call" for it in context)
             action = script.get("action") if isinstance(script.get("action"), dict) else \
@@ -530,10 +531,23 @@ class _Run:
             iid, fields = new_id("cu_"), {"type": "computer_call", "call_id": call_id,
                                           "action": action, "pending_safety_checks": []}
         elif fam == "shell":
-            cmds = script.get("commands") if isinstance(script.get("commands"), list) else \
+            given = script.get("commands")
+            cmds: list[Any] = given[:64] if isinstance(given, list) else \
                 sim.shell_commands(q, self.rng)
             iid, fields = new_id("sh_"), {"type": "shell_call", "call_id": call_id, "action": {
                 "commands": cmds, "timeout_ms": None, "max_output_length": None}}
+            # each command streams as the model writes it
+            gap = self.lat.mean_gap()
+            for ci, cmd in enumerate(cmds):
+                pieces, n = tok.split_pieces_counted(str(cmd), self.enc)
+                steps.append((0.0, "response.shell_call_command.added",
+                              {"command_index": ci, "command": ""}))
+                steps += [(gap if k else 0.0, "response.shell_call_command.delta",
+                           {"command_index": ci, "delta": piece})
+                          for k, piece in enumerate(pieces)]
+                steps.append((0.0, "response.shell_call_command.done",
+                              {"command_index": ci, "command": str(cmd)}))
+                self.output_tokens += n
         elif fam == "local_shell":
             cmd = script.get("command") if isinstance(script.get("command"), list) else \
                 sim.shell_commands(q, self.rng)[0].split()
@@ -546,7 +560,7 @@ class _Run:
             iid, fields = new_id("apc_"), {"type": "apply_patch_call", "call_id": call_id,
                                            "operation": op}
         self.add(HostedOut(iid, {"id": iid, **fields, "status": "in_progress"},
-                           {"id": iid, **fields, "status": "completed"}))
+                           {"id": iid, **fields, "status": "completed"}, steps))
         self.waits_client = True
 
 

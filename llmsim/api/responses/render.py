@@ -38,6 +38,9 @@ __all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "res
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 PlanItem = tuple[float, str, Any]
+# hosted-item events that name their item by output_index only
+NO_ITEM_ID = frozenset(("response.shell_call_command.added", "response.shell_call_command.delta",
+                        "response.shell_call_command.done"))
 # a decision's finish reason → incomplete_details.reason (other reasons: completed)
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -356,8 +359,10 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             yield wait(), "response.output_item.added", {
                 "type": "response.output_item.added", "output_index": idx, "item": item.added}
             for delay, etype, fields in item.steps:
-                yield delay, etype, {"type": etype, "item_id": rid, "output_index": idx,
-                                     **fields}
+                yield delay, etype, ({"type": etype, "output_index": idx, **fields}
+                                     if etype in NO_ITEM_ID else
+                                     {"type": etype, "item_id": rid, "output_index": idx,
+                                      **fields})
             yield item.tail, "response.output_item.done", {
                 "type": "response.output_item.done", "output_index": idx, "item": item.done}
             done_items.append(item.done)
