@@ -524,3 +524,36 @@ def test_shell_command_events(hsrv: Any) -> None:
         assert mine[0]["type"].endswith(".added") and mine[-1]["type"].endswith(".done")
         assert "".join(e["delta"] for e in mine if e["type"].endswith(".delta")) == cmd
         assert mine[-1]["command"] == cmd and all("item_id" not in e for e in mine)
+
+
+def test_openai_agents_hosted_mcp_with_approval(hsrv: Any) -> None:
+    """The agents SDK's approval callback approves the request: the call runs and the
+    agent gets the answer (the replayed items are accepted as input)."""
+    from agents import Agent, HostedMCPTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    approved: list[str] = []
+
+    def approve(req: Any) -> Any:
+        approved.append(req.data.name)
+        return {"approve": True}
+
+    tool = HostedMCPTool(tool_config={"type": "mcp", "server_label": "deepwiki",
+                                      "server_url": "https://mcp.example.com/mcp",
+                                      "require_approval": "always"},
+                         on_approval_request=approve)
+
+    async def go() -> Any:
+        client = openai.AsyncOpenAI(base_url=hsrv.url + "/v1", api_key="sk-test",
+                                    max_retries=0)
+        agent = Agent(name="helper", instructions="Use deepwiki.", tools=[tool],
+                      model=OpenAIResponsesModel(model="gpt-4o", openai_client=client))
+        try:
+            return await Runner.run(agent, "Ask deepwiki about llamas.")
+        finally:
+            await client.close()
+
+    result = asyncio.run(go())
+    kinds = [getattr(i.raw_item, "type", None) for i in result.new_items]
+    assert len(approved) == 1 and "mcp_call" in kinds, kinds
+    assert isinstance(result.final_output, str) and result.final_output
