@@ -405,8 +405,7 @@ class E:
                                  "{max} MCP servers (tools of type 'mcp') a request, got "
                                  "{count}.")
     too_many_approvals = Entry(400, "array_above_max_length", "Invalid '{param}': at most {max} "
-                               "MCP approval requests may be pending in one context, got "
-                               "{count}.")
+                               "MCP approval responses in one input, got {count}.")
     mcp_approval_unknown = Entry(400, "invalid_value", "Invalid '{param}': no pending MCP "
                                  "approval request with id '{id}'.", clip=("id",))
     background_over_websocket = Entry(400, "unsupported_parameter", "Background mode is not "

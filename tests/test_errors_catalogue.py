@@ -279,7 +279,7 @@ ROWS: list[tuple[str, str | None, dict[str, Any], int, str, str | None, str | No
      "Invalid 'p.q': at most <max> MCP servers (tools of type 'mcp') a request, got <count>."),
     ('too_many_approvals', 'p.q', {'max': '<max>', 'count': '<count>'},
      400, 'invalid_request_error', 'array_above_max_length', 'p.q',
-     "Invalid 'p.q': at most <max> MCP approval requests may be pending in one context, got <count>."),
+     "Invalid 'p.q': at most <max> MCP approval responses in one input, got <count>."),
     ('mcp_approval_unknown', 'p.q', {'id': '<id>'},
      400, 'invalid_request_error', 'invalid_value', 'p.q',
      "Invalid 'p.q': no pending MCP approval request with id '<id>'."),

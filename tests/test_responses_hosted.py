@@ -557,3 +557,24 @@ def test_openai_agents_hosted_mcp_with_approval(hsrv: Any) -> None:
     kinds = [getattr(i.raw_item, "type", None) for i in result.new_items]
     assert len(approved) == 1 and "mcp_call" in kinds, kinds
     assert isinstance(result.final_output, str) and result.final_output
+
+
+def test_hosted_response_in_background_and_replayed(hclient: Any, hsrv: Any) -> None:
+    """A background response runs its hosted tool on the server's clock; a stored response
+    replays the same hosted events (the plan is rendered again, not kept)."""
+    import time
+
+    r = hclient.responses.create(model="gpt-4o", input="Calculate the mean.", tools=[CODE],
+                                 tool_choice="required", background=True)
+    for _ in range(200):
+        r = hclient.responses.retrieve(r.id)
+        if r.status == "completed":
+            break
+        time.sleep(0.01)
+    assert [o.type for o in r.output] == ["code_interpreter_call", "message"]
+    live = sse(hsrv, {"model": "gpt-4o", "input": "Search the web for llamas.",
+                      "tools": [WEB], "tool_choice": "required"})
+    rid = live[0]["response"]["id"]
+    again = rawhttp.request(hsrv.url, "GET", f"/v1/responses/{rid}?stream=true")
+    replay = [json.loads(d) for _, d in again.sse()]
+    assert replay == live
