@@ -578,3 +578,21 @@ def test_hosted_response_in_background_and_replayed(hclient: Any, hsrv: Any) -> 
     again = rawhttp.request(hsrv.url, "GET", f"/v1/responses/{rid}?stream=true")
     replay = [json.loads(d) for _, d in again.sse()]
     assert replay == live
+
+
+def test_hosted_items_cost_tokens_in_a_prompt(hclient: Any) -> None:
+    """What the model reads of a hosted item counts (not its ids, not image bytes)."""
+    def count(items: list[dict[str, Any]]) -> int:
+        return hclient.responses.input_tokens.count(model="gpt-4o",
+                                                    input=items).input_tokens
+
+    user = {"role": "user", "content": "hi"}
+    small = {"type": "mcp_call", "id": "mcp_1", "server_label": "s", "name": "f",
+             "arguments": "{}", "output": "ok"}
+    big = {**small, "output": "word " * 500}
+    assert count([user, big]) > count([user, small]) + 400
+    shot = {"type": "computer_call_output", "call_id": "c1", "output": {
+        "type": "computer_screenshot", "image_url": "data:image/png;base64," + "A" * 50_000}}
+    call = {"type": "computer_call", "id": "cu_1", "call_id": "c1", "status": "completed",
+            "action": {"type": "screenshot"}, "pending_safety_checks": []}
+    assert count([user, call, shot]) - count([user, call]) == 3 + 85

@@ -17,10 +17,12 @@ import struct
 import zlib
 from typing import Any
 
+import orjson
+
 from . import tokens as tok
 from .latency import Latency, _lognorm
 
-__all__ = ["seconds", "query_of", "web_sources", "file_results", "program", "png",
+__all__ = ["item_parts", "seconds", "query_of", "web_sources", "file_results", "program", "png",
            "mcp_tools", "mcp_arguments", "mcp_output", "computer_action", "shell_commands",
            "patch", "HOSTED_SECONDS"]
 
@@ -149,7 +151,6 @@ def mcp_arguments(query: str) -> str:
 
 
 def _json_str(s: str) -> str:
-    import orjson
     return orjson.dumps(s).decode()
 
 
@@ -180,3 +181,17 @@ def patch(query: str, rng: random.Random) -> dict[str, Any]:
     lines = ["".join(tok.lorem_pieces(rng.randint(4, 9), rng)).strip() for _ in range(3)]
     return {"type": "create_file", "path": f"{name}.md",
             "diff": "".join(f"+{line}\n" for line in lines)}
+
+
+_NOT_READ = frozenset(("id", "type", "status", "call_id", "approval_request_id", "result",
+                       "partial_image_b64", "encrypted_content"))
+IMAGE_TOKENS = 85  # a screenshot, at the low-detail price (as llmsim.sim.prompt counts images)
+
+
+def item_parts(it: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
+    """A hosted-tool item in a prompt (as :func:`llmsim.sim.prompt._item_parts` counts
+    items): 3 tokens of framing plus what the model reads of it, its fields as JSON (not
+    its ids, nor an image's bytes: a screenshot costs a low-detail image)."""
+    if it.get("type") == "computer_call_output":
+        return 3 + IMAGE_TOKENS, ()
+    return 3, (orjson.dumps({k: v for k, v in it.items() if k not in _NOT_READ}).decode(),)

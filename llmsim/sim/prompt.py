@@ -17,6 +17,7 @@ import orjson
 
 from . import tokens as tok
 from .compaction import summary_tokens
+from .hosted import item_parts as hosted_parts
 
 __all__ = ["add_counts", "chat_prompt_tokens", "chat_prompt_steps", "content_text",
            "count_json", "input_steps", "item_steps", "input_prompt_tokens",
@@ -139,7 +140,7 @@ def _item_parts(it: Item, enc: str) -> tuple[int, tuple[str, ...]]:
         return 3, tuple(s.get("text", "") for s in it.get("summary") or ())
     if t == "compaction":  # its summary's tokens (llmsim.sim.compaction)
         return 3 + summary_tokens(it.get("encrypted_content")), ()
-    return 3, ()
+    return hosted_parts(it)  # hosted tools' items (llmsim.sim.hosted)
 
 
 def _item_quick(it: Item, enc: str) -> tuple[int, int] | None:
