@@ -355,7 +355,10 @@ def test_scripted_hosted_turns(make_server: Any, tmp_path: Any) -> None:
         {"name": "web_search", "arguments": {
             "query": "llmsim docs",
             "sources": [{"url": "https://llmsim.dev/docs", "title": "llmsim docs"}]}},
-    ]}]}, {"match": {"contains": "wiki"}, "reply": [{"tool_calls": [
+    ]}]}, {"match": {"contains": "broken"}, "reply": [{"tool_calls": [
+        {"name": "mcp:deepwiki", "arguments": {"name": "ask_question",
+                                               "error": "server down"}}]}]},
+        {"match": {"contains": "wiki"}, "reply": [{"tool_calls": [
         {"name": "mcp:deepwiki", "arguments": {"name": "ask_question",
                                                "arguments": {"question": "why"},
                                                "output": "Because."}}]}]}]}
@@ -374,6 +377,13 @@ def test_scripted_hosted_turns(make_server: Any, tmp_path: Any) -> None:
     call = r.output[1]
     assert call.type == "mcp_call" and call.name == "ask_question"
     assert call.output == "Because." and json.loads(call.arguments) == {"question": "why"}
+    body = {"model": "gpt-4o", "input": "the broken wiki", "tools": [MCP_NEVER]}
+    r = c.responses.create(**body)
+    call = r.output[1]
+    assert call.status == "failed" and call.output is None
+    assert call.error is not None and call.error.type == "mcp_tool_execution_error"
+    types = [e["type"] for e in sse(srv, body)]
+    assert "response.mcp_call.failed" in types and "response.mcp_call.completed" not in types
 
 
 @pytest.mark.parametrize("tools, param", [

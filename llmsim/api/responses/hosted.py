@@ -509,7 +509,8 @@ class _Run:
                   (self.secs("mcp_call"), "response.mcp_call.failed" if err
                    else "response.mcp_call.completed", {})]
         done = {**base, "arguments": arguments, "output": output,
-                "error": {"type": "mcp_tool_call_error", "message": str(err)} if err else None,
+                "error": {"type": "mcp_tool_execution_error",
+                          "content": [{"type": "text", "text": str(err)}]} if err else None,
                 "status": "failed" if err else "completed"}
         self.add(HostedOut(iid, {**base, "arguments": "", "status": "in_progress"}, done,
                            steps))
