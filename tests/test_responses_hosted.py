@@ -359,9 +359,9 @@ def test_scripted_hosted_turns(make_server: Any, tmp_path: Any) -> None:
         {"name": "mcp:deepwiki", "arguments": {"name": "ask_question",
                                                "error": "server down"}}]}]},
         {"match": {"contains": "wiki"}, "reply": [{"tool_calls": [
-        {"name": "mcp:deepwiki", "arguments": {"name": "ask_question",
-                                               "arguments": {"question": "why"},
-                                               "output": "Because."}}]}]}]}
+        {"name": "mcp:deepwiki", "arguments": {
+            "name": "ask_question", "arguments": {"question": "why"}, "output": "Because.",
+            "tools": ["read_wiki", {"name": "ask_question", "description": "Ask it."}]}}]}]}]}
     path = tmp_path / "s.json"
     path.write_text(json.dumps(script))
     srv = make_server(script=str(path))
@@ -374,6 +374,8 @@ def test_scripted_hosted_turns(make_server: Any, tmp_path: Any) -> None:
     ann = r.output[1].content[0].annotations
     assert ann and ann[0].url == "https://llmsim.dev/docs"
     r = c.responses.create(model="gpt-4o", input="ask the wiki", tools=[MCP_NEVER])
+    assert [(t.name, t.description) for t in r.output[0].tools] == [
+        ("read_wiki", None), ("ask_question", "Ask it.")]
     call = r.output[1]
     assert call.type == "mcp_call" and call.name == "ask_question"
     assert call.output == "Because." and json.loads(call.arguments) == {"question": "why"}

@@ -131,7 +131,7 @@ def _ident(label: str) -> str:
     return s[:32] or "server"
 
 
-_QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string"}},
+QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string"}},
                  "required": ["query"], "additionalProperties": False}
 
 
@@ -142,7 +142,7 @@ def mcp_tools(label: str, names: list[str] | None = None) -> list[dict[str, Any]
     if not names:
         names = [f"search_{s}", f"fetch_{s}_document", f"list_{s}_topics"]
     return [{"name": n, "description": f"{n.replace('_', ' ').capitalize()} ({label}).",
-             "input_schema": _QUERY_SCHEMA, "annotations": {"read_only": True}}
+             "input_schema": QUERY_SCHEMA, "annotations": {"read_only": True}}
             for n in names]
 
 

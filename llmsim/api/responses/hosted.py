@@ -461,10 +461,11 @@ class _Run:
         self.server_ran = True
 
     # -- MCP ---------------------------------------------------------------------------------
-    def mcp_list(self, tool: Item) -> None:
+    def mcp_list(self, tool: Item, scripted: list[Any] | None = None) -> None:
         label = tool["server_label"]
         iid = new_id("mcpl_")
-        tools = sim.mcp_tools(label, mcp_allowed(tool))
+        tools = _scripted_tools(scripted) if scripted else \
+            sim.mcp_tools(label, mcp_allowed(tool))
         self.add(HostedOut(iid, {"id": iid, "type": "mcp_list_tools", "server_label": label,
                                  "tools": []},
                            {"id": iid, "type": "mcp_list_tools", "server_label": label,
@@ -563,6 +564,23 @@ class _Run:
         self.add(HostedOut(iid, {"id": iid, **fields, "status": "in_progress"},
                            {"id": iid, **fields, "status": "completed"}, steps))
         self.waits_client = True
+
+
+MAX_SCRIPTED_TOOLS = 64
+
+
+def _scripted_tools(given: list[Any]) -> list[dict[str, Any]]:
+    """An MCP server's tools as a script lists them: names, or objects with a ``name`` (and
+    ``description``, ``input_schema``)."""
+    out = []
+    for t in given[:MAX_SCRIPTED_TOOLS]:
+        if isinstance(t, str):
+            t = {"name": t}
+        if isinstance(t, dict) and isinstance(t.get("name"), str):
+            out.append({"name": t["name"], "description": t.get("description"),
+                        "input_schema": t.get("input_schema") or sim.QUERY_SCHEMA,
+                        "annotations": t.get("annotations")})
+    return out
 
 
 def _query_in(arguments: str) -> str:
@@ -674,9 +692,15 @@ def response_out(d: Decision, asked: Ask, rr: RespRequest, context: list[Item],
         run.items.append(ReasoningOut(new_id("rs_"), r.tokens, r.summary, r.encrypted))
         streamed += sum(map(len, r.summary))
     listed = _listed(context)
+    scripted: dict[str, list[Any]] = {}  # a scripted MCP call may give its server's tools
+    for call in c.calls:
+        if call.name.startswith("mcp:"):
+            given = _script(call.arguments).get("tools")
+            if isinstance(given, list):
+                scripted[call.name[4:]] = given
     for t in rr.tools:
         if t["type"] == "mcp" and t["server_label"] not in listed:
-            run.mcp_list(t)
+            run.mcp_list(t, scripted.get(t["server_label"]))
     for req_item in _approved(input_items, context):
         run.mcp_call(req_item["server_label"], req_item["name"], req_item["arguments"],
                      req_item["id"], {})
