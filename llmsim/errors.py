@@ -396,6 +396,18 @@ class E:
                             clip=("id",))
     background_needs_store_true = Entry(400, "invalid_value", "Background mode requires "
                                         "'store' to be true.")
+    invalid_encrypted_content = Entry(400, "invalid_encrypted_content", "The encrypted "
+                                      "content of '{param}' could not be verified: pass back "
+                                      "the compaction item exactly as it was returned.")
+    compaction_input_empty = Entry(400, "invalid_value", "Nothing to compact: '{param}' and "
+                                   "the previous response give no items.")
+    too_many_mcp_servers = Entry(400, "array_above_max_length", "Invalid '{param}': at most "
+                                 "{max} MCP servers (tools of type 'mcp') a request, got "
+                                 "{count}.")
+    too_many_approvals = Entry(400, "array_above_max_length", "Invalid '{param}': at most {max} "
+                               "MCP approval responses in one input, got {count}.")
+    mcp_approval_unknown = Entry(400, "invalid_value", "Invalid '{param}': no pending MCP "
+                                 "approval request with id '{id}'.", clip=("id",))
     background_over_websocket = Entry(400, "unsupported_parameter", "Background mode is not "
                                       "supported over WebSocket.")
     json_word_required_input = Entry(400, "invalid_value", "Response input messages must "

@@ -184,8 +184,11 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 def error_event(status: int | None, etype: str, message: str, code: str | None = None,
                 param: str | None = None, stream_id: str | None = None,
                 headers: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The SDK's ``ResponseWsError``: ``{"type": "error", "status", "error": {...}}``."""
-    err: dict[str, Any] = {"type": etype, "code": code, "message": message, "param": param}
+    """The SDK's ``ResponseWsError``: ``{"type": "error", "status", "error": {...}}``. The
+    Open Responses WebSocket error schema requires a string ``code``: an error without one
+    gives its type."""
+    err: dict[str, Any] = {"type": etype, "code": code if code is not None else etype,
+                           "message": message, "param": param}
     if headers:
         err["headers"] = dict(headers)
     ev: dict[str, Any] = {"type": "error", "error": err}

@@ -321,9 +321,10 @@ def test_responses_parse_helper(client):
 
 # --- R9 tools ------------------------------------------------------------------------------
 
-def test_r9_1_tool_types_accepted_echoed_never_executed(client):
+def test_r9_1_tool_types_accepted_echoed(client):
     """R9.1: function, web_search, file_search, code_interpreter, mcp, image_generation are
-    accepted and echoed; hosted tools are never executed (no *_call items)."""
+    accepted and echoed; with tool_choice none no tool is called (the MCP server's tools are
+    still listed, as the real API lists them: tests/test_responses_hosted.py)."""
     tools = [WEATHER, {"type": "web_search"}, {"type": "file_search",
                                                 "vector_store_ids": ["vs_1"]},
              {"type": "code_interpreter", "container": {"type": "auto"}},
@@ -333,7 +334,7 @@ def test_r9_1_tool_types_accepted_echoed_never_executed(client):
     r = client.responses.create(model="gpt-4.1", input="hi", tools=tools, tool_choice="none")
     assert [t.type for t in r.tools] == ["function", "web_search", "file_search",
                                           "code_interpreter", "mcp", "image_generation"]
-    assert [o.type for o in r.output] == ["message"]
+    assert [o.type for o in r.output] == ["mcp_list_tools", "message"]
     for bad, param in (({"type": "file_search"}, "tools[0].vector_store_ids"),
                        ({"type": "mcp", "server_label": "x"}, "tools[0]"),
                        ({"type": "teleport"}, "tools[0].type"),

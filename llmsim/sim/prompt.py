@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 
 from . import tokens as tok
+from .compaction import summary_tokens
+from .hosted import item_parts as hosted_parts
 
 __all__ = ["add_counts", "chat_prompt_tokens", "chat_prompt_steps", "content_text",
            "count_json", "input_steps", "item_steps", "input_prompt_tokens",
@@ -136,7 +138,9 @@ def _item_parts(it: Item, enc: str) -> tuple[int, tuple[str, ...]]:
         return 3 + extra, (text,)
     if t == "reasoning":
         return 3, tuple(s.get("text", "") for s in it.get("summary") or ())
-    return 3, ()
+    if t == "compaction":  # its summary's tokens (llmsim.sim.compaction)
+        return 3 + summary_tokens(it.get("encrypted_content")), ()
+    return hosted_parts(it)  # hosted tools' items (llmsim.sim.hosted)
 
 
 def _item_quick(it: Item, enc: str) -> tuple[int, int] | None:

@@ -35,7 +35,7 @@ from ...state import accounting
 from ...stream import EventStream
 from ..caching import openai_cached, openai_segments
 from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
-from . import render
+from . import compaction, hosted, render
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
     CANCEL,
@@ -166,19 +166,23 @@ def _resolve_refs(items: list[Item], history: list[Item], st: ResponsesState) ->
     return out
 
 
-def _check_call_ids(items: list[Item], history: list[Item]) -> None:
-    """Every tool output must answer a tool call of the context, as the real API insists."""
-    if not any(it.get("type") in ("function_call_output", "custom_tool_call_output")
-               for it in items):
+_OUTPUTS = frozenset(("function_call_output", "custom_tool_call_output",
+                      *hosted.CALL_OF_OUTPUT))
+_CALLS = frozenset(("function_call", "custom_tool_call", *hosted.CALL_OF_OUTPUT.values()))
+
+
+def _check_call_ids(items: list[Item], history: list[Item], given: list[Item]) -> None:
+    """Every tool output must answer a tool call of the context (a compacted one too), as
+    the real API insists (``given``: the input as sent, which names a bad blob)."""
+    if not any(it.get("type") in _OUTPUTS for it in items):
         return  # (nothing to check: no scan of a long history)
-    calls = {it.get("call_id") for it in history
-             if it.get("type") in ("function_call", "custom_tool_call")}
+    calls = {it.get("call_id") for it in history if it.get("type") in _CALLS}
+    calls |= compaction.call_ids(history + items, given)
     for i, it in enumerate(items):
         t = it.get("type")
-        if t in ("function_call", "custom_tool_call"):
+        if t in _CALLS:
             calls.add(it.get("call_id"))
-        elif t in ("function_call_output", "custom_tool_call_output") \
-                and it.get("call_id") not in calls:
+        elif t in _OUTPUTS and it.get("call_id") not in calls:
             raise E.no_tool_call_for_output.at(f"input[{i}]", call_id=it.get("call_id"))
 
 
@@ -301,14 +305,18 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
             raise E.conversation_not_found.at("conversation", id=rr.conversation)
         history = list(conv.items)
     items = _resolve_refs(rr.input_items, history, st)
-    _check_call_ids(items, history)
+    # the context the model reads: before the newest compaction item, its user messages
+    # (the item stands for the rest: expanded only there); the input is kept whole
+    history, seen = compaction.prune(history, items)
+    _check_call_ids(seen, history, items)
+    hosted.check_approvals(seen, history)
     cw = rr.profile.context_window
     room = cw - (rr.limit or 0)
     # Counted once, item by item, and only up to what can fit (input_tokens: the whole
     # window); truncation "auto" drops the oldest turns that do not fit (prompt.input_steps).
     cap = cw if count_only else room
     total, first, prefix = await paced(input_steps(
-        history, items, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
+        history, seen, rr.instructions, rr.tools or None, rr.profile.encoding, cap, room,
         rr.truncation == "auto"))
     history = history[first:]
     if total > cap:
@@ -322,7 +330,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
         check_request_work(1, per_choice, rr.top_logprobs if logprobs else 0,
                            param="max_output_tokens")
     cached = cached_prefix_tokens(prefix) if history else 0
-    return Prepared(rr, parent, conv, items, history + items, total, min(cached, total))
+    return Prepared(rr, parent, conv, items, history + seen, total, min(cached, total))
 
 
 # ------------------------------------------------------------------------------------------
@@ -364,7 +372,18 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         lat = app.latency(rr.profile)
         decision = app.answer_now(asked, rng, lat) or \
             await app.answer(req, "responses", asked, rng, lat, response_id=rid)
-        out = render.response_out(decision, rid, created_at)
+        if hosted.involved(rr):
+            out = hosted.response_out(decision, asked, rr, p.context, p.input_items,
+                                      app.config, rng, lat, rid, created_at)
+        else:
+            out = render.response_out(decision, rid, created_at)
+        if rr.compact_threshold is not None and p.input_tokens > rr.compact_threshold:
+            item, summary = compaction.auto(p.context, p.input_tokens, lat)
+            out.items.insert(0, item)
+            out.extra += item.seconds
+            u = out.counts
+            out.counts = type(u)(u.prompt_tokens, u.output_tokens + summary,
+                                 u.reasoning_tokens, u.cached_tokens)
     else:  # WebSocket warm-up: state only, no model output
         out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
     rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
@@ -692,6 +711,7 @@ def register(app: App) -> None:
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
+    r.add("POST", "/v1/responses/compact", compaction.compact, "responses.compact")
     r.add("GET", "/v1/responses/{id}", retrieve, "responses.retrieve", stream_capable=True)
     r.add("DELETE", "/v1/responses/{id}", delete, "responses.delete")
     r.add("POST", "/v1/responses/{id}/cancel", cancel, "responses.cancel")

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import APIError, E, missing, quoted
 from ...sim import schema as sch
+from ...sim.compaction import MAX_BLOB_CHARS, summary_tokens
 from ...sim.decide import TEXT, TOOL_CHOICES, Ask, Output, Tool, ToolChoice
 from ...sim.models import ModelProfile
 from ...sim.prompt import content_text
 from ...sim.rng import new_id
 from ..validate import FUNCTION_NAME, V, got, unsupported
+from . import hosted
 
 if TYPE_CHECKING:
     from ...app import App
@@ -32,7 +34,9 @@ KNOWN_FIELDS = frozenset((
     "moderation", "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
     "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
     "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
-    "tools", "top_logprobs", "top_p", "truncation", "user", "personality"))
+    "tools", "top_logprobs", "top_p", "truncation", "user", "personality",
+    # Open Responses' CreateResponseBody (the SDK's params lack them; the real API echoes them)
+    "presence_penalty", "frequency_penalty"))
 
 # tool type -> required fields besides ``type`` (the SDK's Tool union, openai 3.52)
 TOOL_TYPES: dict[str, tuple[str, ...]] = {
@@ -53,7 +57,9 @@ INPUT_ROLES = ("user", "assistant", "system", "developer")
 USER_PARTS = ("input_text", "input_image", "input_file")
 ASSISTANT_PARTS = ("output_text", "refusal")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning",
-              "item_reference", "custom_tool_call", "custom_tool_call_output")
+              "item_reference", "custom_tool_call", "custom_tool_call_output", "compaction",
+              *hosted.INPUT_TYPES)
+MAX_CONTEXT_MANAGEMENT = 4  # entries of context_management
 
 
 @dataclass(slots=True)
@@ -85,12 +91,15 @@ class RespRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_logprobs: int = 0
+    presence_penalty: float = 0.0  # accepted and echoed (no effect on the simulated text)
+    frequency_penalty: float = 0.0
     truncation: str = "disabled"
     service_tier: str = "auto"
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    compact_threshold: int | None = None  # context_management: compact past this many tokens
     generate: bool = True  # WebSocket warm-up (generate: false) produces no output
 
     @property
@@ -163,7 +172,7 @@ def _parts(content: Any, role: str, p: str) -> list[dict[str, Any]]:
 
 ID_PREFIX = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_",
              "function_call_output": "fco_", "custom_tool_call_output": "ctco_",
-             "reasoning": "rs_"}
+             "reasoning": "rs_", "compaction": "cmp_", **hosted.PREFIX}
 """The prefix of the id an input item of each type gets when the client gave none."""
 
 
@@ -273,6 +282,13 @@ def normalize_input(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             if isinstance(it.get("content"), list):
                 item["content"] = it["content"]
             items.append(item)
+        elif t in hosted.INPUT_TYPES:
+            items.append(hosted.input_item(it, t, p))
+        elif t == "compaction":
+            blob = _need_str(it, "encrypted_content", p)
+            if summary_tokens(blob) <= 0 or len(blob) > MAX_BLOB_CHARS:  # (expanded lazily)
+                raise E.invalid_encrypted_content.at(f"{p}.encrypted_content")
+            items.append({"id": _item_id(it, t), "type": t, "encrypted_content": blob})
         else:  # item_reference
             rid = _need_str(it, "id", p)
             refs.append(rid)
@@ -327,6 +343,7 @@ def _tools(raw: list[Any], work: sch.Work) -> list[dict[str, Any]]:
         elif tt == "mcp" and t.get("server_url") is None and t.get("connector_id") is None:
             raise E.one_of_required.at(p, fields="'server_url' or 'connector_id'")
         out.append(tool)
+    hosted.check_tools(out)
     return out
 
 
@@ -367,6 +384,10 @@ def _tool_choice(tc: Any, tools: list[dict[str, Any]]) -> Any:
     hosted = ("file_search", "web_search_preview", "computer", "computer_use_preview",
               "computer_use", "web_search_preview_2025_03_11", "image_generation",
               "code_interpreter", "apply_patch", "shell", "programmatic_tool_calling")
+    if t in ("web_search", "web_search_2025_08_26"):
+        # (Open Responses' WebSearchToolChoice; the SDK's Response.tool_choice knows the
+        # family only as web_search_preview: echoed so)
+        return {"type": "web_search_preview"}
     if t not in hosted:
         raise _bad_value("tool_choice.type", t, ("function", "custom", "allowed_tools", "mcp")
                          + hosted)
@@ -461,13 +482,15 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
                                        max=profile.max_output_tokens, unit="output")
     max_tool_calls = v.int("max_tool_calls", None, lo=1)
     schema_work = sch.Work()  # the request's schemas share one bound (llmsim.sim.schema)
-    tools = _tools(v.list("tools", []) or [], schema_work)
+    tools = _tools(v.list("tools", [], max_len=hosted.MAX_TOOLS) or [], schema_work)
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     parallel = v.bool("parallel_tool_calls", True)
     text_format, verbosity = _text(v, schema_work)
     metadata = v.metadata() or {}
     temperature = v.num("temperature", None, lo=0, hi=2)
     top_p = v.num("top_p", None, lo=0, hi=1)
+    presence = v.num("presence_penalty", None, lo=-2, hi=2)
+    frequency = v.num("frequency_penalty", None, lo=-2, hi=2)
     top_logprobs = v.int("top_logprobs", None, lo=0, hi=20)
     include = v.list("include", []) or []
     for i, inc in enumerate(include):
@@ -480,6 +503,7 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
     safety_identifier = v.str("safety_identifier", max_len=64)
     prompt_cache_key = v.str("prompt_cache_key")
     retention = v.str("prompt_cache_retention", None, choices=("in_memory", "24h"))
+    compact_threshold = _context_management(v, profile)
     so = v.dict("stream_options")
     if so is not None and not stream and transport != "ws":
         raise E.stream_options_without_stream.at("stream_options")
@@ -533,9 +557,32 @@ def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
         effort=effort, summary=summary, include=list(include),
         metadata=metadata, temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p, top_logprobs=top_logprobs or 0,
+        presence_penalty=presence or 0.0, frequency_penalty=frequency or 0.0,
         truncation=truncation, service_tier=service_tier, user=user,
         safety_identifier=safety_identifier, prompt_cache_key=prompt_cache_key,
-        prompt_cache_retention=retention, generate=generate)
+        prompt_cache_retention=retention, compact_threshold=compact_threshold,
+        generate=generate)
+
+
+def _context_management(v: V, profile: ModelProfile) -> int | None:
+    """``context_management``: the compaction threshold in input tokens (None: never
+    compact). A compaction entry without ``compact_threshold`` compacts past 80% of the
+    model's context window."""
+    entries = v.list("context_management", None, max_len=MAX_CONTEXT_MANAGEMENT)
+    threshold = None
+    for i, e in enumerate(entries or ()):
+        p = f"context_management[{i}]"
+        if _typed(e, p, ("compaction",)) == "compaction":
+            t = e.get("compact_threshold")
+            if t is None:
+                t = profile.context_window * 4 // 5
+            elif type(t) is not int:
+                raise E.invalid_type.at(f"{p}.compact_threshold", expected="an integer")
+            elif not 1000 <= t <= profile.context_window:
+                raise E.out_of_range.at(f"{p}.compact_threshold", lo=1000,
+                                        hi=profile.context_window, value=t)
+            threshold = t if threshold is None else min(threshold, t)
+    return threshold
 
 
 def _texts(items: list[dict[str, Any]]) -> list[str]:
@@ -552,7 +599,9 @@ def _texts(items: list[dict[str, Any]]) -> list[str]:
 # The request as the decision sees it
 # ------------------------------------------------------------------------------------------
 
-TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output", "computer_call_output",
+                "shell_call_output", "local_shell_call_output", "apply_patch_call_output",
+                "mcp_approval_response")  # (an approved MCP call runs first: hosted.py)
 
 
 def _prompt_texts(instructions: str | None, context: list[dict[str, Any]]) -> list[str]:
@@ -572,23 +621,33 @@ def _last_user_text(context: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _decide_tool_choice(tc: Any) -> ToolChoice:
+def _allowed_name(a: dict[str, Any]) -> str | None:
+    t = a.get("type")
+    if t in CALLABLE_TOOLS:
+        return a.get("name")
+    if t == "mcp":
+        return f"mcp:{a.get('server_label')}"
+    return hosted.FAMILY.get(t or "")
+
+
+def _decide_tool_choice(tc: Any, tools: list[dict[str, Any]]) -> ToolChoice:
     if isinstance(tc, str):
         return TOOL_CHOICES[tc]  # "auto" | "none" | "required"
     t = tc["type"]
     if t in CALLABLE_TOOLS:
         return ToolChoice("named", frozenset((tc["name"],)))
     if t == "allowed_tools":
-        return ToolChoice(tc["mode"], frozenset(a["name"] for a in tc["tools"]
-                                                if isinstance(a, dict) and "name" in a))
-    return ToolChoice("hosted")  # a hosted tool is forced: llmsim never runs hosted tools
+        return ToolChoice(tc["mode"], frozenset(n for a in tc["tools"] if isinstance(a, dict)
+                                                for n in (_allowed_name(a),) if n))
+    # a hosted tool is forced: the decision calls it (none of that type: no call)
+    return hosted.forced(tc, tools) or ToolChoice("hosted")
 
 
 def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
         cached_tokens: int, json_hint: bool = False) -> Ask:
     """The request as :func:`llmsim.sim.decide.decide` needs it (``context`` = earlier turns
     plus this input, resolved)."""
-    tools: list[Tool] = []
+    tools: list[Tool] = hosted.decide_tools(rr.tools)
     for i, t in enumerate(rr.tools):  # (usually none)
         kind = t["type"]
         desc = t.get("description")
@@ -610,7 +669,7 @@ def ask(rr: RespRequest, context: list[dict[str, Any]], input_tokens: int,
                json_hint=json_hint,
                after_tool_result=bool(context) and context[-1].get("type") in TOOL_OUTPUTS,
                tools=tuple(tools) if tools else (),
-               tool_choice=_decide_tool_choice(rr.tool_choice),
+               tool_choice=_decide_tool_choice(rr.tool_choice, rr.tools),
                parallel_tool_calls=rr.parallel_tool_calls, max_tool_calls=rr.max_tool_calls,
                output=output, limit=rr.limit, effort=rr.effort, summary=rr.summary,
                encrypted=rr.encrypted, logprobs="message.output_text.logprobs" in rr.include,

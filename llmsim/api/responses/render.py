@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import length_hint
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,14 +28,19 @@ from ...sim.decide import Decision, Timing, Usage
 from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
 from ...stream import TokenRun
-from .parse import RespRequest
 
-__all__ = ["ReasoningOut", "MessageOut", "CallOut", "RespOut", "response_out", "no_output",
+if TYPE_CHECKING:
+    from .parse import RespRequest
+
+__all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
            "completed_at", "TERMINAL"]
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 PlanItem = tuple[float, str, Any]
+# hosted-item events that name their item by output_index only
+NO_ITEM_ID = frozenset(("response.shell_call_command.added", "response.shell_call_command.delta",
+                        "response.shell_call_command.done"))
 # a decision's finish reason → incomplete_details.reason (other reasons: completed)
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -60,6 +65,7 @@ class MessageOut:
     tokens: int
     status: str = "completed"  # "incomplete" when cut by max_output_tokens
     logprobs: list[dict[str, Any]] | None = None  # include message.output_text.logprobs
+    annotations: list[dict[str, Any]] | None = None  # citations of hosted tools' results
 
     @property
     def text(self) -> str:
@@ -81,6 +87,24 @@ class CallOut:
 
 
 @dataclass(slots=True)
+class HostedOut:
+    """An item the server makes itself, not the model's tokens: a compaction, or a hosted
+    tool's call (``llmsim.api.responses.hosted``). Its JSON when added and when done, and the
+    events between, each ``(delay, type, fields)``: the delay after the event before it
+    (the tool's time), the fields besides ``type``, ``item_id`` and ``output_index``."""
+
+    id: str
+    added: dict[str, Any]
+    done: dict[str, Any]
+    steps: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
+    tail: float = 0.0  # the delay before output_item.done
+
+    @property
+    def seconds(self) -> float:
+        return sum(d for d, _, _ in self.steps) + self.tail
+
+
+@dataclass(slots=True)
 class RespOut:
     """A decided response as output items: usage, status and timing (``timing`` None: no
     model output, a WebSocket warm-up). ``streamed`` counts the token events of its stream
@@ -89,7 +113,7 @@ class RespOut:
     id: str
     created_at: int
     counts: Usage
-    items: list[ReasoningOut | MessageOut | CallOut] = field(default_factory=list)
+    items: list[ReasoningOut | MessageOut | CallOut | HostedOut] = field(default_factory=list)
     status: str = "completed"  # or "incomplete"
     incomplete_reason: str | None = None
     timing: Timing | None = None
@@ -97,6 +121,8 @@ class RespOut:
     # seconds from response.created to the terminal event, once known (the stream's plan
     # sums the gaps it draws; else :attr:`duration` draws them)
     elapsed: float | None = None
+    extra: float = 0.0  # seconds of server-side work besides the tokens (HostedOut.steps)
+    tool_usage: dict[str, Any] | None = None  # hosted tools' billing (Response.tool_usage)
 
     @property
     def first_delay(self) -> float:
@@ -109,7 +135,8 @@ class RespOut:
         d = self.elapsed
         if d is None:
             t = self.timing
-            d = self.elapsed = t.duration(self.streamed) if t is not None else 0.0
+            d = self.elapsed = (t.duration(self.streamed) if t is not None else 0.0) \
+                + self.extra
         return d
 
     def iter_gaps(self) -> Iterator[float]:
@@ -129,7 +156,7 @@ class RespOut:
 def response_out(d: Decision, rid: str, created_at: int) -> RespOut:
     """The decision (one choice) as Responses output: reasoning, then calls or a message."""
     c = d.choices[0]
-    items: list[ReasoningOut | MessageOut | CallOut] = []
+    items: list[ReasoningOut | MessageOut | CallOut | HostedOut] = []
     streamed = 0
     r = c.reasoning
     if r is not None:
@@ -184,6 +211,9 @@ def echo_fields(rr: RespRequest) -> dict[str, Any]:
         "truncation": rr.truncation,
         "user": rr.user,
         "metadata": rr.metadata,
+        # required by the Open Responses schema (the SDK's Response tolerates them)
+        "presence_penalty": rr.presence_penalty,
+        "frequency_penalty": rr.frequency_penalty,
     }
 
 
@@ -205,6 +235,7 @@ def snapshot(echo: dict[str, Any], out: RespOut, status: str,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
         **echo, "output": out_items, "output_text": output_text(out_items),
         "usage": out.usage() if usage else None,
+        **({"tool_usage": out.tool_usage} if usage and out.tool_usage is not None else {}),
     }
 
 
@@ -219,10 +250,14 @@ def final_snapshot(echo: dict[str, Any], out: RespOut) -> dict[str, Any]:
                     completed_at=completed_at(out), incomplete=out.incomplete_reason)
 
 
-def item_json(item: ReasoningOut | MessageOut | CallOut, done: bool = True) -> dict[str, Any]:
+def item_json(item: ReasoningOut | MessageOut | CallOut | HostedOut,
+              done: bool = True) -> dict[str, Any]:
     """An output item as in ``response.output`` (``done``) or ``output_item.added``."""
+    if type(item) is HostedOut:
+        return item.done if done else item.added
     if type(item) is MessageOut:
-        content = ([{"type": "output_text", "text": item.text, "annotations": [],
+        content = ([{"type": "output_text", "text": item.text,
+                     "annotations": item.annotations or [],
                      "logprobs": item.logprobs or []}] if done else [])
         return {"id": item.id, "type": "message", "status": item.status if done
                 else "in_progress", "content": content, "role": "assistant"}
@@ -269,14 +304,14 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     gaps = out.iter_gaps()
     if type(gaps) is ConstantGaps:  # equal gaps: a token run takes them at once (flow.Pump)
         if out.elapsed is None:
-            out.elapsed = pending + sum(repeat(gaps.value, length_hint(gaps)))
+            out.elapsed = pending + sum(repeat(gaps.value, length_hint(gaps))) + out.extra
     else:
         # the gaps, drawn up front in one loop (cheaper per token than drawing each in turn)
         # and summed once for completed_at; held only while the stream runs (a replay draws
         # again)
         drawn = list(gaps)
         if out.elapsed is None:
-            out.elapsed = pending + sum(drawn)
+            out.elapsed = pending + sum(drawn) + out.extra
         gaps = iter(drawn)
     # token events: the first at once (every item's first event takes the first delay,
     # before any token), then one gap each
@@ -321,6 +356,18 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "type": "response.output_item.done", "output_index": idx, "item": done}
             done_items.append(done)
             continue
+        if type(item) is HostedOut:
+            yield wait(), "response.output_item.added", {
+                "type": "response.output_item.added", "output_index": idx, "item": item.added}
+            for delay, etype, fields in item.steps:
+                yield delay, etype, ({"type": etype, "output_index": idx, **fields}
+                                     if etype in NO_ITEM_ID else
+                                     {"type": etype, "item_id": rid, "output_index": idx,
+                                      **fields})
+            yield item.tail, "response.output_item.done", {
+                "type": "response.output_item.done", "output_index": idx, "item": item.done}
+            done_items.append(item.done)
+            continue
         yield wait(), "response.output_item.added", {
             "type": "response.output_item.added", "output_index": idx,
             "item": item_json(item, done=False)}
@@ -342,6 +389,11 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
+            for ai, ann in enumerate(item.annotations or ()):
+                yield 0.0, "response.output_text.annotation.added", {
+                    "type": "response.output_text.annotation.added", "item_id": rid,
+                    "output_index": idx, "content_index": 0, "annotation_index": ai,
+                    "annotation": ann}
             text = item.text
             yield 0.0, "response.output_text.done", {
                 "type": "response.output_text.done", "item_id": rid, "output_index": idx,
@@ -349,7 +401,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             yield 0.0, "response.content_part.done", {
                 "type": "response.content_part.done", "item_id": rid, "output_index": idx,
                 "content_index": 0, "part": {"type": "output_text", "text": text,
-                                             "annotations": [], "logprobs": lps or []}}
+                                             "annotations": item.annotations or [],
+                                             "logprobs": lps or []}}
         else:
             assert type(item) is CallOut
             fn = item.kind == "function_call"

@@ -48,7 +48,7 @@ from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
 from ...stream import EventStream, expand_runs, numbered
 from . import render
-from .render import CallOut, MessageOut, ReasoningOut, RespOut
+from .render import CallOut, HostedOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
     from ...app import App
@@ -96,6 +96,8 @@ def _output_bytes(out: RespOut) -> int:
             n += TOKEN_BYTES * len(it.pieces) + 2 * len(it.arguments)
         elif type(it) is ReasoningOut:
             n += TOKEN_BYTES * sum(map(len, it.parts)) + len(it.encrypted or "")
+        elif type(it) is HostedOut:  # its JSON twice (added, done) and the events between
+            n += 3 * len(orjson.dumps(it.done)) + ITEM_OVERHEAD * (2 + len(it.steps))
     return n
 
 
