@@ -175,7 +175,9 @@ class Request:
         auth = self.headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             return auth[7:].strip() or None
-        return self.headers.get("api-key") or self.headers.get("x-api-key") or None
+        # Azure's api-key, Anthropic's x-api-key, Google's x-goog-api-key or ?key=
+        return (self.headers.get("api-key") or self.headers.get("x-api-key")
+                or self.headers.get("x-goog-api-key") or self.query_one("key") or None)
 
 
 _new_request = object.__new__

@@ -67,16 +67,21 @@ class Router:
         methods = self._static.get(path)
         params: dict[str, str] = {}
         if methods is None:
+            # the first pattern that matches with this method (another family may share the
+            # prefix: GET /v1/models/{id} and Gemini's POST /v1/models/{model}:generateContent);
+            # else the first that matches at all (its 405)
             for rx, ms in self._dynamic:
                 m = rx.match(path)
                 if m:
-                    methods, params = ms, m.groupdict()
-                    # the SDKs percent-encode path parameters ("org/m x" → "org%2Fm%20x");
-                    # match on the raw path (an encoded "/" stays in its segment), then decode
-                    for k, val in params.items():
-                        if "%" in val:
-                            params[k] = unquote(val)
-                    break
+                    if methods is None or method in ms and method not in methods:
+                        methods, params = ms, m.groupdict()
+                    if method in methods:
+                        break
+            # the SDKs percent-encode path parameters ("org/m x" → "org%2Fm%20x"); match on
+            # the raw path (an encoded "/" stays in its segment), then decode
+            for k, val in params.items():
+                if "%" in val:
+                    params[k] = unquote(val)
         if methods is None:
             raise E.invalid_url.at(method=method, path=path)
         route = methods.get(method)

@@ -18,6 +18,7 @@ from . import (
     completions,
     embeddings,
     faults,
+    gemini,
     models,
     responses,
     websocket,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, faults, admin,
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
            websocket, cassette)  # cassette last: record/replay replace generation routes
 
 

@@ -56,6 +56,7 @@ class Parsed:
     cache_blocks: Callable[[], Sequence[object]] | None = None
     retention: str | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    dialect: Dialect | None = None  # this request's stream format, when not the family's
 
 
 @dataclass(slots=True)
@@ -120,7 +121,8 @@ async def generate(req: Request, app: App, fam: Family) -> Result:
     d = app.answer_now(a, rng, lat) or await app.answer(req, fam.endpoint, a, rng, lat)
     meta = Meta(new_id(fam.id_prefix), int(app.clock.time()))
     if p.stream:
-        stream = EventStream(fam.plan(p, d, meta), fam.dialect, model=p.model, usage=d.usage)
+        stream = EventStream(fam.plan(p, d, meta), p.dialect or fam.dialect, model=p.model,
+                             usage=d.usage)
         return StreamResponse(stream, headers=list(p.headers), usage=d.usage)
     await deliver_after(app, p.model, d.timing.duration(fam.steps(d)))
     return JSONResponse(fam.render(p, d, meta), 200, list(p.headers), p.model, d.usage)

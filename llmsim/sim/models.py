@@ -73,6 +73,8 @@ _NANO = dict(prefill_ms_per_1k=40.0, cached_prefill_ms_per_1k=12.0)
 # newest Opus 512 (sources differ between 512 and 4,096: profile data, overridable)
 _CLAUDE = dict(owned_by="anthropic", prefill_ms_per_1k=106.0, cached_prefill_ms_per_1k=15.0)
 
+_GOOGLE = dict(owned_by="google", prefill_ms_per_1k=40.0, cached_prefill_ms_per_1k=10.0)
+_G25 = dict(_GOOGLE, reasoning=True, efforts=("low", "medium", "high"), default_effort="medium")
 _G5 = dict(context_window=400_000, max_output_tokens=128_000, reasoning=True,
            efforts=GPT5_EFFORTS, default_effort="medium", created=1754425777)
 _O = dict(context_window=200_000, max_output_tokens=100_000, reasoning=True, efforts=O_EFFORTS,
@@ -127,6 +129,24 @@ BUILTIN: tuple[ModelProfile, ...] = (
        ttft_ms=900.0, itl_ms=14.0, created=1771200000, cache_min_tokens=1024),
     _p("claude-haiku-4-5", _CLAUDE, context_window=200_000, max_output_tokens=64_000,
        ttft_ms=500.0, itl_ms=7.0, created=1760572800, cache_min_tokens=4096),
+    # Google's Gemini models (POST /v1beta/models/{model}:generateContent): 2.5 Pro and Flash
+    # think by default (thinkingConfig), Flash-Lite and 2.0 do not; TTFT and pace are
+    # Artificial Analysis' orders of magnitude (assumption within their ±30%); counts use the
+    # o200k tokenizer (Gemini's is not public)
+    _p("gemini-2.5-pro", _G25, context_window=1_048_576, max_output_tokens=65_536,
+       ttft_ms=1500.0, itl_ms=7.0, created=1750118400),
+    _p("gemini-2.5-flash", _G25, context_window=1_048_576, max_output_tokens=65_536,
+       ttft_ms=450.0, itl_ms=4.0, created=1750118400),
+    _p("gemini-2.5-flash-lite", _GOOGLE, context_window=1_048_576, max_output_tokens=65_536,
+       ttft_ms=300.0, itl_ms=3.0, created=1753142400),
+    _p("gemini-2.0-flash", _GOOGLE, context_window=1_048_576, max_output_tokens=8_192,
+       ttft_ms=350.0, itl_ms=4.0, created=1738713600),
+    _p("gemini-embedding-001", kind="embedding", dimensions=3072, shortenable=True,
+       context_window=2_048, max_output_tokens=0, ttft_ms=80.0, prefill_ms_per_1k=15.0,
+       owned_by="google", created=1752537600),
+    _p("text-embedding-004", kind="embedding", dimensions=768, shortenable=True,
+       context_window=2_048, max_output_tokens=0, ttft_ms=60.0, prefill_ms_per_1k=12.0,
+       owned_by="google", created=1715644800),
     # the legacy completions models (POST /v1/completions)
     _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
        itl_ms=8.0, encoding="cl100k_base", created=1692901427),
