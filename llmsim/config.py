@@ -10,21 +10,28 @@ flag ``--capacity-max-seqs``, the env var ``LLMSIM_CAPACITY_MAX_SEQS`` and the T
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .native import PURE_ENV
 
-__all__ = ["Config", "ConfigError", "ModelSpec", "ResponsesConfig", "load_config", "iter_options"]
+__all__ = ["Config", "ConfigError", "ConfigWarning", "ModelSpec", "ResponsesConfig",
+           "load_config", "iter_options", "unknown_env_message"]
 
 
 class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names it."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting was ignored (an unknown ``LLMSIM_*`` environment variable)."""
 
 
 class _Checked:
@@ -632,12 +639,23 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> None:
             dst[k] = v
 
 
+def unknown_env_message(key: str, known: Collection[str]) -> str:
+    """The warning for an unknown ``LLMSIM_*`` variable, naming a close known one if any."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown environment variable {key} ignored{hint}"
+
+
 def load_config(file: str | os.PathLike[str] | None = None,
                 env: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> Config:
+                overrides: Mapping[str, Any] | None = None,
+                warn: Callable[[str], None] | None = None) -> Config:
     """Build a Config: defaults < TOML ``file`` < ``LLMSIM_*`` in ``env`` < ``overrides``.
 
-    ``overrides`` maps dotted paths (``"port"``, ``"capacity.max_seqs"``) to values.
+    ``overrides`` maps dotted paths (``"port"``, ``"capacity.max_seqs"``) to values. An
+    unknown ``LLMSIM_*`` variable is not an error (test suites set names like
+    ``LLMSIM_URL`` for their client side): it is reported through ``warn`` (default: a
+    :class:`ConfigWarning`), naming a close known variable when it looks like a typo.
     """
     tree: dict[str, Any] = {}
     if file:
@@ -659,7 +677,12 @@ def load_config(file: str | os.PathLike[str] | None = None,
             continue
         o = known_env.get(key)
         if o is None:
-            raise ConfigError(f"unknown environment variable {key}")
+            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG"])
+            if warn is None:
+                warnings.warn(msg, ConfigWarning, stacklevel=2)
+            else:
+                warn(msg)
+            continue
         _set_path(tree, o.path, coerce(val, o.type, key))
     for dotted, val in (overrides or {}).items():
         _set_path(tree, tuple(dotted.split(".")), val)

@@ -334,7 +334,9 @@ def test_shipped_config_is_accepted_by_llmsim(tmp_path: Path, redis: bool) -> No
     f.write_text(toml_text)
     env = _env(objs)
     env["LLMSIM_CONFIG"] = str(f)
-    cfg = load_config(env=env)  # unknown LLMSIM_* variables or keys would raise
+    unknown: list[str] = []  # an unknown LLMSIM_* variable warns (unknown keys raise)
+    cfg = load_config(env=env, warn=unknown.append)
+    assert unknown == []
     assert cfg.port == 8080 and cfg.max_tokens_mode == "cap"
     assert cfg.state == ("redis://llmsim-redis:6379/0" if redis else None)
 
