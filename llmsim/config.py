@@ -441,6 +441,12 @@ class Config(_Checked):
                                        metavar="S")
     shutdown_grace_s: float = opt(10.0, "On SIGINT/SIGTERM, let in-flight requests finish for "
                                   "this many seconds before closing them.", metavar="S")
+    journal: int = opt(0, "Keep the last N API requests (method, path, headers without "
+                       "credentials, body, answer status) for GET /llmsim/journal (0 = off; "
+                       "the pytest plugin turns it on).", metavar="N")
+    journal_max_bytes: int = opt(16 * 1024 * 1024, "Most bytes the journal holds (the oldest "
+                                 "requests are dropped first; a body is kept up to 64 KiB).",
+                                 metavar="BYTES")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
     log_level: Literal["debug", "info", "warning", "error"] = opt(
@@ -722,6 +728,10 @@ def _check(cfg: Config) -> None:
         raise ConfigError("output_tokens_mean must be > 0 and output_tokens_sigma >= 0")
     if cfg.write_stall_timeout_s < 0:
         raise ConfigError("write_stall_timeout_s: must be >= 0")
+    if not 0 <= cfg.journal <= 1_000_000:
+        raise ConfigError("journal: between 0 (off) and 1000000 requests")
+    if cfg.journal_max_bytes < MIN_BYTE_BOUND:
+        raise ConfigError(f"journal_max_bytes: must be at least {MIN_BYTE_BOUND}")
     for name in ("max_body_bytes", "max_header_bytes", "max_pipelined", "max_input_items"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1")
