@@ -647,8 +647,11 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> None:
 
 def unknown_env_message(key: str, known: Collection[str]) -> str:
     """The warning for an unknown ``LLMSIM_*`` variable, naming a close known one if any."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    # compared without the shared prefix, which would make every name look close
+    names = {k.removeprefix("LLMSIM_"): k for k in known}
+    close = difflib.get_close_matches(key.removeprefix("LLMSIM_"), list(names), n=1,
+                                      cutoff=0.75)
+    hint = f" (did you mean {names[close[0]]}?)" if close else ""
     return f"unknown environment variable {key} ignored{hint}"
 
 

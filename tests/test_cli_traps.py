@@ -28,6 +28,14 @@ def test_unknown_env_var_warns_and_starts() -> None:
     assert cfg.seed == 4
     msgs = [str(w.message) for w in caught if w.category is ConfigWarning]
     assert msgs == ["unknown environment variable LLMSIM_URL ignored"]  # no close match
+    seen: list[str] = []
+    load_config(env={"LLMSIM_BASE_URL": "x", "LLMSIM_SEEDS": "1",
+                     "LLMSIM_FAULTS_P429": "0.1"}, warn=seen.append)
+    assert seen == ["unknown environment variable LLMSIM_BASE_URL ignored",
+                    "unknown environment variable LLMSIM_SEEDS ignored (did you mean "
+                    "LLMSIM_SEED?)",
+                    "unknown environment variable LLMSIM_FAULTS_P429 ignored (did you mean "
+                    "LLMSIM_FAULTS_P_429?)"]
 
 
 def test_typo_names_the_close_match() -> None:
