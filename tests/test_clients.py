@@ -97,6 +97,27 @@ async def test_streams_interrupted_resumed_and_abandoned() -> None:
         await srv.close()
 
 
+async def test_a_responses_stream_resumed_with_starting_after() -> None:
+    srv = server(FakeClock())
+    await srv.start()
+    try:
+        body = {"model": "gpt-4o", "input": "hi", "stream": True, "max_output_tokens": 50}
+        ex = await exchange(srv, body, [*KEY, ("x-llmsim-fault", "disconnect-after:3")],
+                            path="/v1/responses")
+        assert ex.aborted
+        rid = orjson.loads(ex.body.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+        assert verdict(srv)["unretried_failures"] == 1
+        ex = await exchange(srv, None, KEY, method="GET",
+                            path=f"/v1/responses/{rid}?stream=true&starting_after=2")
+        assert ex.status == 200 and ex.complete
+        v = verdict(srv)
+        assert (v["streams_interrupted"], v["streams_resumed"]) == (1, 1)
+        assert v["retries"] == 0 and v["unretried_failures"] == 0
+        assert srv.app.clients.watched == 0
+    finally:
+        await srv.close()
+
+
 async def test_healthy_traffic_leaves_no_state() -> None:
     srv = server(FakeClock())
     await srv.start()

@@ -10,7 +10,8 @@ status, a dropped connection, a stream cut short): whether it retried the same r
 method, path and body bytes), how long it waited against the ``retry-after`` it was sent,
 whether it retried an error the SDKs document as final (a 4xx other than 408, 409, 429),
 whether its waits grew between attempts, streams it abandoned and streams it re-requested
-after they broke. ``GET /llmsim/clients`` lists every key's verdict, ``GET
+after they broke (sending it again, or resuming a stored response's events with
+``starting_after``). ``GET /llmsim/clients`` lists every key's verdict, ``GET
 /llmsim/clients/{key}`` one, ``DELETE /llmsim/clients`` forgets them.
 
 Cost when nothing fails: the accounting calls look at one empty dict and return. The work
@@ -249,6 +250,9 @@ class ClientWatch:
         key = req.api_key or ANON
         v = self._verdict(key)
         v.requests += 1
+        if v.pending and req.method == "GET" and "starting_after" in req.query \
+                and 200 <= status < 400 and self._resumed(v):
+            return  # a stored response's events picked up where the broken stream left off
         ident = _identity(req)
         chain = self._retry(v, ident, req.received_at) if v.pending else None
         if 200 <= status < 400:
@@ -315,6 +319,18 @@ class ClientWatch:
             v.streams_resumed += 1
         p.last_gap = gap
         return p
+
+    def _resumed(self, v: Verdict) -> bool:
+        """``GET /v1/responses/{id}?stream=true&starting_after=N`` after a broken stream:
+        the newest broken stream of the key counts as resumed (no longer pending)."""
+        for ident in reversed(v.pending):
+            if v.pending[ident].stream:
+                del v.pending[ident]
+                if not v.pending:
+                    self.watched -= 1
+                v.streams_resumed += 1
+                return True
+        return False
 
     def _failed(self, v: Verdict, ident: bytes, p: Pending, chain: Pending | None) -> None:
         v.failures += 1
