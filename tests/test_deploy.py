@@ -443,7 +443,7 @@ def test_two_releases_get_distinct_names_and_selectors() -> None:
     labels = b["Deployment", "team-b-llmsim"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/instance"] == "team-b"
     assert labels["app.kubernetes.io/managed-by"] == "Helm"
-    assert labels["helm.sh/chart"] == "llmsim-0.1.0"
+    assert labels["helm.sh/chart"] == "llmsim-0.2.0"
     assert _chart(_values(), "my-llmsim-2")  # contains the chart name: used as is
     assert ("Deployment", "my-llmsim-2") in _chart(_values(), "my-llmsim-2")
     long = _chart(_redis_values(), "r" * 53)  # helm's longest release name
