@@ -125,7 +125,8 @@ def test_chart_with_redis_renders_the_static_manifests_plus_redis_yaml() -> None
     objs = _unhelm(_chart(_redis_values()))
     want = _static("redis.yaml")
     assert set(objs) == set(want) == set(_static()) | {("Deployment", "llmsim-redis"),
-                                                        ("Service", "llmsim-redis")}
+                                                        ("Service", "llmsim-redis"),
+                                                        ("NetworkPolicy", "llmsim-redis")}
     # the only difference from the static files: the env line redis.yaml says to `set env`
     env = _env(objs)
     assert env.pop("LLMSIM_STATE") == "redis://llmsim-redis:6379/0"
@@ -198,7 +199,7 @@ def test_every_object_matches_the_kubernetes_schema(redis: bool) -> None:
     """Strict Kubernetes 1.37 schemas (vendored: tests/data/k8s-schemas.json): a misspelt or
     misplaced field fails here as `kubectl apply --validate=strict` would."""
     objs = _chart(_redis_values() if redis else _values())
-    assert len(objs) == (6 if redis else 4)
+    assert len(objs) == (7 if redis else 4)
     assert [e for o in objs.values() for e in _schema_errors(o)] == []
     assert _schema_errors(_static("redis.yaml")["Service", "llmsim-redis"]) == []
     bad = copy.deepcopy(objs["Deployment", "llmsim"])
@@ -450,6 +451,31 @@ def test_two_releases_get_distinct_names_and_selectors() -> None:
     for (_kind, name), o in long.items():
         assert len(name) <= 63 and not name.endswith("-"), name
         assert _schema_errors(o) == []
+
+
+def test_network_policies() -> None:
+    objs = _chart(_redis_values(), "team-b")
+    np = objs["NetworkPolicy", "team-b-llmsim-redis"]
+    assert _schema_errors(np) == []
+    redis_pods = objs["Deployment", "team-b-llmsim-redis"]["spec"]["template"]["metadata"][
+        "labels"]
+    server_pods = objs["Deployment", "team-b-llmsim"]["spec"]["template"]["metadata"]["labels"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= redis_pods.items()
+    peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert peer.items() <= server_pods.items() and not peer.items() <= redis_pods.items()
+    assert np["spec"]["ingress"][0]["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    other = _chart(_redis_values(), "team-c")["Deployment", "team-c-llmsim"]["spec"][
+        "template"]["metadata"]["labels"]
+    assert not peer.items() <= other.items()  # another release's llmsim is not let in
+    v = _values()
+    assert not [k for k in _chart(v) if k[0] == "NetworkPolicy"]  # off unless asked
+    v["networkPolicy"] = {"enabled": True, "from": [{"namespaceSelector": {
+        "matchLabels": {"team": "load"}}}]}
+    assert _values_errors(v) == []
+    own = _chart(v)["NetworkPolicy", "llmsim"]
+    assert _schema_errors(own) == []
+    assert own["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}],
+                                       "from": v["networkPolicy"]["from"]}]
 
 
 def test_config_checksum_restarts_pods_on_a_config_change() -> None:
