@@ -686,7 +686,7 @@ def load_config(file: str | os.PathLike[str] | None = None,
             continue
         o = known_env.get(key)
         if o is None:
-            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG"])
+            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG", PURE_ENV])
             if warn is None:
                 warnings.warn(msg, ConfigWarning, stacklevel=2)
             else:
