@@ -17,7 +17,10 @@ from typing import Any
 
 VERSION = "v1.37.0-local-strict"
 KINDS = {"Deployment": "deployment-apps-v1.json", "Service": "service-v1.json",
-         "ConfigMap": "configmap-v1.json"}
+         "ConfigMap": "configmap-v1.json",
+         "PodDisruptionBudget": "poddisruptionbudget-policy-v1.json",
+         "HorizontalPodAutoscaler": "horizontalpodautoscaler-autoscaling-v2.json",
+         "NetworkPolicy": "networkpolicy-networking-v1.json"}
 PREFIX = "/api/_definitions.json#/$defs/"
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "k8s-schemas.json"
 

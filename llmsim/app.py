@@ -27,6 +27,7 @@ from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
 
 if TYPE_CHECKING:
+    from .api.clients import ClientWatch
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
     from .api.validate import BodyMemo
@@ -115,6 +116,7 @@ class App:
         self.authenticate: Callable[[Request], None] | None = None
         self.responses: ResponsesState | None = None  # stored responses (api/responses)
         self.websocket: WebSocketState | None = None  # live sessions (websocket.py)
+        self.clients: ClientWatch | None = None  # journal and client verdicts (api/clients)
         self.ws_handler: WSHandler | None = None  # set by the WebSocket module
         # set by the transport: close the connections of these departed clients (a count)
         self.drop_departed: Callable[[Collection[str]], int] | None = None

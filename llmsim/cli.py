@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import Config, ConfigError, iter_options, load_config
+from .config import FAULT_KINDS, Config, ConfigError, iter_options, load_config
 from .native import build_info
 
 __all__ = ["main", "build_parser"]
@@ -30,10 +30,13 @@ examples:
   llmsim --config llmsim.toml --port 0     # settings from a file, any free port
   llmsim --max-tokens-mode exact           # every max_tokens filled exactly (fixed lengths)
 
-commands:
-  llmsim top [--url URL]                   # live terminal view of /llmsim/stats
+commands (options may come before or after the command):
+  llmsim top [URL ...] [--url URL]         # live terminal view of /llmsim/stats (several servers)
   llmsim record --upstream URL [--cassettes DIR]   # proxy a real API, save cassettes
   llmsim --replay DIR [--replay-speed X]   # serve the saved exchanges offline
+
+An unknown LLMSIM_* environment variable is ignored with a warning (naming the close match
+when it looks like a typo of a known one).
 
 Point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=x
 """
@@ -81,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warn(msg: str) -> None:
+    print(f"llmsim: warning: {msg}", file=sys.stderr, flush=True)
+
+
 def config_from_args(argv: Sequence[str] | None = None,
                      env: dict[str, str] | None = None) -> tuple[Config, argparse.Namespace]:
     parser = build_parser()
@@ -91,17 +98,91 @@ def config_from_args(argv: Sequence[str] | None = None,
         v = getattr(ns, o.dest)
         if v is not None:
             overrides[".".join(o.path)] = v
-    cfg = load_config(ns.config or env.get("LLMSIM_CONFIG"), env=env, overrides=overrides)
+    cfg = load_config(ns.config or env.get("LLMSIM_CONFIG"), env=env, overrides=overrides,
+                      warn=_warn)
     return cfg, ns
 
 
-def banner(url: str, cfg: Config) -> str:
-    mode: str = cfg.latency
+COMMANDS = ("top", "record")
+
+
+def split_command(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The subcommand (``top``, ``record``) wherever it stands among the options, and the
+    other arguments in order: ``llmsim --port 9000 record --upstream U`` is ``record`` with
+    ``--port 9000 --upstream U``. A word that is an option's value (``--fixed-text top``) is
+    not a command; neither is anything after ``--``."""
+    takes_value: set[str] = set()
+    for action in build_parser()._actions:
+        if action.nargs != 0:
+            takes_value.update(action.option_strings)
+    takes_value.add("--upstream")  # record's own spelling of --record-upstream
+    rest = list(args)
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--":
+            break
+        if a.startswith("-"):
+            if "=" not in a and a in takes_value:
+                i += 1  # skip its value
+        elif a in COMMANDS:
+            return a, rest[:i] + rest[i + 1:]
+        i += 1
+    return None, rest
+
+
+def _redact(url: str) -> str:
+    """A state URL without its password (the banner may end up in shared logs)."""
+    scheme, sep, rest = url.partition("://")
+    cred, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = cred.split(":", 1)[0]
+    return f"{scheme}{sep}{user + ':***' if ':' in cred else user}@{host}"
+
+
+def describe(cfg: Config, workers: int = 1) -> list[str]:
+    """What the banner says about a configuration: mode, state back end, realism models."""
+    if cfg.record_upstream:
+        mode = f"record (proxying {cfg.record_upstream}, cassettes in {cfg.cassettes or './cassettes'})"
+    elif cfg.replay:
+        mode = f"replay (cassettes in {cfg.replay}, speed {cfg.replay_speed:g}x)"
+    elif cfg.script:
+        mode = f"script ({cfg.script}; unmatched requests are simulated)"
+    else:
+        mode = "simulate"
+    if cfg.state:
+        state = f"redis ({_redact(cfg.state)})"
+    elif workers > 1:
+        state = f"shared on-disk store across {workers} worker processes"
+    else:
+        state = "in memory"
+    latency: str = cfg.latency
     if cfg.ttft_ms is not None or cfg.itl_ms is not None:
-        mode = f"fixed (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms)"
+        latency = f"fixed (ttft {cfg.ttft_ms} ms, itl {cfg.itl_ms} ms)"
+    realism = []
+    f = cfg.faults
+    drawn = [f"{k} {getattr(f, 'p_' + k):g}" for k in FAULT_KINDS if getattr(f, "p_" + k)]
+    if drawn or f.models or f.endpoints:
+        realism.append("faults (" + (", ".join(drawn) or "per model/endpoint") + ")")
+    if cfg.ratelimit.enabled:
+        realism.append(f"rate limits (rpm {cfg.ratelimit.rpm}, tpm {cfg.ratelimit.tpm}"
+                       f"{', per model/key' if cfg.ratelimit.models or cfg.ratelimit.keys else ''})")
+    if cfg.capacity.enabled:
+        realism.append(f"capacity (max_seqs {cfg.capacity.max_seqs}, queue {cfg.capacity.queue}"
+                       f"{', itl_slope ' + format(cfg.capacity.itl_slope, 'g') if cfg.capacity.itl_slope else ''})")
     build = build_info()
-    return (f"llmsim {__version__} listening on {url}  (latency: {mode}, seed: {cfg.seed}, "
-            f"text: {cfg.text}{'' if build == 'pure' else f', build: {build}'})\n"
+    return [f"mode: {mode}",
+            f"state: {state}",
+            f"latency: {latency}, seed: {cfg.seed}, text: {cfg.text}, max_tokens: "
+            f"{cfg.max_tokens_mode}{'' if build == 'pure' else f', build: {build}'}",
+            "realism: " + ("; ".join(realism) or "none (no faults, rate limits or capacity "
+                                                  "model)")]
+
+
+def banner(url: str, cfg: Config, workers: int = 1) -> str:
+    lines = "".join(f"  {line}\n" for line in describe(cfg, workers))
+    return (f"llmsim {__version__} listening on {url}\n{lines}"
             f"Try it:\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{{\"model\": \"gpt-4o\", \"messages\": [{{\"role\": \"user\", "
@@ -156,23 +237,25 @@ def _serve_workers(cfg: Config, n: int) -> int:
 
     def ready(sup: Any) -> None:
         if not cfg.quiet:
-            print(banner(sup.url, cfg) + f"\n({n} worker processes)", flush=True)
+            print(banner(sup.url, cfg, n) + f"\n({n} worker processes)", flush=True)
 
     return run_workers(cfg, n, on_ready=ready)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] == "top":  # `llmsim top --url ...`: the terminal stats view
+    command, args = split_command(args)
+    if command == "top":  # `llmsim top URL... [--url ...]`: the terminal stats view
         from .top import main as top_main
 
-        return top_main(args[1:])
-    if args and args[0] == "record":  # `llmsim record --upstream URL [--cassettes DIR] ...`
-        args = ["--record-upstream" if a == "--upstream" else a for a in args[1:]]
-        if "--record-upstream" not in args:
+        return top_main(args)
+    if command == "record":  # `llmsim [options] record --upstream URL [--cassettes DIR] ...`
+        args = ["--record-" + a[2:] if a == "--upstream" or a.startswith("--upstream=") else a
+                for a in args]
+        if not any(a.partition("=")[0] == "--record-upstream" for a in args):
             print("llmsim: error: record needs --upstream URL", file=sys.stderr)
             return 2
-        argv = args
+    argv = args
     try:
         cfg, _ns = config_from_args(argv)
     except ConfigError as exc:

@@ -10,21 +10,28 @@ flag ``--capacity-max-seqs``, the env var ``LLMSIM_CAPACITY_MAX_SEQS`` and the T
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .native import PURE_ENV
 
-__all__ = ["Config", "ConfigError", "ModelSpec", "ResponsesConfig", "load_config", "iter_options"]
+__all__ = ["Config", "ConfigError", "ConfigWarning", "ModelSpec", "ResponsesConfig",
+           "load_config", "iter_options", "unknown_env_message"]
 
 
 class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names it."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting was ignored (an unknown ``LLMSIM_*`` environment variable)."""
 
 
 class _Checked:
@@ -456,6 +463,12 @@ class Config(_Checked):
                                        metavar="S")
     shutdown_grace_s: float = opt(10.0, "On SIGINT/SIGTERM, let in-flight requests finish for "
                                   "this many seconds before closing them.", metavar="S")
+    journal: int = opt(0, "Keep the last N API requests (method, path, headers without "
+                       "credentials, body, answer status) for GET /llmsim/journal (0 = off; "
+                       "the pytest plugin turns it on).", metavar="N")
+    journal_max_bytes: int = opt(16 * 1024 * 1024, "Most bytes the journal holds (the oldest "
+                                 "requests are dropped first; a body is kept up to 64 KiB).",
+                                 metavar="BYTES")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
     log_level: Literal["debug", "info", "warning", "error"] = opt(
@@ -654,12 +667,26 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> None:
             dst[k] = v
 
 
+def unknown_env_message(key: str, known: Collection[str]) -> str:
+    """The warning for an unknown ``LLMSIM_*`` variable, naming a close known one if any."""
+    # compared without the shared prefix, which would make every name look close
+    names = {k.removeprefix("LLMSIM_"): k for k in known}
+    close = difflib.get_close_matches(key.removeprefix("LLMSIM_"), list(names), n=1,
+                                      cutoff=0.75)
+    hint = f" (did you mean {names[close[0]]}?)" if close else ""
+    return f"unknown environment variable {key} ignored{hint}"
+
+
 def load_config(file: str | os.PathLike[str] | None = None,
                 env: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> Config:
+                overrides: Mapping[str, Any] | None = None,
+                warn: Callable[[str], None] | None = None) -> Config:
     """Build a Config: defaults < TOML ``file`` < ``LLMSIM_*`` in ``env`` < ``overrides``.
 
-    ``overrides`` maps dotted paths (``"port"``, ``"capacity.max_seqs"``) to values.
+    ``overrides`` maps dotted paths (``"port"``, ``"capacity.max_seqs"``) to values. An
+    unknown ``LLMSIM_*`` variable is not an error (test suites set names like
+    ``LLMSIM_URL`` for their client side): it is reported through ``warn`` (default: a
+    :class:`ConfigWarning`), naming a close known variable when it looks like a typo.
     """
     tree: dict[str, Any] = {}
     if file:
@@ -681,7 +708,12 @@ def load_config(file: str | os.PathLike[str] | None = None,
             continue
         o = known_env.get(key)
         if o is None:
-            raise ConfigError(f"unknown environment variable {key}")
+            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG", PURE_ENV])
+            if warn is None:
+                warnings.warn(msg, ConfigWarning, stacklevel=2)
+            else:
+                warn(msg)
+            continue
         _set_path(tree, o.path, coerce(val, o.type, key))
     for dotted, val in (overrides or {}).items():
         _set_path(tree, tuple(dotted.split(".")), val)
@@ -732,6 +764,10 @@ def _check(cfg: Config) -> None:
         raise ConfigError("prompt_cache_bytes: must be between 0 and 2^40")
     if cfg.write_stall_timeout_s < 0:
         raise ConfigError("write_stall_timeout_s: must be >= 0")
+    if not 0 <= cfg.journal <= 1_000_000:
+        raise ConfigError("journal: between 0 (off) and 1000000 requests")
+    if cfg.journal_max_bytes < MIN_BYTE_BOUND:
+        raise ConfigError(f"journal_max_bytes: must be at least {MIN_BYTE_BOUND}")
     for name in ("max_body_bytes", "max_header_bytes", "max_pipelined", "max_input_items"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1")

@@ -536,6 +536,10 @@ class E:
     script_too_large = Entry(413, "request_too_large", "A script is at most {limit} bytes.",
                              names_param=False)
     script_invalid = Entry(400, "invalid_script", "Invalid script: {reason}")
+    journal_off = Entry(404, "journal_off", "The request journal is off: start llmsim with "
+                        "--journal N to keep the last N requests.", names_param=False)
+    journal_since_invalid = Entry(400, "invalid_value", "Invalid '{param}': expected a journal "
+                                  "sequence number (an integer).")
     script_exhausted = Entry(400, "script_exhausted", "Script rule {rule} has no turn left for "
                              "this session ({turns} turns, then: error).", names_param=False)
     cassette_https = Entry(502, None, "Recording supports http:// upstreams (put a "

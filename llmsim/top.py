@@ -1,4 +1,5 @@
-"""``llmsim top --url http://127.0.0.1:8080``: a live terminal view of ``/llmsim/stats``.
+"""``llmsim top [URL ...]``: a live terminal view of ``/llmsim/stats``, of one server or of
+several (replicas behind a load balancer: one section each, after a line of totals).
 
 Standard library only (urllib + ANSI escapes). ``--once`` prints one frame and exits.
 """
@@ -75,25 +76,57 @@ def _fetch(url: str, timeout: float) -> dict[str, Any]:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
+MAX_URLS = 16  # as the dashboard's ?replicas= list
+
+
+def render_many(urls: Sequence[str], fetch: Any = None) -> tuple[str, int]:
+    """One screen for several servers: a totals line, then each server's frame (or why it
+    could not be read). Returns the text and how many servers could not be read."""
+    fetch = fetch or (lambda u: _fetch(u, 5.0))
+    parts: list[str] = []
+    failed = 0
+    req = tok = err = 0.0
+    for url in urls:
+        try:
+            s = fetch(url)
+            parts.append(render_frame(s, url))
+            w = s.get("window", {})
+            req += w.get("requests_per_s") or 0.0
+            tok += w.get("tokens_per_s") or 0.0
+            err += w.get("errors_per_s") or 0.0
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+            failed += 1
+            parts.append(f"llmsim top  {url}  cannot read /llmsim/stats: {exc}")
+    if len(urls) == 1:
+        return parts[0], failed
+    head = (f"llmsim top  {len(urls)} servers ({len(urls) - failed} answering)  "
+            f"requests/s {_n(req, 1)}  tokens/s {_n(tok)}  errors/s {_n(err, 2)}")
+    rule = "\n" + "-" * 40 + "\n"
+    return head + rule + rule.join(parts), failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llmsim top",
-                                description="Live terminal view of a running llmsim server.")
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL "
-                   "(default: http://127.0.0.1:8080)")
+                                description="Live terminal view of running llmsim servers "
+                                            "(one, or several replicas: a section each after "
+                                            "a totals line).")
+    p.add_argument("urls", nargs="*", metavar="URL", help="server base URLs (as many as "
+                   f"--url; at most {MAX_URLS})")
+    p.add_argument("--url", action="append", default=[], help="a server base URL "
+                   "(repeatable; default: http://127.0.0.1:8080)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
-    ns = p.parse_args(argv)
+    ns = p.parse_intermixed_args(argv)
+    urls = [*ns.url, *ns.urls] or ["http://127.0.0.1:8080"]
+    if len(urls) > MAX_URLS:
+        p.error(f"at most {MAX_URLS} URLs")
     try:
         while True:
-            try:
-                frame = render_frame(_fetch(ns.url, 5.0), ns.url)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                if ns.once:
-                    print(f"llmsim top: cannot read {ns.url}/llmsim/stats: {exc}",
-                          file=sys.stderr)
-                    return 1
-                frame = f"llmsim top: waiting for {ns.url} ({exc})"
+            frame, failed = render_many(urls)
             if ns.once:
+                if failed == len(urls):
+                    print(frame, file=sys.stderr)
+                    return 1
                 print(frame)
                 return 0
             sys.stdout.write("\x1b[H\x1b[2J" + frame + "\n")

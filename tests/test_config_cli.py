@@ -46,8 +46,10 @@ def test_unknown_keys_are_errors(tmp_path):
     f.write_text('[models."m"]\nctx = 5\n')
     with pytest.raises(ConfigError, match="models.m.ctx"):
         load_config(f, env={})
-    with pytest.raises(ConfigError, match="LLMSIM_PROT"):
-        load_config(env={"LLMSIM_PROT": "1"})
+    seen: list[str] = []  # an unknown LLMSIM_* variable: a warning naming its close match
+    assert load_config(env={"LLMSIM_PROT": "1"}, warn=seen.append).port == 8080
+    assert seen == ["unknown environment variable LLMSIM_PROT ignored (did you mean "
+                    "LLMSIM_PORT?)"]
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -101,10 +103,11 @@ def test_cli_help_and_bad_flag():
     bad = subprocess.run([sys.executable, "-m", "llmsim", "--latency", "slow"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
-    env = {**os.environ, "LLMSIM_NOPE": "1"}
+    env = {**os.environ, "LLMSIM_NOPE": "1", "LLMSIM_PORT": "99999"}
     bad = subprocess.run([sys.executable, "-m", "llmsim"], capture_output=True, text=True,
-                         timeout=30, env=env)
-    assert bad.returncode == 2 and "LLMSIM_NOPE" in bad.stderr
+                         timeout=30, env=env)  # the unknown one warns, the bad value fails
+    assert bad.returncode == 2 and "warning: unknown environment variable LLMSIM_NOPE" in \
+        bad.stderr and "port" in bad.stderr
 
 
 def test_start_prints_url_and_serves_then_sigterm():
@@ -127,7 +130,8 @@ def test_start_prints_url_and_serves_then_sigterm():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        rest = "".join(p.stdout.readline() for _ in range(4))
+        rest = "".join(p.stdout.readline() for _ in range(8))
+        assert "mode: simulate" in rest and "state: in memory" in rest
         assert "curl" in line + rest or "OPENAI_BASE_URL" in rest
         p.send_signal(signal.SIGTERM)
         assert p.wait(15) == 0

@@ -15,6 +15,7 @@ from . import (
     anthropic,
     cassette,
     chat,
+    clients,
     completions,
     embeddings,
     faults,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           websocket, cassette)  # cassette last: record/replay replace generation routes
+           clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

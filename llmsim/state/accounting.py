@@ -36,6 +36,10 @@ GONE_STATUS = 499  # nginx's "client closed request": the client left before the
 def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
                   transport: str = "http") -> None:
     """A complete response (JSON or raw) was written; ``res`` may be None (protocol errors)."""
+    watch = app.clients
+    if watch is not None and (watch.watched or status >= 400 or watch.journal is not None
+                              or not status):
+        watch.answered(req, status, getattr(res, "headers", None) or [])
     if endpoint in QUIET:
         if ACCESS.isEnabledFor(INFO):
             access(req.method, req.path, None, status, 0, 0, None,
@@ -93,6 +97,8 @@ def request_model(req: Request) -> str | None:
 
 def request_gone(app: App, req: Request, endpoint: str, transport: str = "http") -> None:
     """The client went away before any byte of the answer (counted as status 499)."""
+    if app.clients is not None:
+        app.clients.gone(req)
     app.stats.record(endpoint, None, transport, GONE_STATUS, "client_disconnect")
     if ACCESS.isEnabledFor(INFO):
         access(req.method, req.path, None, GONE_STATUS, 0, 0, None,
@@ -110,6 +116,9 @@ def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
     stats.record(endpoint, model, transport, res.status)
     track = stats.track(model, req.received_at, transport, stream.dialect.is_token, pt)
     track.usage = res.usage
+    watch = app.clients
+    if watch is not None and (watch.watched or watch.journal is not None):
+        watch.answered(req, res.status, res.headers, stream=True)
     return track
 
 
@@ -120,6 +129,10 @@ def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
         return
     now = app.clock.now()
     track.finish(reason, now)
+    watch = app.clients
+    if watch is not None and (reason != "completed" or watch.journal is not None
+                              or watch.chains):
+        watch.stream_ended(req, reason)
     if reason == "completed" and track.usage is not None:
         billed(app, track.usage)
     if ACCESS.isEnabledFor(INFO):
