@@ -32,8 +32,11 @@ examples:
 
 commands:
   llmsim top [--url URL]                   # live terminal view of /llmsim/stats
-  llmsim record --upstream URL [--cassettes DIR]   # proxy a real API, save cassettes
+  llmsim record --upstream https://api.openai.com \
+                --upstream anthropic=https://api.anthropic.com --cassettes DIR
+                                           # proxy real providers, save cassettes
   llmsim --replay DIR [--replay-speed X]   # serve the saved exchanges offline
+  (record/replay: docs/record-replay.md)
 
 Point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=x
 """
@@ -167,9 +170,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .top import main as top_main
 
         return top_main(args[1:])
-    if args and args[0] == "record":  # `llmsim record --upstream URL [--cassettes DIR] ...`
-        args = ["--record-upstream" if a == "--upstream" else a for a in args[1:]]
-        if "--record-upstream" not in args:
+    if args and args[0] == "record":  # `llmsim record --upstream [NAME=]URL ... [--cassettes DIR]`
+        rest, args = args[1:], []
+        for i, a in enumerate(rest):
+            if a == "--upstream" and i + 1 < len(rest):
+                routed = "=" in rest[i + 1].split("://", 1)[0]
+                args.append("--record-route" if routed else "--record-upstream")
+            else:
+                args.append(a)
+        if "--record-upstream" not in args and "--record-route" not in args:
             print("llmsim: error: record needs --upstream URL", file=sys.stderr)
             return 2
         argv = args
@@ -178,14 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
-    if cfg.replay:  # unreadable cassettes: a start-up error, not a traceback
-        from .api.cassette import Cassettes
+    if cfg.replay:  # unreadable cassettes: a start-up error naming file and field
+        from .api.cassette import VOLATILE, CassetteError, load_cassettes
 
         try:
-            Cassettes(cfg.replay)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"llmsim: error: replay: cannot load the cassettes in {cfg.replay}: {exc}",
-                  file=sys.stderr)
+            load_cassettes(cfg.replay, VOLATILE | frozenset(cfg.match_ignore))
+        except CassetteError as exc:
+            print(f"llmsim: error: replay: cannot load the cassettes: {exc}", file=sys.stderr)
             return 2
     if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
         from .sim.script import ScriptError, load_script
