@@ -468,6 +468,10 @@ class Config(_Checked):
                                   "this many seconds before closing them.", metavar="S")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
+    loop_watch_ms: float = opt(0.0, "Measure the event loop's stalls with a tick every MS "
+                               "milliseconds: GET /llmsim/loop reports the CPU the loop "
+                               "thread spent between ticks and how late they came (0 = off).",
+                               metavar="MS")
     log_level: Literal["debug", "info", "warning", "error"] = opt(
         "warning", "Log level of the llmsim loggers; 'info' turns on the access log (one line "
         "per request: method, path, model, status, tokens, TTFT, duration).",
@@ -730,6 +734,8 @@ def _check_record(cfg: Config) -> None:
 
 
 def _check(cfg: Config) -> None:
+    if not (cfg.loop_watch_ms == 0 or 1 <= cfg.loop_watch_ms <= 10_000):
+        raise ConfigError("loop_watch_ms: 0 (off) or 1 to 10000")
     if not 0 < len(cfg.default_model) <= 256 or not cfg.default_model.isprintable():
         raise ConfigError("default_model: a model id of 1 to 256 printable characters")
     if cfg.replay_speed < 0:
