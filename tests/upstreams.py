@@ -46,40 +46,36 @@ class FakeUpstream:
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
     def _serve(self, s: socket.socket) -> None:
-        conn = h11.Connection(h11.SERVER)
-        req = None
-        body = b""
+        """Requests one after the other on the connection (kept alive) until the peer
+        closes it."""
+        data = b""
         try:
             while True:
-                ev = conn.next_event()
-                if ev is h11.NEED_DATA:
-                    data = s.recv(65536)
-                    if not data:
-                        return
+                conn = h11.Connection(h11.SERVER)
+                if data:  # (what came after the previous request; b"" would mean EOF)
                     conn.receive_data(data)
-                elif isinstance(ev, h11.Request):
-                    req = ev
-                elif isinstance(ev, h11.Data):
-                    body += ev.data
-                elif isinstance(ev, h11.EndOfMessage):
-                    break
-            assert req is not None
-            with self.lock:
-                self.requests.append((req, body))
-            self.handler(s, req, body)
-        except OSError:
-            pass
-        finally:
-            self._wait_close(s)
-
-    def _wait_close(self, s: socket.socket) -> None:
-        """Until the peer closes (or the test ends): count a close by the recorder."""
-        try:
-            s.settimeout(60)
-            while s.recv(65536):
-                pass
-            with self.lock:
-                self.closed_by_peer += 1
+                req = None
+                body = b""
+                while True:
+                    ev = conn.next_event()
+                    if ev is h11.NEED_DATA:
+                        more = s.recv(65536)
+                        if not more:
+                            with self.lock:
+                                self.closed_by_peer += 1
+                            return
+                        conn.receive_data(more)
+                    elif isinstance(ev, h11.Request):
+                        req = ev
+                    elif isinstance(ev, h11.Data):
+                        body += ev.data
+                    elif isinstance(ev, h11.EndOfMessage):
+                        break
+                assert req is not None
+                data = conn.trailing_data[0]
+                with self.lock:
+                    self.requests.append((req, body))
+                self.handler(s, req, body)
         except OSError:
             pass
         finally:

@@ -71,6 +71,8 @@ KEEP_REQUEST = frozenset(("content-type", "accept", "anthropic-version", "anthro
 KEEP_RESPONSE = frozenset(("openai-model", "openai-version", "openai-processing-ms",
                            "x-request-id", "request-id", "retry-after", "retry-after-ms"))
 KEEP_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+# kept in the cassette but not sent again: the transport sets its own
+SERVER_SET = frozenset(("x-request-id", "openai-version", "openai-processing-ms"))
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024
 MAX_CASSETTES = 100_000
 MAX_REPLAY_BYTES = 2 * 1024 * 1024 * 1024
@@ -369,9 +371,13 @@ def _family(path: str) -> tuple[Dialect, Callable[[APIError], bytes]]:
     return REPLAY, _openai_frame
 
 
+def _sent(headers: dict[str, str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers.items() if k not in SERVER_SET]
+
+
 def _answer(entry: dict[str, Any], speed: float) -> RawResponse | StreamResponse:
     r = entry["response"]
-    headers = list(r.get("headers", {}).items())
+    headers = _sent(r.get("headers", {}))
     if "events" in r:
         def plan() -> Iterator[tuple[float, str, Any]]:
             last = 0.0
@@ -545,6 +551,11 @@ class Recorder:
             watch.stop()
         ctype = next((v for k, v in ex.headers if k.lower() == "content-type"),
                      "application/json")
+        coding = next((v for k, v in ex.headers if k.lower() == "content-encoding"), "")
+        if coding.strip().lower() not in ("", "identity"):
+            ex.close()
+            raise E.upstream_error.at(base=up.base, reason=f"a body in content-encoding "
+                                      f"{coding[:32]!r} (identity was asked for)")
         kept = _kept_response(ex.headers)
         save = ex.status < 400 or self.record_errors
         if ctype.startswith("text/event-stream"):
@@ -563,7 +574,7 @@ class Recorder:
             self._save(req, key, ex, ctype, kept,
                        {"body": body.decode("utf-8", "replace"),
                         "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
-        return RawResponse(bytes(body), ex.status, ctype, list(kept.items()))
+        return RawResponse(bytes(body), ex.status, ctype, _sent(kept))
 
     def _stream_through(self, req: Request, key: str, ex: Exchange, ctype: str,
                         kept: dict[str, str], save: bool) -> StreamResponse:
@@ -605,8 +616,13 @@ class Recorder:
                 if not task.done():
                     task.cancel()  # the client left: so does the upstream request
 
-        return StreamResponse(EventStream(plan(), _dialect_, model=_model(req.body) or None),
-                              status=ex.status, headers=list(kept.items()))
+        def ended() -> None:  # (also when the stream is dropped before its plan ran)
+            if not task.done():
+                task.cancel()
+
+        return StreamResponse(EventStream(plan(), _dialect_, model=_model(req.body) or None,
+                                          on_end=ended),
+                              status=ex.status, headers=_sent(kept))
 
     async def _read_stream(self, ex: Exchange, live: _Live) -> None:
         framer = SSEFramer()
@@ -633,7 +649,8 @@ class Recorder:
 
     def _save(self, req: Request, key: str, ex: Exchange, ctype: str, kept: dict[str, str],
               answer: dict[str, Any]) -> None:
-        entry = {"version": 2,
+        entry: dict[str, Any] = {
+                 "version": 2,
                  "request": {"method": req.method, "path": req.path,
                              "headers": {k: v for k, v in req.headers.items()
                                          if k in KEEP_REQUEST},
@@ -655,7 +672,7 @@ class Recorder:
             log.exception("cannot write the cassette %s", name)
             return
         self.written += len(data)
-        self.store.add(validate(orjson.loads(data), name), name)
+        self.store.add(entry, name)
 
 
 def register(app: App) -> None:
@@ -685,6 +702,14 @@ def register(app: App) -> None:
         raise ConfigError(f"record: {exc}") from None
     from .anthropic import anthropic_error
 
+    async def stop(app_: App) -> None:  # idle upstream connections and unfinished readers
+        for task in list(rec.tasks):
+            task.cancel()
+        for up in [rec.default, *(u for _, u in rec.routes)]:
+            if up is not None:
+                up.close()
+
+    app.on_stop.append(stop)
     for path in PATHS:
         app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
                        aliases=path not in ANTHROPIC_PATHS,
