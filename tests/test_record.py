@@ -460,3 +460,41 @@ def test_ignored_fields_and_path_as_sent(make_server: Any, tmp_path: Path) -> No
     r = rawhttp.request(player.url, "POST", "/v1/chat/completions",
                         {**CHAT, "temperature": 0.9})
     assert r.status == 200
+
+
+MALFORMED = {
+    "not_http": b"garbage\r\n\r\n",
+    "status_999": b"HTTP/1.1 999 X\r\ncontent-length: 2\r\n\r\n{}",
+    "huge_head": b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n",
+    "bad_chunk": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nxx\r\n",
+    "short_body": b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{}",
+    "gzip": b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 2\r\n\r\n{}",
+    "sse_bad_chunk": b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\nzz\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_hostile_upstream_answers_are_502_never_500(make_server: Any, tmp_path: Path,
+                                                    case: str) -> None:
+    def handler(s: socket.socket, req: h11.Request, body: bytes) -> None:
+        s.sendall(MALFORMED[case])
+        s.shutdown(socket.SHUT_WR)
+
+    up = FakeUpstream(handler)
+    try:
+        rec = make_server(record_upstream=up.url, cassettes=str(tmp_path),
+                          upstream_read_timeout_s=5)
+        stream = case.startswith("sse")
+        r = rawhttp.request(rec.url, "POST", "/v1/chat/completions", {**CHAT, "stream": stream})
+        if stream:  # the head was passed on: the stream ends with an error event
+            assert r.status == 200 and r.body.startswith(b"data: 1\n\n")
+            assert r.sse()[-1][1].startswith('{"error"')
+        else:
+            assert r.status == 502, (r.status, r.body[:200])
+            assert r.json()["error"]["code"] == "upstream_error"
+        assert _files(tmp_path) == []
+        _until(lambda: rawhttp.request(rec.url, "GET", "/llmsim/stats").json()["active"] == {
+            "connections": 1, "requests": 1, "streams": 0, "websockets": 0})
+    finally:
+        up.close()

@@ -551,6 +551,9 @@ class Recorder:
             watch.stop()
         ctype = next((v for k, v in ex.headers if k.lower() == "content-type"),
                      "application/json")
+        if not 200 <= ex.status <= 599:
+            ex.close()
+            raise E.upstream_error.at(base=up.base, reason=f"an answer with status {ex.status}")
         coding = next((v for k, v in ex.headers if k.lower() == "content-encoding"), "")
         if coding.strip().lower() not in ("", "identity"):
             ex.close()
