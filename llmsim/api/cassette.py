@@ -33,6 +33,7 @@ framing is incremental (each byte scanned once, :class:`SSEFramer`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -82,7 +83,10 @@ MAX_HEADERS = 64
 MAX_HEADER_VALUE = 8192
 MAX_PATH = 2048
 NEAREST_SCAN = 1000  # cassettes of the same path compared for the not-found diff
-POLL_S = 0.002  # how often a stream being recorded looks for the upstream's next frame
+# how often a stream being recorded looks for the upstream's next frame: POLL_S after a
+# frame, doubling while none comes up to POLL_MAX_S
+POLL_S = 0.002
+POLL_MAX_S = 0.02
 WATCH_S = 0.05  # how often a recording looks for a client that left (EOF)
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 _METHOD = re.compile(r"^[A-Z]{1,16}$")
@@ -240,6 +244,7 @@ class Cassettes:
         self.by_key: dict[str, dict[str, Any]] = {}
         self.by_model: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
         self.names: dict[str, str] = {}  # key → file name
+        self.by_path: dict[tuple[str, str], list[str]] = {}  # (method, path) → keys
         self.loaded = 0  # how many came from the directory at start-up
 
     def key(self, method: str, path: str, body: bytes | str) -> str:
@@ -248,6 +253,8 @@ class Cassettes:
     def add(self, entry: dict[str, Any], name: str) -> str:
         rq = entry["request"]
         key = self.key(rq["method"], rq["path"], rq["body"])
+        if key not in self.by_key:
+            self.by_path.setdefault((rq["method"], rq["path"]), []).append(key)
         self.by_key[key] = entry
         self.names[key] = name
         self.by_model.setdefault((rq["method"], rq["path"], _model(rq["body"]),
@@ -267,15 +274,8 @@ class Cassettes:
         """Which cassette this request comes closest to, and the fields that differ."""
         mine = _normalised(req.body, self.ignore)
         best: tuple[int, str, list[str]] | None = None
-        seen = 0
-        for key, entry in self.by_key.items():
-            rq = entry["request"]
-            if rq["path"] != req.path or rq["method"] != req.method:
-                continue
-            seen += 1
-            if seen > NEAREST_SCAN:
-                break
-            theirs = _normalised(rq["body"], self.ignore)
+        for key in self.by_path.get((req.method, req.path), [])[:NEAREST_SCAN]:
+            theirs = _normalised(self.by_key[key]["request"]["body"], self.ignore)
             diff = _diff(mine, theirs)
             if best is None or len(diff) < best[0]:
                 best = (len(diff), self.names.get(key, key), diff)
@@ -294,8 +294,12 @@ def _diff(a: Any, b: Any) -> list[str]:
         elif k not in a:
             out.append(f"{k} (only in the cassette)")
         elif a[k] != b[k]:
-            va, vb = json.dumps(a[k]), json.dumps(b[k])
-            out.append(f"{k} ({va} here, {vb} there)" if len(va) + len(vb) < 60 else k)
+            va, vb = a[k], b[k]
+            if isinstance(va, (dict, list)) or isinstance(vb, (dict, list)):
+                out.append(str(k))  # (a message list is not repeated in an error)
+                continue
+            ta, tb = json.dumps(va), json.dumps(vb)
+            out.append(f"{k} ({ta} here, {tb} there)" if len(ta) + len(tb) < 60 else str(k))
     return out
 
 
@@ -566,10 +570,11 @@ class Recorder:
         watch = _Departed(self.app, req)
         try:
             body = bytearray()
-            async for _t, data in ex.body():
-                body += data
-                if len(body) > self.max_bytes:
-                    raise E.cassette_too_large.at(limit=self.max_bytes)
+            async with contextlib.aclosing(ex.body()) as pieces:
+                async for _t, data in pieces:
+                    body += data
+                    if len(body) > self.max_bytes:
+                        raise E.cassette_too_large.at(limit=self.max_bytes)
         finally:
             watch.stop()
             ex.close()
@@ -592,19 +597,22 @@ class Recorder:
         def plan() -> Iterator[tuple[float, str, Any]]:
             watch = _Departed(app, req)
             sched = clock.now()
-            i = 0
+            i = idle = 0
             try:
                 while True:
                     if i < len(live.frames):
                         yield 0.0, "frame", live.frames[i][1]
                         i += 1
+                        idle = 0
                         sched = max(sched, clock.now())
                         continue
                     if live.done:
                         break
-                    # nothing yet: look again shortly (a skipped control event)
+                    # nothing yet: look again shortly (a skipped control event), less
+                    # often the longer the upstream is quiet
                     now = clock.now()
-                    wait = max(0.0, now - sched) + POLL_S
+                    wait = max(0.0, now - sched) + min(POLL_S * 2 ** idle, POLL_MAX_S)
+                    idle = min(idle + 1, 8)
                     sched += wait
                     yield wait, "_wait", None
                 if live.error is not None:
@@ -630,14 +638,15 @@ class Recorder:
     async def _read_stream(self, ex: Exchange, live: _Live) -> None:
         framer = SSEFramer()
         try:
-            async for t, data in ex.body():
-                live.size += len(data)
-                if live.size > self.max_bytes:
-                    raise E.cassette_too_large.at(limit=self.max_bytes)
-                for frame in framer.feed(data):
-                    if len(live.frames) >= MAX_EVENTS:
+            async with contextlib.aclosing(ex.body()) as pieces:
+                async for t, data in pieces:
+                    live.size += len(data)
+                    if live.size > self.max_bytes:
                         raise E.cassette_too_large.at(limit=self.max_bytes)
-                    live.frames.append((min(t, MAX_DURATION_S), frame))
+                    for frame in framer.feed(data):
+                        if len(live.frames) >= MAX_EVENTS:
+                            raise E.cassette_too_large.at(limit=self.max_bytes)
+                        live.frames.append((min(t, MAX_DURATION_S), frame))
             rest = framer.flush()
             if rest:
                 live.frames.append((min(ex.elapsed(), MAX_DURATION_S), rest))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from urllib.parse import urlencode, urlsplit
 
 import h11
@@ -222,7 +222,7 @@ class Exchange:
             if isinstance(ev, h11.ConnectionClosed):
                 raise self._failed(ConnectionResetError("closed before answering"))
 
-    async def body(self) -> AsyncIterator[tuple[float, bytes]]:
+    async def body(self) -> AsyncGenerator[tuple[float, bytes], None]:
         """The body's pieces as they arrive, each with its offset (seconds) from the
         request; the connection goes back to the pool when the body ends."""
         while True:
