@@ -187,13 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
-    if cfg.replay:  # unreadable cassettes: a start-up error naming file and field
-        from .api.cassette import VOLATILE, CassetteError, load_cassettes
+    if cfg.replay or cfg.record_upstream or cfg.record_route or cfg.record_mode:
+        from .api.cassette import preflight  # bad cassettes or CA: an error, no traceback
 
         try:
-            load_cassettes(cfg.replay, VOLATILE | frozenset(cfg.match_ignore))
-        except CassetteError as exc:
-            print(f"llmsim: error: replay: cannot load the cassettes: {exc}", file=sys.stderr)
+            preflight(cfg)
+        except ConfigError as exc:
+            print(f"llmsim: error: {exc}", file=sys.stderr)
             return 2
     if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
         from .sim.script import ScriptError, load_script

@@ -446,6 +446,11 @@ def test_cli_record_takes_routes_and_help_lists_the_options() -> None:
     out = subprocess.run([sys.executable, "-m", "llmsim", "record", "--upstream",
                           "anthropic=ftp://x"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "record_route" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "llmsim", "record", "--upstream",
+                          "https://127.0.0.1:9", "--upstream-ca", "/nonexistent.pem"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "upstream_ca" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_ignored_fields_and_path_as_sent(make_server: Any, tmp_path: Path) -> None:

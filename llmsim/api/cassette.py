@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import re
+import ssl
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from ..app import App
     from ..clock import Timer
 
-__all__ = ["register", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
+__all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
            "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
 
 log = logging.getLogger("llmsim.cassette")
@@ -687,12 +688,12 @@ class Recorder:
         self.store.add(entry, name)
 
 
-def register(app: App) -> None:
-    """Replace the generation endpoints with the recorder or the player, when configured."""
-    cfg = app.config
+def _setup(cfg: Any) -> tuple[str, str, Cassettes] | None:
+    """The cassette directory, the mode and the loaded cassettes for ``cfg`` (None: neither
+    record nor replay); ConfigError names what is wrong."""
     recording = cfg.record_upstream is not None or bool(cfg.record_route)
     if not recording and cfg.replay is None and cfg.record_mode is None:
-        return
+        return None
     directory = cfg.replay or cfg.cassettes or "cassettes"
     mode = cfg.record_mode or ("all" if recording else "none")
     ignore = VOLATILE | frozenset(cfg.match_ignore)
@@ -703,6 +704,26 @@ def register(app: App) -> None:
             raise ConfigError(f"replay: cannot load the cassettes: {exc}") from None
     else:
         store = Cassettes(ignore)
+    if cfg.upstream_ca is not None:
+        try:
+            ssl.create_default_context().load_verify_locations(cafile=cfg.upstream_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"upstream_ca: cannot load {cfg.upstream_ca}: {exc}") from None
+    return directory, mode, store
+
+
+def preflight(cfg: Any) -> None:
+    """What :func:`register` would refuse, checked before the server starts (the CLI prints
+    it as a start-up error instead of a traceback)."""
+    _setup(cfg)
+
+
+def register(app: App) -> None:
+    """Replace the generation endpoints with the recorder or the player, when configured."""
+    got = _setup(app.config)
+    if got is None:
+        return
+    directory, mode, store = got
     if mode != "none":
         try:
             os.makedirs(directory, exist_ok=True)
@@ -710,7 +731,7 @@ def register(app: App) -> None:
             raise ConfigError(f"cassettes: cannot create {directory}: {exc}") from None
     try:
         rec = Recorder(app, directory, mode, store)
-    except (ValueError, OSError) as exc:  # a bad --upstream-ca file, an unusable URL
+    except (ValueError, OSError) as exc:  # an unusable URL
         raise ConfigError(f"record: {exc}") from None
     from .anthropic import anthropic_error
 
