@@ -84,9 +84,11 @@ MAX_HEADERS = 64
 MAX_HEADER_VALUE = 8192
 MAX_PATH = 2048
 NEAREST_SCAN = 1000  # cassettes of the same path compared for the not-found diff
-# how often a stream being recorded looks for the upstream's next frame: POLL_S after a
-# frame, doubling while none comes up to POLL_MAX_S
+# how often a stream being recorded looks for the upstream's next frame: every POLL_S for
+# POLL_EVEN looks after a frame (a token's gap: the client sees it within POLL_S), then
+# doubling while none comes, up to POLL_MAX_S
 POLL_S = 0.002
+POLL_EVEN = 25
 POLL_MAX_S = 0.02
 WATCH_S = 0.05  # how often a recording looks for a client that left (EOF)
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
@@ -580,9 +582,11 @@ class Recorder:
             watch.stop()
             ex.close()
         if save:
-            self._save(req, key, ex, ctype, kept,
-                       {"body": body.decode("utf-8", "replace"),
-                        "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+            done = self._save(req, key, ex, ctype, kept,
+                              {"body": body.decode("utf-8", "replace"),
+                               "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+            if done is not None:
+                await done  # (the cassette exists when the client has the answer)
         return RawResponse(bytes(body), ex.status, ctype, _sent(kept))
 
     def _stream_through(self, req: Request, key: str, ex: Exchange, ctype: str,
@@ -612,17 +616,20 @@ class Recorder:
                     # nothing yet: look again shortly (a skipped control event), less
                     # often the longer the upstream is quiet
                     now = clock.now()
-                    wait = max(0.0, now - sched) + min(POLL_S * 2 ** idle, POLL_MAX_S)
-                    idle = min(idle + 1, 8)
+                    wait = max(0.0, now - sched) + (POLL_S if idle < POLL_EVEN else min(
+                        POLL_S * 2 ** (idle - POLL_EVEN + 1), POLL_MAX_S))
+                    idle = min(idle + 1, POLL_EVEN + 8)
                     sched += wait
                     yield wait, "_wait", None
                 if live.error is not None:
                     yield 0.0, "frame", frame_of(live.error)
                 elif save:
-                    self._save(req, key, ex, ctype, kept, {
+                    done = self._save(req, key, ex, ctype, kept, {
                         "events": [(round(t, 6), f.decode("utf-8", "replace"))
                                    for t, f in live.frames],
                         "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+                    while done is not None and not done.done():  # the file, then the end
+                        yield POLL_S, "_wait", None
             finally:
                 watch.stop()
                 if not task.done():
@@ -661,31 +668,44 @@ class Recorder:
             live.done = True
 
     def _save(self, req: Request, key: str, ex: Exchange, ctype: str, kept: dict[str, str],
-              answer: dict[str, Any]) -> None:
+              answer: dict[str, Any]) -> asyncio.Future[bool] | None:
+        """Write the cassette (the file in a worker thread: a large one is not copied to the
+        page cache on the event loop); the future is done once it is written and loaded."""
         entry: dict[str, Any] = {
-                 "version": 2,
-                 "request": {"method": req.method, "path": req.path,
-                             "headers": {k: v for k, v in req.headers.items()
-                                         if k in KEEP_REQUEST},
-                             "body": req.body.decode("utf-8", "replace")},
-                 "response": {"status": ex.status, "content_type": ctype, "headers": kept,
-                              **answer}}
+            "version": 2,
+            "request": {"method": req.method, "path": req.path,
+                        "headers": {k: v for k, v in req.headers.items() if k in KEEP_REQUEST},
+                        "body": req.body.decode("utf-8", "replace")},
+            "response": {"status": ex.status, "content_type": ctype, "headers": kept,
+                         **answer}}
         name = file_name(req.path, _model(req.body), _is_stream(req.body), key)
         data = orjson.dumps(entry, option=orjson.OPT_INDENT_2)
         if self.budget and self.written + len(data) > self.budget:
             log.warning("record budget spent: %s not written", name)
             self.written = self.budget
-            return
-        tmp = os.path.join(self.dir, f".{name}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, os.path.join(self.dir, name))
-        except OSError:
-            log.exception("cannot write the cassette %s", name)
-            return
-        self.written += len(data)
-        self.store.add(entry, name)
+            return None
+        self.written += len(data)  # (reserved now: writes in flight count)
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(None, _write_file, self.dir, name, data)
+
+        def written(fut: asyncio.Future[bool]) -> None:
+            if not fut.cancelled() and fut.exception() is None and fut.result():
+                self.store.add(entry, name)
+
+        done.add_done_callback(written)
+        return done
+
+
+def _write_file(directory: str, name: str, data: bytes) -> bool:
+    tmp = os.path.join(directory, f".{name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, name))
+    except OSError:
+        log.exception("cannot write the cassette %s", name)
+        return False
+    return True
 
 
 def _setup(cfg: Any) -> tuple[str, str, Cassettes] | None:
