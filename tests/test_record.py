@@ -503,3 +503,27 @@ def test_hostile_upstream_answers_are_502_never_500(make_server: Any, tmp_path: 
             "connections": 1, "requests": 1, "streams": 0, "websockets": 0})
     finally:
         up.close()
+
+
+def test_a_kept_alive_connection_closed_by_the_upstream_is_retried_once(
+        make_server: Any, tmp_path: Path) -> None:
+    served: dict[int, int] = {}
+
+    def handler(s: socket.socket, req: h11.Request, body: bytes) -> None:
+        n = served[s.fileno()] = served.get(s.fileno(), 0) + 1
+        if n > 1:  # the upstream dropped the idle connection as the request came
+            s.shutdown(socket.SHUT_RDWR)
+            return
+        s.sendall(head(200, [("content-type", "application/json"), ("content-length", "2")])
+                  + b"{}")
+
+    up = FakeUpstream(handler)
+    try:
+        rec = make_server(record_upstream=up.url, cassettes=str(tmp_path))
+        for mt in (4, 5):
+            r = rawhttp.request(rec.url, "POST", "/v1/chat/completions",
+                                {**CHAT, "max_tokens": mt})
+            assert r.status == 200, r.body
+        assert up.opened == 2 and len(up.requests) == 3  # reused, refused, sent again
+    finally:
+        up.close()

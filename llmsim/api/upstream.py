@@ -78,11 +78,12 @@ class Upstream:
         try:
             await ex.send(method, target, headers, body)
             await ex.head()
-        except APIError:
+        except APIError as err:
             ex.close()
-            if not (ex.reused and ex.fresh):
+            if not (ex.reused and ex.fresh) or err.code == "upstream_timeout":
                 raise
-            # a kept-alive connection the upstream had closed: once more on a new one
+            # a kept-alive connection the upstream had closed (not one that went quiet: the
+            # request may be running there): once more on a new one
             ex = Exchange(self, ex.deadline)
             try:
                 await ex.send(method, target, headers, body, pooled=False)
