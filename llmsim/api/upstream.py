@@ -27,6 +27,7 @@ __all__ = ["Upstream", "Exchange", "HOP_HEADERS"]
 
 POOL_SIZE = 8
 READ_BYTES = 65536
+YIELD_EVERY = 512  # body pieces parsed from buffered bytes between two turns of the loop
 # headers that describe one connection (RFC 9110 §7.6.1) or that this client sets itself
 HOP_HEADERS = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer",
                          "transfer-encoding", "upgrade", "host", "content-length",
@@ -226,9 +227,13 @@ class Exchange:
     async def body(self) -> AsyncGenerator[tuple[float, bytes], None]:
         """The body's pieces as they arrive, each with its offset (seconds) from the
         request; the connection goes back to the pool when the body ends."""
+        n = 0
         while True:
             ev = await self._event()
             if isinstance(ev, h11.Data):
+                n += 1
+                if n % YIELD_EVERY == 0:  # many tiny chunks in one read: let others run
+                    await asyncio.sleep(0)
                 yield time.monotonic() - self.started, bytes(ev.data)
             elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
                 self.done = True
