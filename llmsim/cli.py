@@ -32,8 +32,11 @@ examples:
 
 commands (options may come before or after the command):
   llmsim top [URL ...] [--url URL]         # live terminal view of /llmsim/stats (several servers)
-  llmsim record --upstream URL [--cassettes DIR]   # proxy a real API, save cassettes
+  llmsim record --upstream https://api.openai.com \
+                --upstream anthropic=https://api.anthropic.com --cassettes DIR
+                                           # proxy real providers, save cassettes
   llmsim --replay DIR [--replay-speed X]   # serve the saved exchanges offline
+  (record/replay: docs/record-replay.md)
 
 An unknown LLMSIM_* environment variable is ignored with a warning (naming the close match
 when it looks like a typo of a known one).
@@ -249,10 +252,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .top import main as top_main
 
         return top_main(args)
-    if command == "record":  # `llmsim [options] record --upstream URL [--cassettes DIR] ...`
-        args = ["--record-" + a[2:] if a == "--upstream" or a.startswith("--upstream=") else a
-                for a in args]
-        if not any(a.partition("=")[0] == "--record-upstream" for a in args):
+    if command == "record":  # `llmsim [options] record --upstream [NAME=]URL ... [--cassettes DIR]`
+        rest, args = args, []
+        for i, a in enumerate(rest):
+            if a == "--upstream" and i + 1 < len(rest):
+                routed = "=" in rest[i + 1].split("://", 1)[0]
+                args.append("--record-route" if routed else "--record-upstream")
+            elif a.startswith("--upstream="):
+                value = a[len("--upstream="):]
+                routed = "=" in value.split("://", 1)[0]
+                args.append(("--record-route=" if routed else "--record-upstream=") + value)
+            else:
+                args.append(a)
+        if not any(a.partition("=")[0] in ("--record-upstream", "--record-route")
+                   for a in args):
             print("llmsim: error: record needs --upstream URL", file=sys.stderr)
             return 2
     argv = args
@@ -261,14 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
-    if cfg.replay:  # unreadable cassettes: a start-up error, not a traceback
-        from .api.cassette import Cassettes
+    if cfg.replay or cfg.record_upstream or cfg.record_route or cfg.record_mode:
+        from .api.cassette import preflight  # bad cassettes or CA: an error, no traceback
 
         try:
-            Cassettes(cfg.replay)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"llmsim: error: replay: cannot load the cassettes in {cfg.replay}: {exc}",
-                  file=sys.stderr)
+            preflight(cfg)
+        except ConfigError as exc:
+            print(f"llmsim: error: {exc}", file=sys.stderr)
             return 2
     if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
         from .sim.script import ScriptError, load_script

@@ -382,15 +382,47 @@ class Config(_Checked):
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
     replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
-                             "directory (recorded with `llmsim record`), matched by a "
-                             "normalised body hash (README 'Record and replay').", metavar="DIR")
+                             "directory (recorded with `llmsim record`), matched by method, "
+                             "path, stream and the normalised body (docs/record-replay.md).",
+                             metavar="DIR")
     replay_speed: float = opt(1.0, "Replay streams at the recorded timing divided by X "
                               "(2 = twice as fast, 0 = no delays).", metavar="X")
-    record_upstream: str | None = opt(None, "Record mode (`llmsim record --upstream URL`): "
-                                      "proxy the generation endpoints to this http:// API and "
-                                      "save every exchange to --cassettes.", metavar="URL")
-    cassettes: str | None = opt(None, "Where `llmsim record` writes cassettes (default "
-                                "./cassettes).", metavar="DIR")
+    record_upstream: str | None = opt(None, "Record (`llmsim record --upstream URL`): proxy "
+                                      "the generation endpoints to this http:// or https:// "
+                                      "base URL (e.g. https://api.openai.com) and save each "
+                                      "exchange to --cassettes.", metavar="URL")
+    record_route: tuple[str, ...] = opt((), "Record: send one family's requests to its own "
+                                        "upstream, NAME=URL with NAME openai, anthropic or a "
+                                        "path prefix such as /v1/embeddings (`llmsim record "
+                                        "--upstream anthropic=https://api.anthropic.com`).",
+                                        metavar="NAME=URL")
+    record_mode: Literal["once", "new_episodes", "none", "all"] | None = opt(
+        None, "Record: once (replay when --cassettes already holds cassettes, else record "
+        "all), new_episodes (replay what matches, record the rest), none (replay only), all "
+        "(always record, overwriting). Default: all with --record-upstream, none with --replay.",
+        choices=("once", "new_episodes", "none", "all"))
+    record_errors: bool = opt(False, "Record: also save upstream answers with an error status "
+                              "(>= 400); by default they are passed to the client, not saved.")
+    upstream_ca: str | None = opt(None, "Record: a PEM file of CA certificates trusted for "
+                                  "https:// upstreams besides the system store (a private "
+                                  "CA).", metavar="FILE")
+    upstream_read_timeout_s: float = opt(60.0, "Record: most seconds one read from the "
+                                         "upstream may wait (connect included); then 504.",
+                                         metavar="S")
+    upstream_timeout_s: float = opt(600.0, "Record: most seconds one upstream exchange may "
+                                    "take from connect to the last byte; then 504.",
+                                    metavar="S")
+    record_max_bytes: int = opt(64 * 1024 * 1024, "Record: largest upstream answer saved as "
+                                "one cassette; a larger one is a 502.", metavar="BYTES")
+    record_budget_bytes: int = opt(1024 * 1024 * 1024, "Record: most cassette bytes one "
+                                   "recording session writes; then 502 (0 = no bound).",
+                                   metavar="BYTES")
+    match_ignore: tuple[str, ...] = opt((), "Cassette matching: top-level body fields that do "
+                                        "not select a cassette, besides user, metadata, "
+                                        "safety_identifier, prompt_cache_key and "
+                                        "stream_options.", metavar="FIELD")
+    cassettes: str | None = opt(None, "Where `llmsim record` reads and writes cassettes "
+                                "(default ./cassettes).", metavar="DIR")
     script: str | None = opt(None, "A script of replies (JSON, or TOML by extension): rules "
                              "matching requests, answered turn by turn per session (see README "
                              "'Scripted replies'); POST /llmsim/scripts replaces it at run "
@@ -471,6 +503,10 @@ class Config(_Checked):
                                  metavar="BYTES")
     # --- misc ----------------------------------------------------------------------------
     quiet: bool = opt(False, "Do not print the start-up banner.")
+    loop_watch_ms: float = opt(0.0, "Measure the event loop's stalls with a tick every MS "
+                               "milliseconds: GET /llmsim/loop reports the CPU the loop "
+                               "thread spent between ticks and how late they came (0 = off).",
+                               metavar="MS")
     log_level: Literal["debug", "info", "warning", "error"] = opt(
         "warning", "Log level of the llmsim loggers; 'info' turns on the access log (one line "
         "per request: method, path, model, status, tokens, TTFT, duration).",
@@ -720,16 +756,45 @@ def load_config(file: str | os.PathLike[str] | None = None,
     return build_section(Config, tree, "")  # validated on construction (_Checked)
 
 
+def _check_record(cfg: Config) -> None:
+    """Record/replay options (llmsim.api.cassette)."""
+    def url(v: str, name: str) -> None:
+        if not v.startswith(("http://", "https://")) or len(v) > 2048 or not v.isprintable() \
+                or " " in v or len(v.split("://", 1)[1].split("/", 1)[0]) == 0:
+            raise ConfigError(f"{name}: an http:// or https:// base URL, got {v[:100]!r}")
+
+    if cfg.record_upstream is not None:
+        url(cfg.record_upstream, "record_upstream")
+    for r in cfg.record_route:
+        name, eq, u = r.partition("=")
+        if not eq or not (name in ("openai", "anthropic") or name.startswith("/")):
+            raise ConfigError(f"record_route: NAME=URL with NAME openai, anthropic or a path "
+                              f"prefix, got {r[:100]!r}")
+        url(u, "record_route")
+    recording = cfg.record_upstream is not None or bool(cfg.record_route)
+    if cfg.replay is not None and recording:
+        raise ConfigError("replay and record_upstream: one or the other (record with "
+                          "--record-mode once or new_episodes to replay while recording)")
+    if cfg.record_mode not in (None, "none") and not recording:
+        raise ConfigError(f"record_mode: {cfg.record_mode} needs --record-upstream")
+    if not 0 < cfg.upstream_read_timeout_s <= 86400 or not 0 < cfg.upstream_timeout_s <= 86400:
+        raise ConfigError("upstream_read_timeout_s, upstream_timeout_s: seconds in (0, 86400]")
+    if not 1024 <= cfg.record_max_bytes <= 1 << 30:
+        raise ConfigError("record_max_bytes: between 1024 and 1073741824")
+    if cfg.record_budget_bytes < 0:
+        raise ConfigError("record_budget_bytes: must be >= 0")
+    if len(cfg.match_ignore) > 64 or any(not 0 < len(f) <= 256 for f in cfg.match_ignore):
+        raise ConfigError("match_ignore: at most 64 field names of 1 to 256 characters")
+
+
 def _check(cfg: Config) -> None:
+    if not (cfg.loop_watch_ms == 0 or 1 <= cfg.loop_watch_ms <= 10_000):
+        raise ConfigError("loop_watch_ms: 0 (off) or 1 to 10000")
     if not 0 < len(cfg.default_model) <= 256 or not cfg.default_model.isprintable():
         raise ConfigError("default_model: a model id of 1 to 256 printable characters")
     if cfg.replay_speed < 0:
         raise ConfigError("replay_speed: must be >= 0")
-    if cfg.record_upstream is not None and not cfg.record_upstream.startswith("http://"):
-        raise ConfigError("record_upstream: an http:// URL (put a TLS-terminating proxy in "
-                          "front of an https:// API)")
-    if cfg.replay is not None and cfg.record_upstream is not None:
-        raise ConfigError("replay and record_upstream: one or the other")
+    _check_record(cfg)
     if len(cfg.served_model_name) > 256 or any(
             not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
         raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")

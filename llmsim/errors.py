@@ -542,16 +542,26 @@ class E:
                                   "sequence number (an integer).")
     script_exhausted = Entry(400, "script_exhausted", "Script rule {rule} has no turn left for "
                              "this session ({turns} turns, then: error).", names_param=False)
-    cassette_https = Entry(502, None, "Recording supports http:// upstreams (put a "
-                           "TLS-terminating proxy in front of an https:// API).",
-                           type="server_error", names_param=False)
     cassette_too_large = Entry(502, None, "The upstream answer is larger than a cassette may be "
-                               "({limit} bytes).", type="server_error", names_param=False)
+                               "({limit} bytes, --record-max-bytes).", type="server_error",
+                               names_param=False)
+    record_budget_spent = Entry(502, "record_budget_exhausted", "This recording session has "
+                                "written its {limit} bytes of cassettes "
+                                "(--record-budget-bytes); restart it to record more.",
+                                type="server_error", names_param=False)
     upstream_error = Entry(502, "upstream_error", "The upstream {base} did not answer: "
-                           "{reason}.", type="server_error", names_param=False)
+                           "{reason}.", type="server_error", names_param=False,
+                           clip=("reason",))
+    upstream_timeout = Entry(504, "upstream_timeout", "The upstream {base} did not answer "
+                             "within {what} ({seconds} s, {flag}).", type="timeout_error",
+                             names_param=False)
+    no_upstream = Entry(502, "upstream_error", "No upstream is configured for {path} "
+                        "(--record-upstream or --record-route).", type="server_error",
+                        names_param=False, clip=("path",))
     cassette_not_found = Entry(404, "cassette_not_found", "No cassette matches this request "
-                               "(key {key}, and none of the same path and model to fall back "
-                               "to).", names_param=False)
+                               "(key {key}; matching uses the method, the path as sent, "
+                               "stream and the body without its ignored fields). {nearest}",
+                               names_param=False, clip=("nearest",))
 
     # --- WebSocket and shared state ----------------------------------------------------------
     websocket_unsupported = Entry(400, "websocket_not_supported", "WebSocket is not supported "

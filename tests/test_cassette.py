@@ -72,10 +72,16 @@ def test_replay_timing_speed_and_fallback(make_server: Any, tmp_path: Path) -> N
     r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
                         {"model": "m1", "messages": MSGS, "stream": True})
     assert r.body == b'data: {"x":1}\n\ndata: [DONE]\n\n'
-    # another body of the same path and model falls back to that cassette; another model: 404
+    # another body of the same path, model and stream falls back to that cassette; the same
+    # body without stream does not (before: a JSON call got the stream's cassette)
     r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
-                        {"model": "m1", "messages": [{"role": "user", "content": "other"}]})
-    assert r.status == 200
+                        {"model": "m1", "messages": [{"role": "user", "content": "other"}],
+                         "stream": True})
+    assert r.status == 200 and r.body == b'data: {"x":1}\n\ndata: [DONE]\n\n'
+    r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
+                        {"model": "m1", "messages": MSGS})
+    assert r.status == 404 and orjson.loads(r.body)["error"]["code"] == "cassette_not_found"
+    assert "stream" in orjson.loads(r.body)["error"]["message"]  # the nearest one's diff
     r = rawhttp.request(srv.url, "POST", "/v1/chat/completions",
                         {"model": "m2", "messages": MSGS})
     assert r.status == 404 and orjson.loads(r.body)["error"]["code"] == "cassette_not_found"
@@ -83,15 +89,26 @@ def test_replay_timing_speed_and_fallback(make_server: Any, tmp_path: Path) -> N
 
 def test_key_ignores_volatile_fields_and_order() -> None:
     a = cassette_key("POST", "/v1/responses", b'{"model":"m","input":"x","user":"u1"}')
-    b = cassette_key("POST", "/openai/v1/responses", b'{"input":"x","model":"m","user":"u2"}')
+    b = cassette_key("POST", "/v1/responses", b'{"input":"x","model":"m","user":"u2"}')
     assert a == b != cassette_key("POST", "/v1/responses", b'{"model":"m","input":"y"}')
+    # the path as sent (before: /openai/v1/... and /v1/... shared a key, one overwrote the
+    # other's cassette) and stream select a cassette
+    assert a != cassette_key("POST", "/openai/v1/responses", b'{"input":"x","model":"m"}')
+    assert a != cassette_key("POST", "/v1/responses", b'{"model":"m","input":"x","stream":true}')
+    ignore = frozenset(("user", "temperature"))
+    assert cassette_key("POST", "/v1/responses", b'{"model":"m","temperature":1}', ignore) == \
+        cassette_key("POST", "/v1/responses", b'{"model":"m","temperature":0}', ignore)
 
 
 def test_bad_configuration(tmp_path: Path) -> None:
     from llmsim import Config
 
     with pytest.raises(ValueError, match="record_upstream"):
-        Config(record_upstream="https://api.openai.com")
+        Config(record_upstream="ftp://api.openai.com")
+    with pytest.raises(ValueError, match="record_route"):
+        Config(record_upstream="https://api.openai.com", record_route=("gemini",))
+    with pytest.raises(ValueError, match="record_mode"):
+        Config(record_mode="new_episodes")
     with pytest.raises(ValueError, match="replay_speed"):
         Config(replay_speed=-1.0)
     import subprocess
@@ -104,3 +121,85 @@ def test_bad_configuration(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "llmsim", "record"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 2 and "--upstream" in out.stderr
+
+
+GOOD = {"request": {"method": "POST", "path": "/v1/chat/completions",
+                    "body": json.dumps({"model": "m1", "messages": MSGS})},
+        "response": {"status": 200, "content_type": "application/json", "body": "{}"}}
+
+
+def _with(where: str, value: Any) -> Any:
+    entry = json.loads(json.dumps(GOOD))
+    if where == "":
+        return value
+    node = entry
+    *parts, last = where.split(".")
+    for p in parts:
+        node = node[p]
+    node[last] = value
+    return entry
+
+
+@pytest.mark.parametrize("where, value, field", [
+    ("", 5, "(top level)"),
+    ("request", 5, "request"),
+    ("response", None, "response"),
+    ("request.method", 7, "request.method"),
+    ("request.path", "no-slash", "request.path"),
+    ("request.path", "/" + "a" * 5000, "request.path"),
+    ("request.body", {"x": 1}, "request.body"),
+    ("response.status", 99999, "response.status"),
+    ("response.status", 101, "response.status"),
+    ("response.status", True, "response.status"),
+    ("response.content_type", "a\r\nx-evil: 1", "response.content_type"),
+    ("response.duration_s", 1e12, "response.duration_s"),
+    ("response.duration_s", -1, "response.duration_s"),
+    ("response.headers", {"x-a": "b\r\nx-evil: 1"}, "response.headers.x-a"),
+    ("response.headers", {"bad name": "v"}, "response.headers"),
+    ("response.headers", {"content-length": "9"}, "response.headers.content-length"),
+    ("response.headers", {f"x-{i}": "v" for i in range(100)}, "response.headers"),
+    ("response.events", "nope", "response.events"),
+    ("response.events", [[0.1, ""]], "response.events[0][1]"),
+    ("response.events", [[1e300, "data: x\n\n"]], "response.events[0][0]"),
+    ("response.events", [[0.1]], "response.events[0]"),
+    ("response.body", 3, "response.body"),
+])
+def test_hostile_cassettes_are_refused_at_load_naming_file_and_field(
+        tmp_path: Path, where: str, value: Any, field: str) -> None:
+    from llmsim.api.cassette import CassetteError, load_cassettes
+
+    (tmp_path / "ok.json").write_text(json.dumps(GOOD))
+    (tmp_path / "evil.json").write_text(json.dumps(_with(where, value)))
+    with pytest.raises(CassetteError) as e:
+        load_cassettes(str(tmp_path))
+    assert "evil.json" in str(e.value) and f": {field}" in str(e.value), str(e.value)
+
+
+def test_hostile_cassette_is_a_start_up_error_not_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "evil.json").write_text(json.dumps(_with("response.status", 99999)))
+    out = subprocess.run([sys.executable, "-m", "llmsim", "--replay", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "evil.json: response.status" in out.stderr
+
+
+def test_not_found_uses_the_family_shape_and_names_the_nearest(make_server: Any,
+                                                               tmp_path: Path) -> None:
+    ant = {"request": {"method": "POST", "path": "/anthropic/v1/messages",
+                       "body": json.dumps({"model": "c1", "max_tokens": 5, "messages": MSGS})},
+           "response": {"status": 200, "body": "{}"}}
+    (tmp_path / "a.json").write_text(json.dumps(ant))
+    srv = make_server(replay=str(tmp_path), replay_speed=0)
+    r = rawhttp.request(srv.url, "POST", "/anthropic/v1/messages",
+                        {"model": "c2", "max_tokens": 5, "messages": MSGS})
+    body = r.json()
+    assert r.status == 404 and body["type"] == "error"
+    assert body["error"]["type"] == "not_found_error"
+    assert 'model ("c2" here, "c1" there)' in body["error"]["message"]
+    assert "a.json" in body["error"]["message"]
+    r = rawhttp.request(srv.url, "POST", "/v1/chat/completions", {"model": "c2"})
+    assert r.status == 404 and "No cassette was recorded for POST /v1/chat/completions" in \
+        r.json()["error"]["message"]

@@ -99,7 +99,7 @@ def test_global_options_before_record(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_banner_states_mode_state_and_realism(tmp_path: Any) -> None:
     plain = banner("http://h:1", Config())
     assert "mode: simulate" in plain and "state: in memory" in plain
-    assert "realism: none" in plain and "max_tokens: cap" in plain
+    assert "realism: none" in plain and "max_tokens: natural" in plain
     rec = banner("http://h:1", Config(record_upstream="http://up:1", cassettes="c"))
     assert "mode: record (proxying http://up:1, cassettes in c)" in rec
     rep = banner("http://h:1", Config(replay="cass", replay_speed=2))

@@ -155,3 +155,20 @@ def test_generic_layers_apply_to_the_dialect(make_server: Any) -> None:
     snap = srv.app.stats.snapshot()
     assert snap["requests_by_endpoint"].get("completions", 0) >= 1
     assert COMPLETIONS.is_token("token", b"") and not COMPLETIONS.is_token("chunk", {})
+
+
+def test_echo_and_logprobs_count_in_the_work_bound(srv: Any) -> None:
+    """``echo`` repeats every prompt in its choice (with ``logprobs``, a logprob object per
+    prompt token): the per-request work bound counts those tokens too (before: 2,048 prompts
+    × 1,000 tokens with logprobs 5 made an 84 MB answer)."""
+    from . import rawhttp
+
+    body = {"model": "gpt-4o", "prompt": [[1] * 1000] * 256, "max_tokens": 16,
+            "echo": True, "logprobs": 5}
+    r = rawhttp.request(srv.url, "POST", "/v1/completions", body)
+    assert r.status == 400, r.body[:200]
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("request_too_large", "echo")
+    # the same prompts without echo are within the bound
+    r = rawhttp.request(srv.url, "POST", "/v1/completions", {**body, "echo": False})
+    assert r.status == 200, r.body[:200]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import jsonschema
@@ -48,9 +47,7 @@ def test_work_is_bounded() -> None:
     """A prompt of a million small objects: only MAX_CANDIDATES are parsed, and the scan
     stops at MAX_SCAN_CHARS (no timed assert: the count of parses is the bound)."""
     text = "{} " * 1_000_000 + json.dumps(SCHEMA)
-    t = time.perf_counter()
     assert described_schema([text]) is None  # the schema lies beyond the scanned prefix
-    assert time.perf_counter() - t < 30  # (sanity only; the bound is structural)
     many = " ".join(f'{{"k{i}": 1}}' for i in range(MAX_CANDIDATES * 3))
     s = described_schema([many])
     assert s is not None and set(s["properties"]) == {"k0"}

@@ -260,9 +260,9 @@ def test_clients_that_leave_the_queue_free_it_at_once(make_server: Any, how: str
                 s.shutdown(socket.SHUT_WR)
             else:
                 s.close()
-        # at once (within a 50 ms watch period; 2 s bound for a busy machine), not when
-        # their turn comes (~40 s away)
-        _until(lambda: _capacity(st.url).get("waiting") == 0, limit_s=2.0)
+        # at once (within a 50 ms watch period), not when their turn comes (~40 s away): the
+        # bound only tells the two apart, far from either on a busy machine
+        _until(lambda: _capacity(st.url).get("waiting") == 0, limit_s=15.0)
         if how == "half-close":
             for s in gone:  # the server dropped them without an answer
                 assert s.recv(100) == b""

@@ -5,14 +5,13 @@ Every schema a client sends (chat ``tools[i].function.parameters`` and
 ``text.format.schema``) goes through ``llmsim.sim.schema.check`` at validation and is
 generated under one ``Work`` budget per request. These tests replay the issue's schema bombs,
 each bound of the module, malformed shapes (hand-picked and fuzzed with hypothesis), the
-linear-time regex matcher against ``re``, and a concurrent ``GET /health`` against a real
-server while the worst hostile schema is processed.
+linear-time regex matcher against ``re``, and the loop stalls a real server measures of itself
+while the worst hostile schema is processed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import re
 import signal
@@ -37,6 +36,7 @@ from llmsim.messages import RawResponse, Request
 from llmsim.sim import schema as sch
 
 from . import rawhttp
+from .loopstalls import STALL_BUDGET_CPU_S, WATCH_MS, loop_report, stalls_since
 
 MSG = [{"role": "user", "content": "hi"}]
 Target = Callable[[Any], tuple[str, dict[str, Any], str]]
@@ -165,7 +165,7 @@ def test_schema_bomb_is_answered_with_a_bound(inproc: InProc, target: Target, na
     status, data = inproc.call(path, body)
     cpu = time.process_time() - cpu
     # a hang guard, not a benchmark: before the bound these took 2-60 s of CPU (or were
-    # killed at 60 s); bounded work is ~40 ms (the /health test below is the timing one)
+    # killed at 60 s); bounded work is ~40 ms (the loop-stall test below measures it)
     assert cpu < 2.0, (name, cpu)
     if code is None:
         assert status == 200, data
@@ -590,7 +590,7 @@ def test_fuzzed_schemas_library_level(schema: dict[str, Any], seed: int) -> None
 
 
 # ------------------------------------------------------------------------------------------
-# the event loop stays free: /health answers within 100 ms during the worst hostile schema
+# the event loop stays free during the worst hostile schema (the server's own measurement)
 # ------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -598,7 +598,8 @@ def child_server() -> Iterator[tuple[str, int]]:
     """``python -m llmsim --port 0`` in its own process: its event loop shares no GIL with the
     test's client threads, so what is measured is the server's own blocking. (url, pid)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmsim", "--port", "0", "--latency", "instant"],
+        [sys.executable, "-m", "llmsim", "--port", "0", "--latency", "instant",
+         "--loop-watch-ms", str(WATCH_MS)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
     found: list[str] = []
@@ -643,45 +644,8 @@ HOSTILE = [
 ]
 
 
-def _hostile_round(url: str) -> tuple[float, float, int]:
-    """The hostile requests while a thread polls /health: (slowest /health, slowest hostile
-    request, hostile requests a /health poll overlapped)."""
-    health: list[tuple[float, float]] = []
-    stop = threading.Event()
-    port = int(url.rsplit(":", 1)[1])
-
-    def poll() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            conn.request("GET", "/health")
-            r = conn.getresponse()
-            r.read()
-            health.append((t0, time.perf_counter()))
-            assert r.status == 200
-            stop.wait(0.002)
-        conn.close()
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    hostile: list[tuple[float, float]] = []
-    try:
-        for path, body, _ in HOSTILE * 6:
-            t0 = time.perf_counter()
-            r = rawhttp.request(url, "POST", path, body)
-            hostile.append((t0, time.perf_counter()))
-            assert r.status in (200, 400), r.body
-            if r.status == 400:
-                assert r.json()["error"]["code"] == "request_too_large"
-    finally:
-        stop.set()
-        poller.join(10)
-    overlapped = sum(any(h0 < e and s < h1 for h0, h1 in health) for s, e in hostile)
-    return (max(e - s for s, e in health), max(e - s for s, e in hostile), overlapped)
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_health_answers_within_100ms_during_the_worst_hostile_schema(
+def test_the_worst_hostile_schema_never_stalls_the_loop(
         child_server: tuple[str, int]) -> None:
     url, pid = child_server
     for path, body, _ in HOSTILE:  # warm up (tokenizer, caches)
@@ -693,16 +657,17 @@ def test_health_answers_within_100ms_during_the_worst_hostile_schema(
         rawhttp.request(url, "POST", path, body)
     per_request = (_cpu_s(pid) - cpu) / (len(HOSTILE) * 5)
     assert per_request < 0.05, per_request
-    # ... so no /health waits behind one for more than 100 ms. Wall clock on a shared machine:
-    # a round during which other processes took the CPU away is run again (3 at most).
-    rounds = []
-    for _ in range(3):
-        worst, slowest, overlapped = _hostile_round(url)
-        assert overlapped >= len(HOSTILE) * 3, overlapped  # the polls met the hostile work
-        rounds.append((round(worst, 3), round(slowest, 3)))
-        if worst < 0.1:
-            break
-    assert rounds[-1][0] < 0.1, rounds  # (slowest /health, slowest hostile) per round
+    # ... and no pass of the event loop (so no /health) waits behind one for more than
+    # 100 ms of CPU: the stalls the server measured of itself, which other processes on the
+    # machine cannot inflate (before: /health wall-clock latencies, load-sensitive)
+    since = loop_report(url)["now"]
+    for path, body, _ in HOSTILE * 6:
+        r = rawhttp.request(url, "POST", path, body)
+        assert r.status in (200, 400), r.body
+        if r.status == 400:
+            assert r.json()["error"]["code"] == "request_too_large"
+    stalls = stalls_since(url, since)
+    assert max(stalls, default=0.0) < STALL_BUDGET_CPU_S, stalls
     # and nothing is left counted: only the stats request itself is active
     idle = {"connections": 1, "requests": 1, "streams": 0, "websockets": 0}
     deadline = time.monotonic() + 5

@@ -162,6 +162,12 @@ def test_anthropic_and_completions_render_scripts(make_server: Any) -> None:
      "rules[0].reply[0].tool_calls[0].arguments"),
     ({"rules": [{"reply": [{"fault": "reset"}]}]}, "rules[0].reply[0].fault"),
     ({"rules": [{"reply": [{"error": {"status": 200}}]}]}, "rules[0].reply[0].error.status"),
+    # a scoped flag or a backreference cannot be run by the linear matcher: refused, not
+    # accepted and silently never matching
+    ({"rules": [{"match": {"regex": "(?i:w)x"}, "reply": [{"text": "x"}]}]},
+     "rules[0].match.regex"),
+    ({"rules": [{"match": {"regex": "(a)\\1"}, "reply": [{"text": "x"}]}]},
+     "rules[0].match.regex"),
 ])
 def test_bad_scripts_name_the_place(srv: Any, script: Any, where: str) -> None:
     with pytest.raises(ScriptError) as e:
@@ -200,3 +206,44 @@ def test_previous_response_id_chains_continue_their_session(make_server: Any) ->
     r2 = _client(srv).responses.create(model="gpt-4o", input="b", previous_response_id=r1.id)
     assert r2.output_text == "second"  # agent-7's session, through the chain
     assert _client(srv).responses.create(model="gpt-4o", input="c").output_text == "first"
+
+
+def test_regex_over_long_text_is_no_match_and_flags_apply(srv: Any) -> None:
+    """A regex rule against a long last message that does not match is a plain miss (the
+    simulation answers), never a 500; ``(?i)`` makes a rule case-insensitive; ``contains``
+    is case-sensitive."""
+    script = {"rules": [{"match": {"regex": "weather"}, "reply": [{"text": "R1"}]},
+                        {"match": {"regex": "(?i)forecast"}, "reply": [{"text": "R2"}]},
+                        {"match": {"contains": "Sunny"}, "reply": [{"text": "R3"}]}]}
+    assert rawhttp.request(srv.url, "POST", "/llmsim/scripts", script).status == 200
+
+    def ask(text: str) -> rawhttp.Resp:
+        return rawhttp.request(srv.url, "POST", "/v1/chat/completions", {
+            "model": "gpt-4o", "max_tokens": 5,
+            "messages": [{"role": "user", "content": text}]})
+
+    for n in (40_000, 70_000, 300_000):  # (before: 500 from ~32,000 characters)
+        r = ask("x" * n)
+        assert r.status == 200, r.body[:200]
+        assert r.json()["choices"][0]["message"]["content"] not in ("R1", "R2", "R3")
+    # matched far into the text (within the documented 64 KiB)
+    r = ask("x" * 60_000 + " weather")
+    assert r.json()["choices"][0]["message"]["content"] == "R1"
+    assert ask("The FORECAST?").json()["choices"][0]["message"]["content"] == "R2"
+    assert ask("sunny").json()["choices"][0]["message"]["content"] not in ("R1", "R2", "R3")
+    assert ask("Sunny").json()["choices"][0]["message"]["content"] == "R3"
+    rawhttp.request(srv.url, "DELETE", "/llmsim/scripts")
+
+
+def test_regex_budget_is_shared_and_ends_in_no_match() -> None:
+    from llmsim.sim import script as sc
+
+    # a pattern whose every step misses the DFA cache spends far more than one unit a
+    # character: the shared budget runs out and the rule does not match (no exception)
+    rules = parse_script({"rules": [{"match": {"regex": "(a|b|c|d|e)*z"},
+                                     "reply": [{"text": "x"}]}] * 3})
+    s = sc.Script(rules)
+    work = sc.sch.Work(10)
+    assert s._matches(rules[0].match, model="m", endpoint="chat.completions", api_key=None,
+                      session=None, user_text="abcde" * 1000, tool_result=False,
+                      work=work) is False

@@ -1,6 +1,7 @@
 """Observability endpoints: ``GET /llmsim/stats`` (JSON), ``POST /llmsim/stats/reset``,
 ``GET /metrics`` (Prometheus text 0.0.4, ``llmsim_*`` and vLLM-compatible ``vllm:*`` names)
-and ``GET /llmsim/dashboard`` (a self-contained live HTML page polling ``/llmsim/stats``).
+``GET /llmsim/dashboard`` (a self-contained live HTML page polling ``/llmsim/stats``) and
+``GET /llmsim/loop`` (the event loop's stalls, :mod:`llmsim.loopwatch`).
 
 Multi-process servers plug in through ``app.stats_collect`` (an async ``f(app) -> raw
 snapshot``, e.g. :func:`~llmsim.state.stats.merge` of every worker's
@@ -13,6 +14,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from .. import loopwatch
 from ..errors import E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim.script import MAX_SCRIPT_BYTES, ScriptError, parse_script
@@ -100,6 +102,7 @@ async def scripts_delete(req: Request, app: App) -> JSONResponse:
 def register(app: App) -> None:
     r = app.router
     r.add("GET", "/llmsim/stats", stats, "llmsim.stats")
+    loopwatch.register(app)  # GET /llmsim/loop
     r.add("POST", "/llmsim/stats/reset", reset, "llmsim.stats.reset")
     r.add("GET", "/metrics", metrics, "metrics")
     r.add("GET", "/llmsim/dashboard", dashboard, "llmsim.dashboard")

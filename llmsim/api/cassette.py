@@ -1,75 +1,346 @@
-"""Record/replay: proxy a real OpenAI-compatible API once, serve the exchanges offline.
+"""Record/replay: proxy a real provider once, serve the exchanges offline (docs/record-replay.md).
 
 **Record** (``llmsim record --upstream URL --cassettes DIR``): the generation endpoints
-forward each request to the upstream (the client's ``Authorization`` / ``api-key`` /
-``x-api-key`` headers are passed through and never written), read the whole answer — a JSON
-body, or every SSE frame with its time offset from the request — save it as one cassette file
-``DIR/<key>.json`` and answer the client (a stream is replayed to the client at its recorded
-timing once the upstream finished: recording adds the upstream's duration to what the client
-sees).
+(:data:`PATHS`) forward each request to its upstream (:class:`~.upstream.Upstream`: http or
+https, kept-alive, deadlines on every read; ``--record-route NAME=URL`` gives a family or a
+path prefix its own) with the client's headers, credentials included, and stream the answer
+through as it arrives: the client sees the upstream's pacing live while each SSE frame is
+stored with its offset from the request. An exchange read to its end becomes one file,
+``DIR/<endpoint>-<model>-<stream|json>-<key>.json``, holding only the headers of
+:data:`KEEP_REQUEST` and :data:`KEEP_RESPONSE` (an allow-list: no credential reaches a
+cassette). An upstream error status (>= 400) is passed to the client and saved only with
+``--record-errors``. Failures are 502/504 in the family's envelope; a client that leaves
+cancels the upstream request.
 
-**Replay** (``--replay DIR [--replay-speed X]``): the same endpoints answer from the
-cassettes, matched by the request's *key*: a hash of the method, the path and the body as
-canonical JSON without the fields that do not change the answer's shape
-(:data:`VOLATILE`: ``user``, ``metadata``, ``safety_identifier``, ``prompt_cache_key``,
-``stream_options``). Fallback when no key matches: the first cassette of the same path and
-model; else a 404 ``cassette_not_found`` naming the key. Streams are paced at the recorded
-offsets divided by X (X=0: as fast as possible); JSON answers wait their recorded duration /
-X. Faults, rate limits, capacity and stats apply as to simulated answers.
+**Replay** (``--replay DIR``, or ``--record-mode``): a request matches the cassette with the
+same *key*: the method, the path as sent, and the body as canonical JSON without the fields
+that do not select an answer (:data:`VOLATILE` plus ``--match-ignore``); ``stream`` is part
+of the body, so a stream never gets a JSON answer or the reverse. Mode ``none`` falls back to
+the first cassette of the same path, model and ``stream``; else a 404
+``cassette_not_found`` in the family's error shape names the nearest cassette and how it
+differs. Streams are paced at the recorded offsets divided by ``--replay-speed`` (0: at once),
+JSON answers wait their recorded duration likewise. Modes (VCR's): ``none`` replays only;
+``once`` replays when the directory held cassettes at start-up, else records everything;
+``new_episodes`` replays what matches and records the rest; ``all`` always records.
 
-Bounds: cassettes of at most :data:`MAX_CASSETTE_BYTES`, at most :data:`MAX_CASSETTES` loaded,
-upstream answers read up to :data:`MAX_CASSETTE_BYTES` (a larger one is a 502).
+Bounds: every cassette is validated at load (file and field named in the error) with its
+status, headers, offsets and sizes bounded; :data:`MAX_CASSETTES` files of at most
+:data:`MAX_CASSETTE_BYTES`, :data:`MAX_REPLAY_BYTES` in all; a recording reads at most
+``--record-max-bytes`` per answer and writes ``--record-budget-bytes`` per session; SSE
+framing is incremental (each byte scanned once, :class:`SSEFramer`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
-import time
-from collections.abc import Iterator
+import re
+import ssl
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-import h11
 import orjson
 
 from ..config import ConfigError
 from ..dialect import Dialect
-from ..errors import E
+from ..errors import APIError, E, bounded
 from ..messages import RawResponse, Request, StreamResponse
 from ..stream import EventStream
+from .upstream import HOP_HEADERS, Exchange, Upstream
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..clock import Timer
 
-__all__ = ["register", "cassette_key", "PATHS", "REPLAY"]
+__all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
+           "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
+
+log = logging.getLogger("llmsim.cassette")
 
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
          "/v1/messages", "/anthropic/v1/messages")
+ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
 VOLATILE = frozenset(("user", "metadata", "safety_identifier", "prompt_cache_key",
                       "stream_options"))
-SECRET_HEADERS = frozenset(("authorization", "api-key", "x-api-key", "cookie"))
-PASS_HEADERS = ("authorization", "api-key", "x-api-key", "anthropic-version", "openai-beta",
-                "content-type")
+# the headers a cassette keeps (an allow-list: anything else, credentials included, is dropped)
+KEEP_REQUEST = frozenset(("content-type", "accept", "anthropic-version", "anthropic-beta",
+                          "openai-beta"))
+KEEP_RESPONSE = frozenset(("openai-model", "openai-version", "openai-processing-ms",
+                           "x-request-id", "request-id", "retry-after", "retry-after-ms"))
+KEEP_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+# kept in the cassette but not sent again: the transport sets its own
+SERVER_SET = frozenset(("x-request-id", "openai-version", "openai-processing-ms"))
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024
 MAX_CASSETTES = 100_000
-UPSTREAM_TIMEOUT_S = 600.0
+MAX_REPLAY_BYTES = 2 * 1024 * 1024 * 1024
+MAX_DURATION_S = 3600.0
+MAX_EVENTS = 1 << 20
+MAX_HEADERS = 64
+MAX_HEADER_VALUE = 8192
+MAX_PATH = 2048
+NEAREST_SCAN = 1000  # cassettes of the same path compared for the not-found diff
+# how often a stream being recorded looks for the upstream's next frame: every POLL_S for
+# POLL_EVEN looks after a frame (a token's gap: the client sees it within POLL_S), then
+# doubling while none comes, up to POLL_MAX_S
+POLL_S = 0.002
+POLL_EVEN = 25
+POLL_MAX_S = 0.02
+WATCH_S = 0.05  # how often a recording looks for a client that left (EOF)
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+_METHOD = re.compile(r"^[A-Z]{1,16}$")
 
 
-def cassette_key(method: str, path: str, body: bytes) -> str:
-    """The match key of a request (see the module doc)."""
+# ------------------------------------------------------------------------------------------
+# Keys and the cassettes' shape
+# ------------------------------------------------------------------------------------------
+
+def _normalised(body: bytes | str, ignore: frozenset[str]) -> Any:
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
-        data = body.decode("utf-8", "replace")
+        return body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     if isinstance(data, dict):
-        data = {k: v for k, v in data.items() if k not in VOLATILE}
-    canon = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{method} {path.removeprefix('/openai')}\n{canon}".encode()
-                          ).hexdigest()[:32]
+        data = {k: v for k, v in data.items() if k not in ignore}
+    return data
 
+
+def cassette_key(method: str, path: str, body: bytes | str,
+                 ignore: frozenset[str] = VOLATILE) -> str:
+    """The match key of a request (see the module doc)."""
+    canon = json.dumps(_normalised(body, ignore), sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=False)
+    return hashlib.sha256(f"{method} {path}\n{canon}".encode()).hexdigest()[:32]
+
+
+def _endpoint(path: str) -> str:
+    fam = "anthropic." if path.startswith("/anthropic/") else (
+        "openai." if path.startswith("/openai/") else "")
+    return fam + path.rsplit("/v1/", 1)[-1].replace("/", ".")
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)[:64].strip("._") or "none"
+
+
+def file_name(path: str, model: str, stream: bool, key: str) -> str:
+    """A cassette's readable file name: endpoint, model, kind and the key's first digits."""
+    return f"{_endpoint(path)}-{_slug(model)}-{'stream' if stream else 'json'}-{key[:12]}.json"
+
+
+class CassetteError(ValueError):
+    """A cassette that cannot be served; the message names the file and the field."""
+
+
+def _fail(name: str, where: str, what: str) -> CassetteError:
+    return CassetteError(f"{name}: {where}: {what}")
+
+
+def _headers(h: Any, name: str, where: str, response: bool = False) -> dict[str, str]:
+    if h is None:
+        return {}
+    if not isinstance(h, dict) or len(h) > MAX_HEADERS:
+        raise _fail(name, where, f"an object of at most {MAX_HEADERS} headers")
+    out = {}
+    for k, v in h.items():
+        if not _TOKEN.match(k):
+            raise _fail(name, f"{where}.{k[:64]!r}", "not a header name")
+        if response and (k.lower() in HOP_HEADERS or k.lower() == "content-type"):
+            raise _fail(name, f"{where}.{k}", "a header the server sets itself")
+        if type(v) is not str or len(v) > MAX_HEADER_VALUE or any(
+                c in v for c in "\r\n\0") or not v.replace("\t", " ").isprintable():
+            raise _fail(name, f"{where}.{k}", f"a printable string of at most "
+                        f"{MAX_HEADER_VALUE} characters")
+        out[k.lower()] = v
+    return out
+
+
+def _seconds(v: Any, name: str, where: str) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v) or not 0 <= v <= MAX_DURATION_S:
+        raise _fail(name, where, f"a number of seconds, 0 to {MAX_DURATION_S:g}")
+    return float(v)
+
+
+def validate(entry: Any, name: str) -> dict[str, Any]:
+    """``entry`` checked field by field (the cassette as it will be served), or a
+    CassetteError naming ``name`` and the field."""
+    if not isinstance(entry, dict):
+        raise _fail(name, "(top level)", "an object with request and response")
+    rq, rs = entry.get("request"), entry.get("response")
+    if not isinstance(rq, dict):
+        raise _fail(name, "request", "an object")
+    if not isinstance(rs, dict):
+        raise _fail(name, "response", "an object")
+    method, path, body = rq.get("method"), rq.get("path"), rq.get("body", "")
+    if type(method) is not str or not _METHOD.match(method):
+        raise _fail(name, "request.method", "an HTTP method such as POST")
+    if type(path) is not str or not path.startswith("/") or len(path) > MAX_PATH \
+            or not path.isprintable() or " " in path:
+        raise _fail(name, "request.path", f"a path starting with / (at most {MAX_PATH} "
+                    "characters)")
+    if type(body) is not str:
+        raise _fail(name, "request.body", "a string (the JSON body as sent)")
+    req = {"method": method, "path": path, "body": body,
+           "headers": _headers(rq.get("headers"), name, "request.headers")}
+    status = rs.get("status")
+    if type(status) is not int or not 200 <= status <= 599:
+        raise _fail(name, "response.status", f"an HTTP status 200-599, got {bounded(status, 32)}")
+    ctype = rs.get("content_type", "application/json")
+    if type(ctype) is not str or not 0 < len(ctype) <= 256 or not ctype.isprintable():
+        raise _fail(name, "response.content_type", "a media type of at most 256 characters")
+    res: dict[str, Any] = {
+        "status": status, "content_type": ctype,
+        "duration_s": _seconds(rs.get("duration_s", 0.0), name, "response.duration_s"),
+        "headers": _headers(rs.get("headers"), name, "response.headers", response=True)}
+    events = rs.get("events")
+    if events is not None:
+        if not isinstance(events, list) or len(events) > MAX_EVENTS:
+            raise _fail(name, "response.events", f"a list of at most {MAX_EVENTS} frames")
+        out = []
+        for i, ev in enumerate(events):
+            w = f"response.events[{i}]"
+            if not isinstance(ev, list) or len(ev) != 2:
+                raise _fail(name, w, "[offset_s, frame]")
+            frame = ev[1]
+            if type(frame) is not str or not frame:
+                raise _fail(name, f"{w}[1]", "a non-empty string (one SSE frame)")
+            out.append((_seconds(ev[0], name, f"{w}[0]"), frame))
+        res["events"] = out
+    else:
+        text = rs.get("body", "")
+        if type(text) is not str:
+            raise _fail(name, "response.body", "a string")
+        res["body"] = text
+    return {"version": 2, "request": req, "response": res}
+
+
+def _model(body: bytes | str) -> str:
+    try:
+        m = orjson.loads(body).get("model") if body else None
+    except (orjson.JSONDecodeError, AttributeError):
+        m = None
+    return m if isinstance(m, str) else ""
+
+
+def _is_stream(body: bytes | str) -> bool:
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
+
+
+# ------------------------------------------------------------------------------------------
+# The loaded cassettes
+# ------------------------------------------------------------------------------------------
+
+class Cassettes:
+    """Cassettes by key; the first of each (path, model, stream) for the replay fallback;
+    the normalised bodies of each path for the not-found diff."""
+
+    def __init__(self, ignore: frozenset[str] = VOLATILE) -> None:
+        self.ignore = ignore
+        self.by_key: dict[str, dict[str, Any]] = {}
+        self.by_model: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
+        self.names: dict[str, str] = {}  # key → file name
+        self.by_path: dict[tuple[str, str], list[str]] = {}  # (method, path) → keys
+        self.loaded = 0  # how many came from the directory at start-up
+
+    def key(self, method: str, path: str, body: bytes | str) -> str:
+        return cassette_key(method, path, body, self.ignore)
+
+    def add(self, entry: dict[str, Any], name: str) -> str:
+        rq = entry["request"]
+        key = self.key(rq["method"], rq["path"], rq["body"])
+        if key not in self.by_key:
+            self.by_path.setdefault((rq["method"], rq["path"]), []).append(key)
+        self.by_key[key] = entry
+        self.names[key] = name
+        self.by_model.setdefault((rq["method"], rq["path"], _model(rq["body"]),
+                                  _is_stream(rq["body"])), entry)
+        return key
+
+    def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
+        hit = self.by_key.get(key)
+        if hit is None and fallback:
+            hit = self.by_model.get((req.method, req.path, _model(req.body),
+                                     _is_stream(req.body)))
+        if hit is None:
+            raise E.cassette_not_found.at(key=key, nearest=self.nearest(req))
+        return hit
+
+    def nearest(self, req: Request) -> str:
+        """Which cassette this request comes closest to, and the fields that differ."""
+        mine = _normalised(req.body, self.ignore)
+        best: tuple[int, str, list[str]] | None = None
+        for key in self.by_path.get((req.method, req.path), [])[:NEAREST_SCAN]:
+            theirs = _normalised(self.by_key[key]["request"]["body"], self.ignore)
+            diff = _diff(mine, theirs)
+            if best is None or len(diff) < best[0]:
+                best = (len(diff), self.names.get(key, key), diff)
+        if best is None:
+            return f"No cassette was recorded for {req.method} {req.path}."
+        return f"Nearest: {best[1]}, which differs in {', '.join(best[2]) or 'nothing'}."
+
+
+def _diff(a: Any, b: Any) -> list[str]:
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return [] if a == b else ["the body"]
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        if k not in b:
+            out.append(f"{k} (not in the cassette)")
+        elif k not in a:
+            out.append(f"{k} (only in the cassette)")
+        elif a[k] != b[k]:
+            va, vb = a[k], b[k]
+            if isinstance(va, (dict, list)) or isinstance(vb, (dict, list)):
+                out.append(str(k))  # (a message list is not repeated in an error)
+                continue
+            ta, tb = json.dumps(va), json.dumps(vb)
+            out.append(f"{k} ({ta} here, {tb} there)" if len(ta) + len(tb) < 60 else str(k))
+    return out
+
+
+def load_cassettes(directory: str, ignore: frozenset[str] = VOLATILE) -> Cassettes:
+    """Every ``*.json`` of ``directory``, validated (CassetteError names file and field)."""
+    store = Cassettes(ignore)
+    try:
+        names = sorted(n for n in os.listdir(directory)
+                       if n.endswith(".json") and not n.startswith("."))
+    except OSError as exc:
+        raise CassetteError(f"{directory}: {exc.strerror or exc}") from None
+    if len(names) > MAX_CASSETTES:
+        raise CassetteError(f"{directory}: more than {MAX_CASSETTES} cassettes")
+    total = 0
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            with open(full, "rb") as f:
+                raw = f.read(MAX_CASSETTE_BYTES + 1)
+        except OSError as exc:
+            raise CassetteError(f"{full}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_CASSETTE_BYTES:
+            raise CassetteError(f"{full}: larger than {MAX_CASSETTE_BYTES} bytes")
+        total += len(raw)
+        if total > MAX_REPLAY_BYTES:
+            raise CassetteError(f"{directory}: more than {MAX_REPLAY_BYTES} bytes of cassettes")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise CassetteError(f"{full}: not valid JSON ({exc})") from None
+        store.add(validate(data, full), name)
+    store.loaded = len(store.by_key)
+    return store
+
+
+# ------------------------------------------------------------------------------------------
+# Replay
+# ------------------------------------------------------------------------------------------
 
 def _raw_sse(etype: str, data: Any) -> bytes:
     return data if type(data) is bytes else b""
@@ -79,155 +350,41 @@ def _replayed_token(etype: str, data: Any) -> bool:
     return etype == "frame"
 
 
-REPLAY = Dialect("replay", numbered=False, sse=_raw_sse,
-                 sse_error=lambda err, seq: b"data: " + orjson.dumps({"error": err.to_dict()})
-                 + b"\n\n",
-                 error_events=lambda err: [("frame", b"data: " + orjson.dumps(
-                     {"error": err.to_dict()}) + b"\n\n")],
-                 is_token=_replayed_token, terminals=frozenset())
+def _openai_frame(err: APIError) -> bytes:
+    return b"data: " + orjson.dumps({"error": err.to_dict()}) + b"\n\n"
+
+
+def _anthropic_frame(err: APIError) -> bytes:
+    from .anthropic import _error_object
+
+    return b"event: error\ndata: " + orjson.dumps(_error_object(err)) + b"\n\n"
+
+
+def _dialect(name: str, frame: Callable[[APIError], bytes]) -> Dialect:
+    return Dialect(name, numbered=False, sse=_raw_sse, sse_error=lambda err, seq: frame(err),
+                   error_events=lambda err: [("frame", frame(err))],
+                   is_token=_replayed_token, terminals=frozenset())
+
+
+REPLAY = _dialect("replay", _openai_frame)
 """A recorded stream: every frame as it was received (every frame counts as a token for the
 stats: the recording does not say which carried one)."""
+REPLAY_ANTHROPIC = _dialect("replay", _anthropic_frame)
 
 
-# ------------------------------------------------------------------------------------------
-# Upstream (record)
-# ------------------------------------------------------------------------------------------
-
-async def _upstream(base: str, req: Request) -> tuple[int, list[tuple[str, str]],
-                                                      list[tuple[float, bytes]]]:
-    """Send ``req`` to ``base`` (an http:// URL) and read the whole answer: status, headers,
-    and the body chunks with their offsets from the request."""
-    u = urlsplit(base)
-    if u.scheme != "http":
-        raise E.cassette_https.at()
-    port = u.port or 80
-    path = (u.path.rstrip("/") + req.path.removeprefix("/openai")) or "/"
-    t0 = time.monotonic()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(u.hostname, port), 30)
-    try:
-        conn = h11.Connection(h11.CLIENT)
-        hs = [("host", u.netloc), ("content-length", str(len(req.body))),
-              ("connection", "close")]
-        hs += [(k, v) for k, v in req.headers.items() if k in PASS_HEADERS]
-        writer.write(conn.send(h11.Request(method=req.method, target=path, headers=hs))
-                     + conn.send(h11.Data(data=req.body)) + conn.send(h11.EndOfMessage()))
-        await writer.drain()
-        status = 0
-        headers: list[tuple[str, str]] = []
-        chunks: list[tuple[float, bytes]] = []
-        size = 0
-        while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                data = await asyncio.wait_for(reader.read(65536), UPSTREAM_TIMEOUT_S)
-                conn.receive_data(data)
-                continue
-            if isinstance(ev, h11.Response):
-                status = ev.status_code
-                headers = [(k.decode(), v.decode()) for k, v in ev.headers]
-            elif isinstance(ev, h11.Data):
-                size += len(ev.data)
-                if size > MAX_CASSETTE_BYTES:
-                    raise E.cassette_too_large.at(limit=MAX_CASSETTE_BYTES)
-                chunks.append((time.monotonic() - t0, bytes(ev.data)))
-            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
-                return status, headers, chunks
-    except (TimeoutError, OSError, h11.ProtocolError) as exc:
-        raise E.upstream_error.at(base=base, reason=repr(exc)) from None
-    finally:
-        writer.close()
+def _family(path: str) -> tuple[Dialect, Callable[[APIError], bytes]]:
+    if path in ANTHROPIC_PATHS:
+        return REPLAY_ANTHROPIC, _anthropic_frame
+    return REPLAY, _openai_frame
 
 
-def _frames(chunks: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
-    """SSE frames (text up to and including the blank line) with the offset of the chunk
-    that completed each."""
-    out: list[tuple[float, str]] = []
-    buf = b""
-    for t, data in chunks:
-        buf += data.replace(b"\r\n", b"\n")
-        while b"\n\n" in buf:
-            frame, buf = buf.split(b"\n\n", 1)
-            out.append((round(t, 6), frame.decode("utf-8", "replace") + "\n\n"))
-    if buf.strip():
-        out.append((round(chunks[-1][0], 6), buf.decode("utf-8", "replace")))
-    return out
-
-
-def _record_handler(app: App, base: str, directory: str) -> Any:
-    os.makedirs(directory, exist_ok=True)
-
-    async def handler(req: Request, app_: App) -> RawResponse | StreamResponse:
-        status, headers, chunks = await _upstream(base, req)
-        ctype = next((v for k, v in headers if k.lower() == "content-type"),
-                     "application/json")
-        body = b"".join(c for _, c in chunks)
-        entry: dict[str, Any] = {
-            "request": {"method": req.method, "path": req.path,
-                        "headers": {k: v for k, v in req.headers.items()
-                                    if k not in SECRET_HEADERS},
-                        "body": req.body.decode("utf-8", "replace")},
-            "response": {"status": status, "content_type": ctype,
-                         "duration_s": round(chunks[-1][0], 6) if chunks else 0.0}}
-        stream = ctype.startswith("text/event-stream")
-        if stream:
-            entry["response"]["events"] = _frames(chunks)
-        else:
-            entry["response"]["body"] = body.decode("utf-8", "replace")
-        key = cassette_key(req.method, req.path, req.body)
-        tmp = os.path.join(directory, f".{key}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(entry, option=orjson.OPT_INDENT_2))
-        os.replace(tmp, os.path.join(directory, f"{key}.json"))
-        return _answer(entry, speed=0.0)
-
-    return handler
-
-
-# ------------------------------------------------------------------------------------------
-# Replay
-# ------------------------------------------------------------------------------------------
-
-class Cassettes:
-    """The loaded cassettes: by key, and the first of each (path, model) for the fallback."""
-
-    def __init__(self, directory: str) -> None:
-        self.by_key: dict[str, dict[str, Any]] = {}
-        self.by_model: dict[tuple[str, str], dict[str, Any]] = {}
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-        if len(names) > MAX_CASSETTES:
-            raise ValueError(f"{directory}: more than {MAX_CASSETTES} cassettes")
-        for name in names:
-            full = os.path.join(directory, name)
-            if os.path.getsize(full) > MAX_CASSETTE_BYTES:
-                raise ValueError(f"{full}: larger than {MAX_CASSETTE_BYTES} bytes")
-            with open(full, "rb") as f:
-                entry = orjson.loads(f.read())
-            rq = entry["request"]
-            body = rq.get("body", "").encode()
-            self.by_key[cassette_key(rq["method"], rq["path"], body)] = entry
-            model = _model(body)
-            self.by_model.setdefault((rq["path"].removeprefix("/openai"), model), entry)
-
-    def find(self, req: Request) -> dict[str, Any]:
-        key = cassette_key(req.method, req.path, req.body)
-        hit = self.by_key.get(key)
-        if hit is None:
-            hit = self.by_model.get((req.path.removeprefix("/openai"), _model(req.body)))
-        if hit is None:
-            raise E.cassette_not_found.at(key=key)
-        return hit
-
-
-def _model(body: bytes) -> str:
-    try:
-        m = orjson.loads(body).get("model") if body else None
-    except (orjson.JSONDecodeError, AttributeError):
-        m = None
-    return m if isinstance(m, str) else ""
+def _sent(headers: dict[str, str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers.items() if k not in SERVER_SET]
 
 
 def _answer(entry: dict[str, Any], speed: float) -> RawResponse | StreamResponse:
     r = entry["response"]
+    headers = _sent(r.get("headers", {}))
     if "events" in r:
         def plan() -> Iterator[tuple[float, str, Any]]:
             last = 0.0
@@ -235,36 +392,378 @@ def _answer(entry: dict[str, Any], speed: float) -> RawResponse | StreamResponse
                 off = 0.0 if speed <= 0 else max(0.0, (t - last) / speed)
                 last = t
                 yield off, "frame", frame.encode()
-        return StreamResponse(EventStream(plan(), REPLAY, model=_model(
-            entry["request"].get("body", "").encode()) or None), status=r["status"])
-    return RawResponse(r.get("body", "").encode(), r["status"], r.get("content_type",
-                                                                        "application/json"))
+        return StreamResponse(EventStream(plan(), _family(entry["request"]["path"])[0],
+                                          model=_model(entry["request"]["body"]) or None),
+                              status=r["status"], headers=headers)
+    return RawResponse(r.get("body", "").encode(), r["status"],
+                       r.get("content_type", "application/json"), headers)
 
 
-def _replay_handler(cassettes: Cassettes, speed: float) -> Any:
-    async def handler(req: Request, app: App) -> RawResponse | StreamResponse:
-        entry = cassettes.find(req)
-        res = _answer(entry, speed)
-        if type(res) is RawResponse and speed > 0:
-            await app.clock.sleep(entry["response"].get("duration_s", 0.0) / speed)
+# ------------------------------------------------------------------------------------------
+# Record
+# ------------------------------------------------------------------------------------------
+
+class SSEFramer:
+    """SSE frames (text up to and including the blank line) cut from pieces as they arrive:
+    each byte is scanned once (a ``\\r\\n`` split across pieces is held back a byte)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._start = 0  # where the frame being collected begins in _buf
+        self._scan = 0  # where to look for the next separator
+        self._cr = False  # the last piece ended in \\r
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._cr:
+            data = b"\r" + data
+            self._cr = False
+        if data.endswith(b"\r"):
+            data = data[:-1]
+            self._cr = True
+        buf = self._buf
+        buf += data.replace(b"\r\n", b"\n")
+        out = []
+        while True:
+            i = buf.find(b"\n\n", self._scan)
+            if i < 0:
+                self._scan = max(self._start, len(buf) - 1)
+                break
+            out.append(bytes(buf[self._start:i + 2]))
+            self._start = self._scan = i + 2
+        if self._start > 65536 and self._start * 2 > len(buf):
+            del buf[:self._start]  # (amortised: each byte moved at most once more)
+            self._scan -= self._start
+            self._start = 0
+        return out
+
+    def flush(self) -> bytes:
+        """What is left after the last separator (a stream that did not end its frame)."""
+        rest = bytes(self._buf[self._start:]) + (b"\r" if self._cr else b"")
+        self._buf = bytearray()
+        self._start = self._scan = 0
+        self._cr = False
+        return rest if rest.strip() else b""
+
+
+def _forwarded(req: Request) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in req.headers.items() if k not in HOP_HEADERS]
+
+
+def _kept_response(headers: list[tuple[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers:
+        k = k.lower()
+        if (k in KEEP_RESPONSE or k.startswith(KEEP_RESPONSE_PREFIXES)) and len(out) < \
+                MAX_HEADERS and len(v) <= MAX_HEADER_VALUE and v.isprintable():
+            out[k] = v
+    return out
+
+
+class _Departed:
+    """While a recording waits on the upstream: every WATCH_S, close this client's connection
+    if it sent EOF (``App.drop_departed``), which cancels the request and its upstream."""
+
+    def __init__(self, app: App, req: Request) -> None:
+        self.app = app
+        self.client = req.client
+        self.timer: Timer | None = None
+        if app.drop_departed is not None and req.transport == "http" and req.client:
+            self.timer = app.clock.call_later(WATCH_S, self._check)
+
+    def _check(self) -> None:
+        self.timer = None
+        drop = self.app.drop_departed
+        if drop is not None and not drop((self.client,)):
+            self.timer = self.app.clock.call_later(WATCH_S, self._check)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class _Live:
+    """A stream being recorded: frames as the upstream sends them (read by the plan)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[float, bytes]] = []
+        self.done = False
+        self.error: APIError | None = None
+        self.size = 0
+
+
+class Recorder:
+    """The record/replay handler of every cassette path."""
+
+    def __init__(self, app: App, directory: str, mode: str, store: Cassettes) -> None:
+        cfg = app.config
+        self.app = app
+        self.dir = directory
+        self.mode = mode
+        self.store = store
+        self.speed = cfg.replay_speed
+        # "once" on a directory that already held cassettes is a replay
+        self.replay_only = mode == "none" or (mode == "once" and store.loaded > 0)
+        self.record_errors = cfg.record_errors
+        self.max_bytes = cfg.record_max_bytes
+        self.budget = cfg.record_budget_bytes
+        self.written = 0
+
+        def upstream(url: str) -> Upstream:
+            return Upstream(url, ca=cfg.upstream_ca, read_timeout=cfg.upstream_read_timeout_s,
+                            total_timeout=cfg.upstream_timeout_s)
+
+        self.routes: list[tuple[str, Upstream]] = []
+        for r in cfg.record_route:
+            name, _, url = r.partition("=")
+            self.routes.append((name, upstream(url)))
+        self.default = upstream(cfg.record_upstream) if cfg.record_upstream else None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def upstream(self, path: str) -> Upstream:
+        for name, up in self.routes:
+            if (name == "anthropic" and path in ANTHROPIC_PATHS) or (
+                    name == "openai" and path not in ANTHROPIC_PATHS) or (
+                    name.startswith("/") and path.startswith(name)):
+                return up
+        if self.default is None:
+            raise E.no_upstream.at(path=path)
+        return self.default
+
+    async def handle(self, req: Request, app: App) -> RawResponse | StreamResponse:
+        key = self.store.key(req.method, req.path, req.body)
+        if self.replay_only:
+            return await self._replay(self.store.find(req, key, fallback=self.mode == "none"))
+        if self.mode == "new_episodes" or self.mode == "once":
+            hit = self.store.by_key.get(key)
+            if hit is not None:
+                return await self._replay(hit)
+        return await self._record(req, key)
+
+    async def _replay(self, entry: dict[str, Any]) -> RawResponse | StreamResponse:
+        res = _answer(entry, self.speed)
+        if type(res) is RawResponse and self.speed > 0:
+            await self.app.clock.sleep(entry["response"]["duration_s"] / self.speed)
         return res
 
-    return handler
+    async def _record(self, req: Request, key: str) -> RawResponse | StreamResponse:
+        if self.budget and self.written >= self.budget:
+            raise E.record_budget_spent.at(limit=self.budget)
+        up = self.upstream(req.path)
+        watch = _Departed(self.app, req)
+        try:
+            ex = await up.open(req.method, up.target(req.path, req.query), _forwarded(req),
+                               req.body)
+        finally:
+            watch.stop()
+        ctype = next((v for k, v in ex.headers if k.lower() == "content-type"),
+                     "application/json")
+        if not 200 <= ex.status <= 599:
+            ex.close()
+            raise E.upstream_error.at(base=up.base, reason=f"an answer with status {ex.status}")
+        coding = next((v for k, v in ex.headers if k.lower() == "content-encoding"), "")
+        if coding.strip().lower() not in ("", "identity"):
+            ex.close()
+            raise E.upstream_error.at(base=up.base, reason=f"a body in content-encoding "
+                                      f"{coding[:32]!r} (identity was asked for)")
+        kept = _kept_response(ex.headers)
+        save = ex.status < 400 or self.record_errors
+        if ctype.startswith("text/event-stream"):
+            return self._stream_through(req, key, ex, ctype, kept, save)
+        watch = _Departed(self.app, req)
+        try:
+            body = bytearray()
+            async with contextlib.aclosing(ex.body()) as pieces:
+                async for _t, data in pieces:
+                    body += data
+                    if len(body) > self.max_bytes:
+                        raise E.cassette_too_large.at(limit=self.max_bytes)
+        finally:
+            watch.stop()
+            ex.close()
+        if save:
+            done = self._save(req, key, ex, ctype, kept,
+                              {"body": body.decode("utf-8", "replace"),
+                               "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+            if done is not None:
+                await done  # (the cassette exists when the client has the answer)
+        return RawResponse(bytes(body), ex.status, ctype, _sent(kept))
+
+    def _stream_through(self, req: Request, key: str, ex: Exchange, ctype: str,
+                        kept: dict[str, str], save: bool) -> StreamResponse:
+        live = _Live()
+        task = asyncio.get_running_loop().create_task(self._read_stream(ex, live))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        _dialect_, frame_of = _family(req.path)
+        clock = self.app.clock
+        app = self.app
+
+        def plan() -> Iterator[tuple[float, str, Any]]:
+            watch = _Departed(app, req)
+            sched = clock.now()
+            i = idle = 0
+            try:
+                while True:
+                    if i < len(live.frames):
+                        yield 0.0, "frame", live.frames[i][1]
+                        i += 1
+                        idle = 0
+                        sched = max(sched, clock.now())
+                        continue
+                    if live.done:
+                        break
+                    # nothing yet: look again shortly (a skipped control event), less
+                    # often the longer the upstream is quiet
+                    now = clock.now()
+                    wait = max(0.0, now - sched) + (POLL_S if idle < POLL_EVEN else min(
+                        POLL_S * 2 ** (idle - POLL_EVEN + 1), POLL_MAX_S))
+                    idle = min(idle + 1, POLL_EVEN + 8)
+                    sched += wait
+                    yield wait, "_wait", None
+                if live.error is not None:
+                    yield 0.0, "frame", frame_of(live.error)
+                elif save:
+                    done = self._save(req, key, ex, ctype, kept, {
+                        "events": [(round(t, 6), f.decode("utf-8", "replace"))
+                                   for t, f in live.frames],
+                        "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+                    while done is not None and not done.done():  # the file, then the end
+                        yield POLL_S, "_wait", None
+            finally:
+                watch.stop()
+                if not task.done():
+                    task.cancel()  # the client left: so does the upstream request
+
+        def ended() -> None:  # (also when the stream is dropped before its plan ran)
+            if not task.done():
+                task.cancel()
+
+        return StreamResponse(EventStream(plan(), _dialect_, model=_model(req.body) or None,
+                                          on_end=ended),
+                              status=ex.status, headers=_sent(kept))
+
+    async def _read_stream(self, ex: Exchange, live: _Live) -> None:
+        framer = SSEFramer()
+        try:
+            async with contextlib.aclosing(ex.body()) as pieces:
+                async for t, data in pieces:
+                    live.size += len(data)
+                    if live.size > self.max_bytes:
+                        raise E.cassette_too_large.at(limit=self.max_bytes)
+                    for frame in framer.feed(data):
+                        if len(live.frames) >= MAX_EVENTS:
+                            raise E.cassette_too_large.at(limit=self.max_bytes)
+                        live.frames.append((min(t, MAX_DURATION_S), frame))
+            rest = framer.flush()
+            if rest:
+                live.frames.append((min(ex.elapsed(), MAX_DURATION_S), rest))
+        except APIError as exc:
+            live.error = exc
+        except Exception as exc:  # never a silent hang: the stream ends with the error
+            log.exception("recording the upstream stream failed")
+            live.error = E.upstream_error.at(base=ex.up.base, reason=type(exc).__name__)
+        finally:
+            ex.close()
+            live.done = True
+
+    def _save(self, req: Request, key: str, ex: Exchange, ctype: str, kept: dict[str, str],
+              answer: dict[str, Any]) -> asyncio.Future[bool] | None:
+        """Write the cassette (the file in a worker thread: a large one is not copied to the
+        page cache on the event loop); the future is done once it is written and loaded."""
+        entry: dict[str, Any] = {
+            "version": 2,
+            "request": {"method": req.method, "path": req.path,
+                        "headers": {k: v for k, v in req.headers.items() if k in KEEP_REQUEST},
+                        "body": req.body.decode("utf-8", "replace")},
+            "response": {"status": ex.status, "content_type": ctype, "headers": kept,
+                         **answer}}
+        name = file_name(req.path, _model(req.body), _is_stream(req.body), key)
+        data = orjson.dumps(entry, option=orjson.OPT_INDENT_2)
+        if self.budget and self.written + len(data) > self.budget:
+            log.warning("record budget spent: %s not written", name)
+            self.written = self.budget
+            return None
+        self.written += len(data)  # (reserved now: writes in flight count)
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(None, _write_file, self.dir, name, data)
+
+        def written(fut: asyncio.Future[bool]) -> None:
+            if not fut.cancelled() and fut.exception() is None and fut.result():
+                self.store.add(entry, name)
+
+        done.add_done_callback(written)
+        return done
+
+
+def _write_file(directory: str, name: str, data: bytes) -> bool:
+    tmp = os.path.join(directory, f".{name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, name))
+    except OSError:
+        log.exception("cannot write the cassette %s", name)
+        return False
+    return True
+
+
+def _setup(cfg: Any) -> tuple[str, str, Cassettes] | None:
+    """The cassette directory, the mode and the loaded cassettes for ``cfg`` (None: neither
+    record nor replay); ConfigError names what is wrong."""
+    recording = cfg.record_upstream is not None or bool(cfg.record_route)
+    if not recording and cfg.replay is None and cfg.record_mode is None:
+        return None
+    directory = cfg.replay or cfg.cassettes or "cassettes"
+    mode = cfg.record_mode or ("all" if recording else "none")
+    ignore = VOLATILE | frozenset(cfg.match_ignore)
+    if mode == "none" or os.path.isdir(directory):
+        try:
+            store = load_cassettes(directory, ignore)
+        except CassetteError as exc:
+            raise ConfigError(f"replay: cannot load the cassettes: {exc}") from None
+    else:
+        store = Cassettes(ignore)
+    if cfg.upstream_ca is not None:
+        try:
+            ssl.create_default_context().load_verify_locations(cafile=cfg.upstream_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"upstream_ca: cannot load {cfg.upstream_ca}: {exc}") from None
+    return directory, mode, store
+
+
+def preflight(cfg: Any) -> None:
+    """What :func:`register` would refuse, checked before the server starts (the CLI prints
+    it as a start-up error instead of a traceback)."""
+    _setup(cfg)
 
 
 def register(app: App) -> None:
     """Replace the generation endpoints with the recorder or the player, when configured."""
-    cfg = app.config
-    if cfg.record_upstream:
-        handler = _record_handler(app, cfg.record_upstream, cfg.cassettes or "cassettes")
-    elif cfg.replay:
-        try:
-            cassettes = Cassettes(cfg.replay)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"replay: cannot load the cassettes in {cfg.replay}: {exc}") \
-                from None
-        handler = _replay_handler(cassettes, cfg.replay_speed)
-    else:
+    got = _setup(app.config)
+    if got is None:
         return
+    directory, mode, store = got
+    if mode != "none":
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cassettes: cannot create {directory}: {exc}") from None
+    try:
+        rec = Recorder(app, directory, mode, store)
+    except (ValueError, OSError) as exc:  # an unusable URL
+        raise ConfigError(f"record: {exc}") from None
+    from .anthropic import anthropic_error
+
+    async def stop(app_: App) -> None:  # idle upstream connections and unfinished readers
+        for task in list(rec.tasks):
+            task.cancel()
+        for up in [rec.default, *(u for _, u in rec.routes)]:
+            if up is not None:
+                up.close()
+
+    app.on_stop.append(stop)
     for path in PATHS:
-        app.router.add("POST", path, handler, "cassette", stream_capable=True)
+        app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
+                       aliases=path not in ANTHROPIC_PATHS,
+                       errors=anthropic_error if path in ANTHROPIC_PATHS else None)

@@ -223,9 +223,10 @@ async def parse(req: Request, app: App) -> CompletionRequest:
             raise E.context_prompt.at("prompt" if len(counts) == 1 else f"prompt[{i}]",
                                       window=cw, least=least, total=c + limit, prompt=c,
                                       completion=limit)
-    check_request_work(n * len(raw), txt.most_tokens(app.config, limit, min_tokens=min_tokens,
-                                                     echoed=max(counts)),
-                       logprobs or 0, param="n")
+    most = txt.most_tokens(app.config, limit, min_tokens=min_tokens, echoed=max(counts))
+    check_request_work(n * len(raw), most, logprobs or 0, param="n")
+    if echo:  # every choice carries its prompt again (with logprobs: a logprob per token)
+        check_request_work(n * len(raw), most + max(counts), logprobs or 0, param="echo")
     return CompletionRequest(
         body=body, profile=profile, model=model, prompts=texts, prompt_counts=counts, n=n,
         stream=stream, include_usage=include_usage, limit=limit, stops=stops,

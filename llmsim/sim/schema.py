@@ -740,7 +740,7 @@ _ATOMIC = ("atomic groups and possessive quantifiers ((?>...), *+, ++, ?+) are n
 # global flags the matcher understands; (?i), (?a), (?L) and local flag groups are generated
 # but not matched
 _NFA_FLAGS = _sre_c.SRE_FLAG_UNICODE | _sre_c.SRE_FLAG_VERBOSE | _sre_c.SRE_FLAG_DOTALL \
-    | _sre_c.SRE_FLAG_MULTILINE
+    | _sre_c.SRE_FLAG_MULTILINE | _sre_c.SRE_FLAG_IGNORECASE
 
 
 def _is_word(ch: str) -> bool:
@@ -766,7 +766,12 @@ class _NoNFA(Exception):
     """Internal: the pattern has no (small enough) automaton; strings are not judged."""
 
 
-def _set_test(items: Any) -> Callable[[str], bool]:
+def _variants(ch: str) -> tuple[str, ...]:
+    """``ch`` and its simple case variants (what an IGNORECASE node compares)."""
+    return (ch, ch.lower(), ch.upper())
+
+
+def _set_test(items: Any, fold: bool = False) -> Callable[[str], bool]:
     negate = False
     lits: set[str] = set()
     ranges: list[tuple[int, int]] = []
@@ -783,16 +788,18 @@ def _set_test(items: Any) -> Callable[[str], bool]:
         else:
             raise _NoNFA
 
-    def test(ch: str) -> bool:
+    def member(ch: str) -> bool:
         hit = ch in lits
         if not hit and ranges:
             code = ord(ch)
             hit = any(lo <= code <= hi for lo, hi in ranges)
         if not hit and cats:
             hit = any(f(ch) for f in cats)
-        return hit != negate
+        return hit
 
-    return test
+    if fold:  # IGNORECASE: a variant in the set is a member (a negated set: none may be)
+        return lambda ch: any(member(v) for v in _variants(ch)) != negate
+    return lambda ch: member(ch) != negate
 
 
 class _Regex:
@@ -854,7 +861,8 @@ class _Regex:
         if self.unsupported is None and not self.backrefs and not self.local_flags \
                 and not flags & ~_NFA_FLAGS:
             try:
-                self.prog = self._compile(bool(flags & _sre_c.SRE_FLAG_DOTALL))
+                self.prog = self._compile(bool(flags & _sre_c.SRE_FLAG_DOTALL),
+                                          bool(flags & _sre_c.SRE_FLAG_IGNORECASE))
             except _NoNFA:
                 self.prog = None
 
@@ -908,7 +916,7 @@ class _Regex:
 
     # -- matching ----------------------------------------------------------
 
-    def _compile(self, dotall: bool) -> list[tuple[int, Any, Any]]:
+    def _compile(self, dotall: bool, fold: bool = False) -> list[tuple[int, Any, Any]]:
         prog: list[tuple[int, Any, Any]] = []
         hole = (_JMP, -1, None)  # placeholder patched below
 
@@ -919,14 +927,20 @@ class _Regex:
                     raise _NoNFA
 
         def one(op: Any, av: Any) -> None:
-            if op is _sre_c.LITERAL:
+            if op is _sre_c.LITERAL and fold:
+                forms = frozenset(_variants(chr(av)))
+                prog.append((_CHAR, lambda c: not forms.isdisjoint(_variants(c)), None))
+            elif op is _sre_c.NOT_LITERAL and fold:
+                forms_n = frozenset(_variants(chr(av)))
+                prog.append((_CHAR, lambda c: forms_n.isdisjoint(_variants(c)), None))
+            elif op is _sre_c.LITERAL:
                 prog.append((_CHAR, chr(av).__eq__, None))
             elif op is _sre_c.NOT_LITERAL:
                 prog.append((_CHAR, chr(av).__ne__, None))
             elif op is _sre_c.ANY:
                 prog.append((_CHAR, (lambda c: True) if dotall else "\n".__ne__, None))
             elif op is _sre_c.IN:
-                prog.append((_CHAR, _set_test(av), None))
+                prog.append((_CHAR, _set_test(av, fold), None))
             elif op is _sre_c.CATEGORY and av.name in _CATEGORY_TEST:
                 prog.append((_CHAR, _CATEGORY_TEST[av.name], None))
             elif op is _sre_c.BRANCH:

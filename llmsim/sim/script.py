@@ -61,6 +61,9 @@ MAX_TURNS = 1024
 MAX_TEXT = 64 * 1024
 MAX_PATTERN = 1000
 MATCH_CHARS = 64 * 1024
+# steps the regex rules of one request may take together: a cached DFA step is one, so every
+# pattern the matcher caches searches all MATCH_CHARS with room to spare
+REGEX_WORK = 16 * MATCH_CHARS
 MAX_SESSIONS = 10_000
 ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages")
 THEN = ("repeat", "loop", "error", "simulate")
@@ -171,8 +174,13 @@ def _match(m: Any, where: str) -> dict[str, Any]:
             out[k] = v
         elif k == "regex":
             pattern = _str(v, w, MAX_PATTERN)
-            if sch._regex(pattern).error is not None:
-                raise ScriptError(w, "not a regular expression the matcher supports")
+            rx = sch._regex(pattern)
+            if rx.error is not None:
+                raise ScriptError(w, f"the pattern {rx.error}")
+            if rx.prog is None:
+                why = rx.unsupported or ("backreferences, scoped flags such as (?i:...) and "
+                                         "flags other than i, m, s, x are not supported")
+                raise ScriptError(w, f"the linear matcher cannot run this pattern: {why}")
             out[k] = pattern
         elif k == "tool_result":
             if type(v) is not bool:
@@ -283,7 +291,7 @@ class Script:
 
     def _matches(self, m: Mapping[str, Any], *, model: str, endpoint: str,
                  api_key: str | None, session: str | None, user_text: str,
-                 tool_result: bool) -> bool:
+                 tool_result: bool, work: sch.Work) -> bool:
         if "model" in m and m["model"] != model:
             return False
         if "endpoint" in m and m["endpoint"] != endpoint:
@@ -297,8 +305,12 @@ class Script:
         text = user_text[:MATCH_CHARS]
         if "contains" in m and m["contains"] not in text:
             return False
-        if "regex" in m and sch._pattern_search(m["regex"], text, sch.Work()) is not True:
-            return False
+        if "regex" in m:
+            try:
+                if sch._pattern_search(m["regex"], text, work) is not True:
+                    return False
+            except sch._OverBudget:  # the request's regex budget is spent: no match
+                return False
         return True
 
     def candidates(self, *, model: str, endpoint: str, api_key: str | None,
@@ -308,10 +320,11 @@ class Script:
         request."""
         session = headers.get(SESSION_HEADER)
         text = ask.user_text()
+        work = sch.Work(REGEX_WORK)
         for i, rule in enumerate(self.rules):
             if self._matches(rule.match, model=model, endpoint=endpoint, api_key=api_key,
                              session=session, user_text=text,
-                             tool_result=ask.after_tool_result):
+                             tool_result=ask.after_tool_result, work=work):
                 yield i, rule.match.get("turn")
 
     def reply(self, i: int, n: int) -> Turn | None:
