@@ -448,6 +448,14 @@ class E:
                                            "#max-tokens-and-context-window-size")
     anthropic_prompt_too_long = Entry(400, "invalid_value", "prompt is too long: {prompt} "
                                       "tokens > {max} maximum")
+    # --- Gemini (Google's wording; gemini.gemini_error puts it in Google's envelope) ---------
+    gemini_invalid = Entry(400, "invalid_argument", "Invalid value at '{param}': {what}",
+                           clip=("what",))
+    gemini_unknown_field = Entry(400, "invalid_argument", "Invalid JSON payload received. "
+                                 "Unknown name \"{param}\": Cannot find field.")
+    gemini_model_not_found = Entry(404, "model_not_found", "models/{model} is not found for "
+                                   "API version v1beta, or is not supported for "
+                                   "generateContent.", clip=("model",), names_param=False)
     anthropic_too_many_breakpoints = Entry(400, "invalid_value", "A maximum of 4 blocks with "
                                            "cache_control may be provided. Found {found}.")
     anthropic_ttl_order = Entry(400, "invalid_value", "{param}: a ttl='1h' cache_control block "
