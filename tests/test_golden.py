@@ -88,10 +88,10 @@ def _check(name: str, transcript: str) -> None:
     f = GOLDEN / f"{name}.txt"
     if UPDATE:
         GOLDEN.mkdir(parents=True, exist_ok=True)
-        f.write_text(transcript)
+        f.write_bytes(transcript.encode())  # (bytes: Gemini's frames end in CR LF)
         return
     assert f.exists(), f"no golden transcript {f.name}: record with LLMSIM_GOLDEN_UPDATE=1"
-    assert transcript == f.read_text(), f"{name}: the wire bytes changed"
+    assert transcript == f.read_bytes().decode(), f"{name}: the wire bytes changed"
 
 
 @pytest.fixture(scope="module")
