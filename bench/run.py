@@ -223,12 +223,12 @@ class Child:
         self.stop()
 
 
-def llmsim(*args: str, name: str = "llmsim", warm: bool = True, pure: bool = False) -> Child:
+def llmsim(*args: str, name: str = "llmsim", warm: bool = True) -> Child:
     """Start llmsim; ``warm``: wait for one served request (tokenizer loaded) before measuring.
     Fixed-length answers (``--max-tokens-mode exact``, what a benchmark harness asks for with
     ``ignore_eos``): every server in a comparison sends the same number of tokens."""
     c = Child(name, [PY, "-m", "llmsim", "--port", "0", "--max-tokens-mode", "exact", *args],
-              cwd=ROOT, env={**os.environ, "LLMSIM_PURE": "1"} if pure else None)
+              cwd=ROOT)
     if warm:
         body = {**CHAT_BODY, "max_tokens": 1}
         try:
@@ -472,9 +472,8 @@ def machine() -> dict[str, str]:
         loop = "uvloop " + __import__("uvloop").__version__
     except ImportError:
         loop = "asyncio"
-    # which build of llmsim's per-event path the servers run (python -m llmsim.compile)
     build = subprocess.run([PY, "-m", "llmsim", "--version"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=60).stdout.strip().partition("(")[2].rstrip(")")
+                           cwd=ROOT, timeout=60).stdout.strip()
     return {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu,
             "cores": str(os.cpu_count()), "python": platform.python_version(),
             "kernel": platform.release(), "loop available": loop, "llmsim": build or "?",
@@ -544,10 +543,6 @@ def main(argv: list[str] | None = None) -> int:
                          "CPUs, the server, anchor or llmsim, runs on CPU 0 and the load "
                          "generator on CPU 1, so the client does not preempt the server it "
                          "measures; see Child.pin)")
-    ap.add_argument("--pure-too", action="store_true",
-                    help="with the compiled build of the per-event path in place (python -m "
-                         "llmsim.compile), also run 1-worker llmsim servers on the pure-Python "
-                         "modules (LLMSIM_PURE=1) in the same streaming comparison")
     ap.add_argument("--stream-seconds", type=_seconds, default=None, metavar="S",
                     help="length of each streaming round, 1-120 s (default 6, --quick 3); "
                          "e.g. --quick --stream-seconds 6: the quick stream counts, longer "
@@ -577,12 +572,6 @@ def main(argv: list[str] | None = None) -> int:
     loadgen()
     rep = Report()
     info = machine()
-    compiled = info["llmsim"].endswith("compiled")
-    pure_too = a.pure_too and compiled
-    if a.pure_too and not compiled:
-        print("--pure-too: no compiled build in use (python -m llmsim.compile): one build runs",
-              file=sys.stderr)
-    tag = ", compiled" if compiled else ""  # (row names say which build ran)
     rep.note("# llmsim benchmark results\n\n" + "\n".join(f"- {k}: {v}" for k, v in info.items())
              + f"\n- command: `python bench/run.py {' '.join(sys.argv[1:] if argv is None else argv)}`"
              + "\n- shared 2-core box: other engineers' test runs may overlap; the load generator"
@@ -683,20 +672,13 @@ def main(argv: list[str] | None = None) -> int:
                         s = stack.enter_context(llmsim(*timing, *wargs, "--loop", loop))
                         if w == 1:
                             pin(s)
-                        plan.append((kind, f"llmsim {kind} ({w}w, {loop}{tag})", w, s, kind,
-                                     False))
-                    if pure_too:
-                        s = stack.enter_context(llmsim(*timing, "--loop", loop, pure=True))
-                        pin(s)
-                        plan.append((kind, f"llmsim {kind} (1w, {loop}, pure)", 1, s, kind,
+                        plan.append((kind, f"llmsim {kind} ({w}w, {loop})", w, s, kind,
                                      False))
                 if ws_too:
-                    for pure in (False, True) if pure_too else (False,):
-                        s = stack.enter_context(llmsim(*timing, "--loop", loop, pure=pure))
-                        pin(s)
-                        plan.append(("ws", f"llmsim responses WS ({loop}"
-                                           f"{', pure' if pure else tag})", 1, s, "responses",
-                                     True))
+                    s = stack.enter_context(llmsim(*timing, "--loop", loop))
+                    pin(s)
+                    plan.append(("ws", f"llmsim responses WS ({loop})", 1, s, "responses",
+                                 True))
                 got: dict[str, dict[int, list[dict[str, Any]]]] = {"anchor": {}}
                 for n in counts:
                     for _ in range(n_rounds):

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .native import choose as _choose_build  # noqa: E402
-
-_choose_build()  # (first: the compiled build, if any, before its modules are imported)
-
 from .config import Config, ConfigError, load_config  # noqa: E402
 from .server import Server, ServerThread  # noqa: E402
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from . import __version__
 from .config import FAULT_KINDS, Config, ConfigError, iter_options, load_config
-from .native import build_info
 
 __all__ = ["main", "build_parser"]
 
@@ -64,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "WebSocket, models).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version",
-                   version=f"llmsim {__version__} (per-event path: {build_info()})")
+                   version=f"llmsim {__version__}")
     p.add_argument("--config", metavar="FILE.toml", default=None,
                    help="Read settings from a TOML file (env: LLMSIM_CONFIG). Unknown keys "
                         "are an error.")
@@ -174,11 +173,10 @@ def describe(cfg: Config, workers: int = 1) -> list[str]:
     if cfg.capacity.enabled:
         realism.append(f"capacity (max_seqs {cfg.capacity.max_seqs}, queue {cfg.capacity.queue}"
                        f"{', itl_slope ' + format(cfg.capacity.itl_slope, 'g') if cfg.capacity.itl_slope else ''})")
-    build = build_info()
     return [f"mode: {mode}",
             f"state: {state}",
             f"latency: {latency}, seed: {cfg.seed}, text: {cfg.text}, max_tokens: "
-            f"{cfg.max_tokens_mode}{'' if build == 'pure' else f', build: {build}'}",
+            f"{cfg.max_tokens_mode}",
             "realism: " + ("; ".join(realism) or "none (no faults, rate limits or capacity "
                                                   "model)")]
 

@@ -23,12 +23,6 @@ from collections.abc import Callable
 from heapq import heappush as _heappush
 from typing import Any
 
-try:
-    from mypy_extensions import mypyc_attr
-except ImportError:  # pragma: no cover - pure Python: the decorator only speaks to mypyc
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[Any], Any]:  # type: ignore[misc]
-        return lambda cls: cls
-
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP"]
 
 # The one coalescing rule for stream events (applied by flow.Pump): events of one stream
@@ -69,7 +63,6 @@ _INF = float("inf")
 _FAR = 1 << 62  # the slot of an infinite deadline
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: bench's ManualClock)
 class Clock:
     """Interface: monotonic ``now()``, wall ``time()``, ``call_at``, and ``sleep``.
 

@@ -20,8 +20,6 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .native import PURE_ENV
-
 __all__ = ["Config", "ConfigError", "ConfigWarning", "ModelSpec", "ResponsesConfig",
            "load_config", "iter_options", "unknown_env_message"]
 
@@ -740,11 +738,11 @@ def load_config(file: str | os.PathLike[str] | None = None,
     for key, val in env.items():
         if not key.startswith("LLMSIM_"):
             continue
-        if key in ("LLMSIM_CONFIG", PURE_ENV):  # (PURE_ENV: read by llmsim.native)
+        if key == "LLMSIM_CONFIG":
             continue
         o = known_env.get(key)
         if o is None:
-            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG", PURE_ENV])
+            msg = unknown_env_message(key, [*known_env, "LLMSIM_CONFIG"])
             if warn is None:
                 warnings.warn(msg, ConfigWarning, stacklevel=2)
             else:

@@ -108,9 +108,8 @@ class Pump(Timer):
                  error_frame: Callable[[APIError, int], bytes] | None = None) -> None:
         # The pump is its own clock timer (Timer.fire runs _tick): no Timer object and no
         # bound method between the clock and the pump. What a tick reads for each token
-        # of a run comes first, in this order (the compiled object's layout follows the
-        # assignments here): a tick touches three cache lines of the pump, not six, where
-        # thousands of streams take turns (issue 15).
+        # of a run comes first, in this order: a tick reads the first slots of the pump,
+        # where thousands of streams take turns (issue 15).
         super().__init__(0.0, _fired_by_clock)
         # Timer.cancelled is "not in a slot of the clock": True until a tick arms the pump
         # (Clock.recall clears it), set again when the clock fires it or a finish cancels it
@@ -120,7 +119,7 @@ class Pump(Timer):
         self._wired = False  # the sink takes wire bytes (write_wire), else write_events
         self.sink = sink
         # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
-        # read and its write called natively by the compiled build, not looked up by name
+        # and its write read directly, not looked up through the protocol object
         self._nw: Wire | None = sink if isinstance(sink, Wire) else None
         self.stream = stream
         self._now = clock.now_fn()

@@ -20,9 +20,7 @@ place that knows that syntax:
   the connection's state may have changed.
 
 The per-event path reads two plain flags of one object (``paused``, ``open``) and makes one
-call the compiled pump dispatches natively (a :class:`Wire` is a native class of the compiled
-build: :data:`llmsim.native.MODULES`), instead of reading the protocol object's attributes
-and method generically (issue 15).
+call, instead of reading the protocol object's attributes and method generically (issue 15).
 """
 
 from __future__ import annotations

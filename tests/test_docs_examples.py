@@ -9,7 +9,7 @@ says otherwise (``<!-- example: KIND [ARG] -->``):
   client of the server; ``test_*`` functions it defines are called);
 - ``bash``: each command line: ``curl`` is run and must get a 2xx; ``llmsim ...`` is parsed
   by llmsim's own command line (``llmsim top`` runs ``--once`` against the server);
-  ``python bench/X.py --flags`` and ``python -m llmsim.compile`` must name an existing script
+  ``python bench/X.py --flags`` must name an existing script
   whose ``--help`` has the flags; ``pip install -e '.[x]'`` an existing extra; the set-up
   lines must be what ``.ci/run`` runs;
 - ``toml``: a configuration llmsim loads, or a script (``rules``) it parses;
@@ -173,9 +173,6 @@ def run_command(b: Block, line: str, url: str) -> None:
             rest = ["--record-upstream" if a == "--upstream" else a for a in rest]
         config_from_args(rest, env={})  # exits (SystemExit) on a flag llmsim does not have
         return
-    if words[:3] == ["python", "-m", "llmsim.compile"]:
-        assert (ROOT / "llmsim" / "compile.py").exists()
-        return
     if words[0] == "python" and words[1].startswith("bench/"):
         text = _help(["python", words[1], "--help"])
         for w in words[2:]:
@@ -241,7 +238,6 @@ def run_block(b: Block, url: str, workdir: Path) -> None:
         return
     if b.kind == "banner":
         want = banner("http://127.0.0.1:8080", Config()).split("\nTry it:")[0]
-        want = re.sub(r", build: [^,\n]*", "", want)  # (the compiled build says so too)
         assert b.code == want, f"{b.id}: the banner is now:\n{want}"
         return
     assert b.kind is None, f"{b.id}: unknown example kind {b.kind!r}"
