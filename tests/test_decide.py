@@ -186,7 +186,7 @@ async def test_same_decision_renders_the_same_call_and_text():
         for seed in range(8):
             lat = app.latency(ca.profile)
             dc, dr = (decide(a, app.config, Random(seed), lat) for a in (ca, ra))
-            msg = chat.completion_json(cr, chat.ChatOut.of(dc, 0))["choices"][0]["message"]
+            msg = chat.completion_json(cr, chat.ChatOut.of(dc, 0, "chatcmpl-x"))["choices"][0]["message"]
             out = rrender.final_snapshot({}, rrender.response_out(dr, "resp_x", 0))["output"]
             if msg["content"] is not None:
                 seen.add("text")

@@ -29,16 +29,17 @@ import orjson
 from .. import encode
 from ..dialect import Dialect
 from ..errors import APIError, E
-from ..messages import JSONResponse, RawResponse, Request, StreamResponse
+from ..messages import JSONResponse, RawResponse, Request
 from ..sim import schema as sch
 from ..sim.cache import NO_USE
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
 from ..sim.described import json_hint
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..sim.rng import new_id, request_rng
-from ..stream import EventStream, TokenRun
+from ..stream import TokenRun
 from .caching import anthropic_cached, anthropic_marks
-from .validate import V, check_request_work, deliver_after, paced
+from .pipeline import Family, Meta, Parsed, Plan
+from .pipeline import register as serve
+from .validate import V, check_request_work, paced
 
 if TYPE_CHECKING:
     from ..app import App
@@ -423,21 +424,33 @@ def _steps(d: Decision) -> int:
 # Handlers
 # ------------------------------------------------------------------------------------------
 
-async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    body = req.json_object()
-    ask, info = await _parse(req, app, body)
-    model = info["model"]
-    rng = request_rng(app.config.seed, "/v1/messages", body)
-    d = await app.answer(req, "anthropic.messages", ask, rng, app.latency(ask.profile))
-    mid = new_id("msg_")
-    headers = [("request-id", req.request_id)]
-    if info["stream"]:
-        stream = EventStream(_plan(mid, model, d), ANTHROPIC, model=model, usage=d.usage)
-        res = StreamResponse(stream, usage=d.usage)
-        res.headers.extend(headers)
-        return res
-    await deliver_after(app, model, d.timing.duration(_steps(d)))
-    return JSONResponse(_message(mid, model, d), model=model, usage=d.usage, headers=headers)
+class Messages(Family):
+    """Anthropic Messages on the request pipeline: parse (with the request's cache_control
+    reads and writes), the message JSON or its SSE stream, a ``request-id`` on every answer."""
+
+    endpoint = "anthropic.messages"
+    seed_path = "/v1/messages"
+    dialect = ANTHROPIC
+    id_prefix = "msg_"
+    errors = staticmethod(anthropic_error)
+
+    async def parse(self, req: Request, app: App) -> Parsed:
+        body = req.json_object()
+        ask, info = await _parse(req, app, body)
+        return Parsed(ask, info["model"], info["stream"], body, info,
+                      headers=[("request-id", req.request_id)])
+
+    def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
+        return _message(meta.id, p.model, d)
+
+    def plan(self, p: Parsed, d: Decision, meta: Meta) -> Plan:
+        return _plan(meta.id, p.model, d)
+
+    def steps(self, d: Decision) -> int:
+        return _steps(d)
+
+
+FAMILY = Messages()
 
 
 async def count_tokens(req: Request, app: App) -> JSONResponse:
@@ -458,8 +471,7 @@ async def list_models(req: Request, app: App) -> JSONResponse:
 def register(app: App) -> None:
     r = app.router
     for prefix in ("/anthropic/v1", "/v1"):
-        r.add("POST", f"{prefix}/messages", create, "anthropic.messages", aliases=False,
-              stream_capable=True, errors=anthropic_error)
+        serve(app, FAMILY, [("POST", f"{prefix}/messages")])
         r.add("POST", f"{prefix}/messages/count_tokens", count_tokens,
               "anthropic.count_tokens", aliases=False, errors=anthropic_error)
     r.add("GET", "/anthropic/v1/models", list_models, "anthropic.models", aliases=False,

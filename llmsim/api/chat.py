@@ -14,7 +14,7 @@ SDK models it; streamed, its deltas carry ``custom`` pieces (see :func:`_choice_
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -23,7 +23,7 @@ from .. import encode
 from ..dialect import Dialect
 from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing, quoted
-from ..messages import JSONResponse, Request, StreamResponse
+from ..messages import Request, Result
 from ..sim import schema as sch
 from ..sim import text as txt
 from ..sim import tokens as tok
@@ -42,15 +42,14 @@ from ..sim.decide import (
 from ..sim.described import json_hint
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..sim.rng import new_id, request_seed, rng_of
-from ..stream import EventStream, TokenRun
-from .caching import check_retention, openai_cached, openai_segments
+from ..stream import TokenRun
+from .caching import check_retention
+from .pipeline import Family, Meta, Parsed, Plan, generate
+from .pipeline import register as serve
 from .validate import (
     FUNCTION_NAME,
-    BodyMemo,
     V,
     check_request_work,
-    deliver_after,
     got,
     paced,
     stream_flags,
@@ -107,15 +106,15 @@ class ChatOut:
     steps: int
 
     @classmethod
-    def of(cls, decision: Decision, created: int) -> ChatOut:
+    def of(cls, decision: Decision, created: int, id: str) -> ChatOut:
         choices = decision.choices
         c = choices[0]
         if len(choices) == 1 and c.pieces is not None:  # (one text choice: hot path)
-            return cls(new_id("chatcmpl-"), created, decision, len(c.pieces))
+            return cls(id, created, decision, len(c.pieces))
         steps = max((len(c.pieces) if c.pieces is not None
                      else 1 + sum(len(t.pieces) + 1 for t in c.calls))
                     for c in choices)
-        return cls(new_id("chatcmpl-"), created, decision, steps)
+        return cls(id, created, decision, steps)
 
     @property
     def choices(self) -> tuple[Choice, ...]:
@@ -622,7 +621,7 @@ def _choice_steps(c: Choice) -> list[dict[str, Any]]:
     return steps
 
 
-def stream_plan(cr: ChatRequest, out: ChatOut, app: App) -> Iterator[tuple[float, str, Any]]:
+def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any]]:
     """The SSE plan: role chunks at TTFT, one token per chunk per step, finish, usage, DONE."""
     head = {"id": out.id, "object": "chat.completion.chunk", "created": out.created,
             "model": cr.model, "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
@@ -714,42 +713,39 @@ CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
 # Handler
 # ------------------------------------------------------------------------------------------
 
-async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    # a body validated before (the same bytes, the same config): its request, the decision's
-    # view of it and its seed, without parsing or counting again (validate.BodyMemo)
-    body = req.body
-    memo = app.memos[MEMO]
-    hit = memo.get(body, app.config)
-    if hit is None:
+class Chat(Family):
+    """Chat Completions on the request pipeline (:mod:`llmsim.api.pipeline`): the family
+    parses and renders; a resent body is not parsed or counted again (its memo)."""
+
+    endpoint = "chat.completions"
+    seed_path = "/v1/chat/completions"
+    dialect = CHAT
+    id_prefix = "chatcmpl-"
+    memo = True
+
+    async def parse(self, req: Request, app: App) -> Parsed:
         cr = await parse(req, app)
         retention = check_retention(cr.body)
-        a = ask(cr, json_hint(body))
-        seed = request_seed(app.config.seed, "/v1/chat/completions", cr.body)
-        seg = openai_segments(app, cr.profile, cr.body, lambda: _cache_blocks(cr),
-                              cr.prompt_tokens)
-        memo.put(body, app.config, (cr, a, seed, seg, retention))
-    else:
-        cr, a, seed, seg, retention = hit
-    if seg is not None:  # (a prompt of 1,024+ tokens: the prompt cache may hold its prefix)
-        cached = openai_cached(app, seg, cr.prompt_tokens, retention)
-        if cached:
-            a = replace(a, cached_tokens=cached)
-    rng = rng_of(seed)
-    lat = app.latency(cr.profile)
-    decision = app.answer_now(a, rng, lat) or \
-        await app.answer(req, "chat.completions", a, rng, lat)
-    out = ChatOut.of(decision, int(app.clock.time()))
-    if cr.stream:
-        stream = EventStream(stream_plan(cr, out, app), CHAT, model=cr.model,
-                             usage=decision.usage)
-        return StreamResponse(stream, usage=decision.usage)
-    wait = out.total_time()
-    if wait > 0:  # (instant: no coroutine to run)
-        await deliver_after(app, cr.model, wait)
-    return JSONResponse(completion_json(cr, out), 200, [], cr.model, decision.usage)
+        return Parsed(ask(cr, json_hint(req.body)), cr.model, cr.stream, cr.body, cr,
+                      lambda: _cache_blocks(cr), retention)
+
+    def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
+        return completion_json(p.info, ChatOut.of(d, meta.created, meta.id))
+
+    def plan(self, p: Parsed, d: Decision, meta: Meta) -> Plan:
+        return stream_plan(p.info, ChatOut.of(d, meta.created, meta.id))
+
+    def steps(self, d: Decision) -> int:
+        return ChatOut.of(d, 0, "").steps
 
 
-MEMO = "chat.completions"  # this family's validated-body memo in App.memos
+FAMILY = Chat()
+MEMO = FAMILY.endpoint  # this family's validated-body memo in App.memos
+
+
+async def create(req: Request, app: App) -> Result:
+    """``POST /v1/chat/completions`` (other routes may serve it too: Azure deployments)."""
+    return await generate(req, app, FAMILY)
 
 
 def _cache_blocks(cr: ChatRequest) -> list[object]:
@@ -759,6 +755,4 @@ def _cache_blocks(cr: ChatRequest) -> list[object]:
 
 
 def register(app: App) -> None:
-    app.memos[MEMO] = BodyMemo()
-    app.router.add("POST", "/v1/chat/completions", create, "chat.completions",
-                   stream_capable=True)
+    serve(app, FAMILY, [("POST", "/v1/chat/completions")], aliases=True)

@@ -35,17 +35,18 @@ from .. import encode
 from ..dialect import Dialect
 from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing
-from ..messages import JSONResponse, Request, StreamResponse
+from ..messages import Request, Result
 from ..sim import text as txt
 from ..sim import tokens as tok
-from ..sim.cache import OPENAI_MIN_TOKENS
+from ..sim.cache import Segments
 from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
-from ..sim.rng import new_id, request_rng
-from ..stream import EventStream, TokenRun
+from ..stream import TokenRun
 from .caching import check_retention, openai_cached, openai_segments
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
-from .validate import V, check_request_work, deliver_after, got, paced, stream_flags
+from .pipeline import Family, Meta, Parsed, Plan, generate
+from .pipeline import register as serve
+from .validate import V, check_request_work, got, paced, stream_flags
 
 if TYPE_CHECKING:
     from ..app import App
@@ -385,23 +386,40 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
 # Handler
 # ------------------------------------------------------------------------------------------
 
-async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    cr = await parse(req, app)
-    rng = request_rng(app.config.seed, "/v1/completions", cr.body)
-    a = ask(cr)
-    retention = check_retention(cr.body)
-    if cr.prompt_tokens >= OPENAI_MIN_TOKENS:
-        a.cached_tokens = cached_tokens(cr, app, retention)
-    decision = await app.answer(req, "completions", a, rng, app.latency(cr.profile))
-    cid, created = new_id("cmpl-"), int(app.clock.time())
-    if cr.stream:
-        stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,
-                             model=cr.model, usage=decision.usage)
-        return StreamResponse(stream, usage=decision.usage)
-    await deliver_after(app, cr.model, decision.timing.duration(_steps(decision)))
-    return JSONResponse(completion_json(cr, decision, cid, created), model=cr.model,
-                        usage=decision.usage)
+class Completions(Family):
+    """Legacy completions on the request pipeline; each prompt of a batch is its own
+    prefix for the prompt cache (:func:`cached_tokens`)."""
+
+    endpoint = "completions"
+    seed_path = "/v1/completions"
+    dialect = COMPLETIONS
+    id_prefix = "cmpl-"
+
+    async def parse(self, req: Request, app: App) -> Parsed:
+        cr = await parse(req, app)
+        return Parsed(ask(cr), cr.model, cr.stream, cr.body, cr,
+                      retention=check_retention(cr.body))
+
+    def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
+        return completion_json(p.info, d, meta.id, meta.created)
+
+    def plan(self, p: Parsed, d: Decision, meta: Meta) -> Plan:
+        return stream_plan(p.info, d, meta.id, meta.created)
+
+    def steps(self, d: Decision) -> int:
+        return _steps(d)
+
+    def cached(self, app: App, p: Parsed, seg: Segments | None) -> int:
+        return cached_tokens(p.info, app, p.retention)
+
+
+FAMILY = Completions()
+
+
+async def create(req: Request, app: App) -> Result:
+    """``POST /v1/completions`` (other routes may serve it too: Azure deployments)."""
+    return await generate(req, app, FAMILY)
 
 
 def register(app: App) -> None:
-    app.router.add("POST", "/v1/completions", create, "completions", stream_capable=True)
+    serve(app, FAMILY, [("POST", "/v1/completions")], aliases=True)

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 from ..dialect import Dialect
 from ..errors import APIError
 from ..messages import JSONResponse, Request, Result, StreamResponse
+from ..sim.cache import OPENAI_MIN_TOKENS, Segments
 from ..sim.decide import Ask, Decision
 from ..sim.rng import new_id, request_seed, rng_of
 from ..stream import EventStream
 from .caching import openai_cached, openai_segments
-from .validate import deliver_after
+from .validate import BodyMemo, deliver_after
 
 if TYPE_CHECKING:
     from ..app import App
@@ -89,6 +90,9 @@ class Family:
     dialect: Dialect
     id_prefix: str = "gen_"
     errors: Callable[[APIError], Any] | None = None  # the family's error envelope
+    # keep validated bodies by their bytes (BodyMemo: a resent body is not parsed, counted or
+    # hashed again); only for a parse that reads nothing but the body and the config
+    memo: bool = False
 
     async def parse(self, req: Request, app: App) -> Parsed:
         raise NotImplementedError
@@ -105,16 +109,39 @@ class Family:
     def steps(self, d: Decision) -> int:
         return steps_of(d)
 
+    def cached(self, app: App, p: Parsed, seg: Segments | None) -> int:
+        """Prompt tokens this request reads from the prompt cache (OpenAI's automatic
+        rule over ``seg``, the segments of ``p.cache_blocks``)."""
+        return openai_cached(app, seg, p.ask.prompt_tokens, p.retention)
+
+
+async def _prepare(req: Request, app: App, fam: Family
+                   ) -> tuple[Parsed, int | None, Segments | None]:
+    """The request parsed, its seed and its prompt-cache segments: values of the body
+    (with ``fam.memo``, kept by its bytes)."""
+    memo = app.memos.get(fam.endpoint) if fam.memo else None
+    if memo is not None:
+        hit = memo.get(req.body, app.config)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+    p = await fam.parse(req, app)
+    seed = request_seed(app.config.seed, fam.seed_path, p.body)
+    seg = None
+    if p.cache_blocks is not None:
+        seg = openai_segments(app, p.ask.profile, p.body if isinstance(p.body, dict) else {},
+                              p.cache_blocks, p.ask.prompt_tokens)
+    if memo is not None:
+        memo.put(req.body, app.config, (p, seed, seg))
+    return p, seed, seg
+
 
 async def generate(req: Request, app: App, fam: Family) -> Result:
     """Parse, decide and deliver one request of ``fam`` (see the module doc)."""
-    p = await fam.parse(req, app)
+    p, seed, seg = await _prepare(req, app, fam)
     a = p.ask
-    rng = rng_of(request_seed(app.config.seed, fam.seed_path, p.body))
-    if p.cache_blocks is not None:
-        seg = openai_segments(app, a.profile, p.body if isinstance(p.body, dict) else {},
-                              p.cache_blocks, a.prompt_tokens)
-        cached = openai_cached(app, seg, a.prompt_tokens, p.retention)
+    rng = rng_of(seed)
+    if seg is not None or p.cache_blocks is None and a.prompt_tokens >= OPENAI_MIN_TOKENS:
+        cached = fam.cached(app, p, seg)
         if cached:
             a = replace(a, cached_tokens=cached)
     lat = app.latency(a.profile)
@@ -137,6 +164,8 @@ def register(app: App, fam: Family, routes: Sequence[tuple[str, str]], *,
     async def handler(req: Request, app: App) -> Result:
         return await generate(req, app, fam)
 
+    if fam.memo and fam.endpoint not in app.memos:
+        app.memos[fam.endpoint] = BodyMemo()
     for method, pattern in routes:
         app.router.add(method, pattern, handler, fam.endpoint, aliases=aliases,
                        stream_capable=streaming is not False, errors=fam.errors,
