@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .api.responses.state import ResponsesState
     from .api.validate import BodyMemo
     from .protocol import HTTPProtocol
-    from .websocket import WebSocketState
+    from .ws_connection import WebSocketState
 
 __all__ = ["App"]
 
@@ -115,7 +115,7 @@ class App:
         # the API-key check a transport runs itself (WebSocket handshake); None = no keys
         self.authenticate: Callable[[Request], None] | None = None
         self.responses: ResponsesState | None = None  # stored responses (api/responses)
-        self.websocket: WebSocketState | None = None  # live sessions (websocket.py)
+        self.websocket: WebSocketState | None = None  # modes and live connections (ws_connection)
         self.clients: ClientWatch | None = None  # journal and client verdicts (api/clients)
         self.ws_handler: WSHandler | None = None  # set by the WebSocket module
         # set by the transport: close the connections of these departed clients (a count)

@@ -4,7 +4,7 @@
 headers) and returns the ``Sec-WebSocket-Accept`` value, or raises the :class:`APIError` the
 client gets as a plain HTTP answer before any switch (400 bad handshake, 426 wrong version,
 400 ``websocket_not_supported`` on a path without a WebSocket mode). :func:`check_capacity`
-decides the connection cap (429). ``llmsim.websocket.upgrade`` calls both (and the API-key
+decides the connection cap (429). ``llmsim.ws_connection.upgrade`` calls both (and the API-key
 check between them, so an unauthenticated client is told 401 rather than 429).
 """
 
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from .errors import E
 
-__all__ = ["WS_PATHS", "check_handshake", "check_capacity", "accept_key", "ws_path"]
+__all__ = ["check_handshake", "check_capacity", "accept_key", "ws_path"]
 
-WS_PATHS = frozenset({"/v1/responses", "/openai/v1/responses"})
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -27,7 +26,7 @@ def _tokens(value: str) -> set[str]:
 
 
 def ws_path(path: str) -> str:
-    """``path`` without a trailing slash (as compared with :data:`WS_PATHS`)."""
+    """``path`` without a trailing slash (as the registered WebSocket paths are)."""
     return path.rstrip("/") if len(path) > 1 else path
 
 
@@ -37,13 +36,14 @@ def accept_key(key: str) -> bytes:
 
 
 def check_handshake(method: str, path: str, headers: Mapping[str, str],
-                    http_version: bytes = b"1.1") -> bytes:
+                    paths: Collection[str], http_version: bytes = b"1.1") -> bytes:
     """Validate an upgrade request; the ``Sec-WebSocket-Accept`` value, or an APIError
     (answered as an HTTP error in the OpenAI envelope). ``headers`` have lower-case names.
-    A path without a WebSocket mode is ``websocket_not_supported``; whether such a path
-    exists at all (404) is the router's business, asked by the caller first."""
+    A path not in ``paths`` (those with a WebSocket mode) is ``websocket_not_supported``;
+    whether such a path exists at all (404) is the router's business, asked by the caller
+    first."""
     path = ws_path(path)
-    if path not in WS_PATHS:
+    if path not in paths:
         raise E.websocket_wrong_endpoint.at(method=method, path=path)
     if method != "GET":
         raise E.websocket_not_get.at(method=method)

@@ -27,8 +27,8 @@ from llmsim.clock import FakeClock
 from llmsim.config import ConfigError, ResponsesConfig, WebSocketConfig, load_config
 from llmsim.messages import JSONResponse, Request
 from llmsim.state.store import BoundedStore, approx_bytes, json_bytes
-from llmsim.websocket import FRAGMENT_OVERHEAD as FO
-from llmsim.websocket import state as ws_state
+from llmsim.ws_connection import FRAGMENT_OVERHEAD as FO
+from llmsim.ws_connection import state as ws_state
 
 from .memtransport import connect, mem_server
 from .test_websocket_raw import RawWS, handshake, wait_for
@@ -388,7 +388,7 @@ async def test_unfinished_message_times_out_1008_on_fake_clock() -> None:
     assert wst.pending_bytes == 20 + FO and clock.pending == armed + 1
     proto.data_received(_frag(client, msg[20:], last=True))
     assert wst.pending_bytes == 0
-    assert await _settle(lambda: proto.upgraded.lanes.active == 0)
+    assert await _settle(lambda: proto.upgraded.mode.lanes.active == 0)
     evs = _events(tr, client)
     assert _close_of(evs) is None and any(isinstance(e, TextMessage) for e in evs)
     # never finished: closed 1008 once fragment_timeout_s of virtual time has passed

@@ -433,7 +433,7 @@ async def test_a_create_starts_on_the_next_pass_without_a_task() -> None:
         msg = json.dumps({"type": "response.create", **BASE})
         proto.data_received(client.send(TextMessage(data=msg)))
         assert _texts(tr, head=False) == []  # not inside the read
-        (job,) = proto.upgraded._jobs
+        (job,) = proto.upgraded.mode._jobs
         if gone:
             proto.connection_lost(None)
         await asyncio.sleep(0)
@@ -626,7 +626,7 @@ async def test_flooding_creates_stops_reading() -> None:
         await asyncio.sleep(0)
     assert not tr.reading  # 1 running + 3 waiting; the other 6 stay unread
     session = proto.upgraded
-    assert session.lanes.queued == 3 and session.lanes.active == 1
+    assert session.mode.lanes.queued == 3 and session.mode.lanes.active == 1
     proto.connection_lost(None)
     for _ in range(10):
         await asyncio.sleep(0)

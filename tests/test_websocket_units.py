@@ -14,6 +14,7 @@ import pytest
 from wsproto.events import CloseConnection, TextMessage
 
 from llmsim.api.responses.state import ConnectionCache, LaneCache
+from llmsim.api.responses.ws import PATHS
 from llmsim.clock import FakeClock
 from llmsim.config import WebSocketConfig
 from llmsim.errors import APIError
@@ -35,8 +36,8 @@ GOOD = {"connection": "keep-alive, Upgrade", "upgrade": "websocket",
 def test_handshake_accepts_and_computes_the_rfc_accept_value() -> None:
     # RFC 6455 §1.3's worked example
     assert accept_key("dGhlIHNhbXBsZSBub25jZQ==") == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
-    assert check_handshake("GET", "/v1/responses", GOOD) == accept_key(KEY)
-    assert check_handshake("GET", "/openai/v1/responses/", GOOD) == accept_key(KEY)
+    assert check_handshake("GET", "/v1/responses", GOOD, PATHS) == accept_key(KEY)
+    assert check_handshake("GET", "/openai/v1/responses/", GOOD, PATHS) == accept_key(KEY)
 
 
 @pytest.mark.parametrize("method,path,headers,version,status,code", [
@@ -59,7 +60,7 @@ def test_handshake_accepts_and_computes_the_rfc_accept_value() -> None:
 def test_handshake_errors(method: str, path: str, headers: dict[str, str], version: bytes,
                           status: int, code: str) -> None:
     with pytest.raises(APIError) as info:
-        check_handshake(method, path, headers, version)
+        check_handshake(method, path, headers, PATHS, version)
     assert (info.value.status, info.value.code) == (status, code)
     if status == 426:
         assert ("sec-websocket-version", "13") in info.value.headers

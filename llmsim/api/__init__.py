@@ -22,7 +22,6 @@ from . import (
     gemini,
     models,
     responses,
-    websocket,
 )
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+           clients, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ... import encode
+from ... import encode, ws_connection
 from ...dialect import Dialect
 from ...errors import APIError, E, missing
 from ...flow import NullSink, Pump
@@ -35,7 +35,7 @@ from ...state import accounting
 from ...stream import EventStream
 from ..caching import openai_cached, openai_segments
 from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
-from . import compaction, hosted, render
+from . import compaction, hosted, render, ws
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
 from .state import (
     CANCEL,
@@ -701,6 +701,12 @@ async def _on_stop(app: App) -> None:
         await app.shared_state.close()
 
 
+async def upgrade_required(req: Request, app: App) -> JSONResponse:
+    """``GET /v1/responses`` without ``Upgrade: websocket``."""
+    raise E.websocket_upgrade_required.at(
+        headers=[("upgrade", "websocket"), ("sec-websocket-version", "13")])
+
+
 def register(app: App) -> None:
     """Add the Responses and Conversations routes."""
     state(app)
@@ -716,6 +722,9 @@ def register(app: App) -> None:
     r.add("DELETE", "/v1/responses/{id}", delete, "responses.delete")
     r.add("POST", "/v1/responses/{id}/cancel", cancel, "responses.cancel")
     r.add("GET", "/v1/responses/{id}/input_items", input_items, "responses.input_items")
+    # the WebSocket mode (client.responses.connect()); a plain GET is told to upgrade
+    ws_connection.register(app, ws.PATHS, ws.ResponsesWS)
+    r.add("GET", "/v1/responses", upgrade_required, "responses.websocket")
     r.add("POST", "/v1/conversations", conv_create, "conversations.create")
     r.add("GET", "/v1/conversations/{id}", conv_get, "conversations.retrieve")
     r.add("POST", "/v1/conversations/{id}", conv_update, "conversations.update")
