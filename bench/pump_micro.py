@@ -27,10 +27,10 @@ import orjson  # noqa: E402
 
 from llmsim import Config  # noqa: E402
 from llmsim.app import App  # noqa: E402
-from llmsim.clock import Clock  # noqa: E402
-from llmsim.flow import Pump  # noqa: E402
 from llmsim.messages import Request  # noqa: E402
 from llmsim.state import accounting  # noqa: E402
+from llmsim.streaming.clock import Clock  # noqa: E402
+from llmsim.streaming.flow import Pump  # noqa: E402
 
 
 class ManualClock(Clock):

@@ -1,7 +1,7 @@
 """Per-request and per-event CPU of the whole server path, without sockets:
 ``python bench/wire_micro.py [--kind chat|responses|rps] [--profile]``.
 
-Both servers run their real protocol objects (llmsim's :class:`~llmsim.protocol.HTTPProtocol`,
+Both servers run their real protocol objects (llmsim's :class:`~llmsim.transport.http.HTTPProtocol`,
 the anchor's ``baseline_h11.Proto``) against fake transports that count the bytes written, and
 are fed the same raw HTTP request bytes the load generator sends. Streams are paced on a
 manual clock that jumps from deadline to deadline, so no time is spent waiting and the figure
@@ -29,8 +29,8 @@ import orjson  # noqa: E402
 from pump_micro import ManualClock  # noqa: E402
 
 from llmsim import Config  # noqa: E402
-from llmsim.protocol import HTTPProtocol  # noqa: E402
-from llmsim.server import Server  # noqa: E402
+from llmsim.transport.http import HTTPProtocol  # noqa: E402
+from llmsim.transport.server import Server  # noqa: E402
 
 SPLIT: list[float] = []  # CPU seconds spent in data_received (request in, head out), per run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .config import Config, ConfigError, load_config  # noqa: E402
-from .server import Server, ServerThread  # noqa: E402
+from .transport.server import Server, ServerThread  # noqa: E402
 
 __all__ = ["Server", "ServerThread", "Config", "ConfigError", "load_config", "serve",
            "__version__"]

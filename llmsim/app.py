@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .clock import Clock, RealClock
 from .config import Config, ConfigError
 from .errors import APIError, E, missing, not_found_model, server_error
 from .messages import RawResponse, Request, Result, StreamResponse, error_result
@@ -25,14 +24,15 @@ from .sim.script import Script, decision_of, load_script
 from .state.redis_limits import SharedCursors
 from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
+from .streaming.clock import Clock, RealClock
 
 if TYPE_CHECKING:
     from .api.clients import ClientWatch
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
     from .api.validate import BodyMemo
-    from .protocol import HTTPProtocol
-    from .ws_connection import WebSocketState
+    from .transport.http import HTTPProtocol
+    from .transport.ws import WebSocketState
 
 __all__ = ["App"]
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .sim.decide import Usage
     from .sim.faults import Fault
     from .sim.ratelimit import Snapshot
-    from .stream import EventStream
+    from .streaming.stream import EventStream
 
 __all__ = ["Request", "Notes", "JSONResponse", "RawResponse", "StreamResponse", "Result",
            "MAX_JSON_DEPTH", "check_json_depth"]

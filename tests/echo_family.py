@@ -14,11 +14,11 @@ from llmsim.api.pipeline import Family, Meta, Parsed, Plan
 from llmsim.api.pipeline import register as serve
 from llmsim.api.validate import V
 from llmsim.app import App
-from llmsim.dialect import Dialect
 from llmsim.errors import APIError, E, missing
 from llmsim.messages import Request
 from llmsim.sim import tokens as tok
 from llmsim.sim.decide import Ask, Decision
+from llmsim.streaming.dialect import Dialect
 
 
 def _line(etype: str, data: Any) -> bytes:

@@ -10,8 +10,8 @@ from typing import Any
 import h11
 import orjson
 
-from llmsim.clock import FakeClock
-from llmsim.server import Server
+from llmsim.streaming.clock import FakeClock
+from llmsim.transport.server import Server
 
 from .memtransport import connect, mem_server
 from .rawhttp import parse_sse

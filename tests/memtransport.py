@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 from llmsim import Config
-from llmsim.clock import Clock
-from llmsim.protocol import HTTPProtocol
-from llmsim.server import Server
+from llmsim.streaming.clock import Clock
+from llmsim.transport.http import HTTPProtocol
+from llmsim.transport.server import Server
 
 
 class MemTransport(asyncio.Transport):

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from llmsim import Config
-from llmsim import server as server_mod
-from llmsim.server import ACCEPT_BATCH, Listener, Server
+from llmsim.transport import server as server_mod
+from llmsim.transport.server import ACCEPT_BATCH, Listener, Server
 
 
 def _run(loop_kind: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> None:

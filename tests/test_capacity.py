@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
 from llmsim.config import CapacityConfig, EngineSpec
+from llmsim.streaming.clock import FakeClock
 
 from .faultkit import CHAT, exchange, server
 from .memtransport import connect

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from llmsim import cli
-from llmsim.cli import banner, config_from_args, split_command
 from llmsim.config import Config, ConfigWarning, load_config
-from llmsim.top import render_many
+from llmsim.ops import cli
+from llmsim.ops.cli import banner, config_from_args, split_command
+from llmsim.ops.top import render_many
 
 from . import rawhttp
 
@@ -53,7 +53,7 @@ def test_cli_starts_with_a_client_side_variable_set() -> None:
                          capture_output=True, text=True, timeout=30, env=env)
     # start-up went past the environment (the bad flag is what stops it) and warned
     assert out.returncode == 2 and "invalid choice" in out.stderr
-    out = subprocess.run([sys.executable, "-c", "import sys; from llmsim.cli import "
+    out = subprocess.run([sys.executable, "-c", "import sys; from llmsim.ops.cli import "
                           "config_from_args as c; print(c(['--port', '0'])[0].port)"],
                          capture_output=True, text=True, timeout=30, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "0"

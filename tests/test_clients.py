@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from llmsim.api.clients import JOURNAL_BODY_BYTES, MAX_KEYS, MAX_PENDING
-from llmsim.clock import FakeClock
 from llmsim.config import Config, ConfigError, FaultsConfig
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .faultkit import CHAT, exchange, server

@@ -1,4 +1,4 @@
-"""The clock's slotted timers (llmsim.clock.Clock): every timer fires at most ``coalesce``
+"""The clock's slotted timers (llmsim.streaming.clock.Clock): every timer fires at most ``coalesce``
 early and never late, in deadline order across slots, armed-order within one; timers armed
 during a pass for a slot already due run in that pass; odd deadlines do not break it."""
 
@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from llmsim.clock import FakeClock, RealClock
+from llmsim.streaming.clock import FakeClock, RealClock
 
 
 async def test_every_timer_fires_within_its_slot_never_late() -> None:

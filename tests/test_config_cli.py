@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from llmsim.cli import build_parser, config_from_args
 from llmsim.config import Config, ConfigError, iter_options, load_config
+from llmsim.ops.cli import build_parser, config_from_args
 
 
 def test_defaults():

@@ -14,10 +14,10 @@ import pytest
 from llmsim import Config, Server
 from llmsim.api.faults import QUEUE_WATCH_S
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.config import CapacityConfig
 from llmsim.messages import JSONResponse, Request
 from llmsim.sim import tokens
+from llmsim.streaming.clock import FakeClock
 
 from .faultkit import CHAT, server
 from .memtransport import connect
@@ -164,7 +164,7 @@ def test_forked_workers_never_repeat_request_ids() -> None:
     fork: every worker handed out the supervisor's next ids)."""
     import os
 
-    from llmsim.protocol import new_request_id
+    from llmsim.transport.http import new_request_id
 
     r, w = os.pipe()
     pid = os.fork()

@@ -9,17 +9,17 @@ import random
 import orjson
 import pytest
 
-from llmsim import encode
 from llmsim.api.chat import CHAT
 from llmsim.api.responses import RESPONSES
-from llmsim.clock import FakeClock
 from llmsim.errors import APIError
-from llmsim.flow import Pump
 from llmsim.routing import Router
 from llmsim.sim import text as txt
 from llmsim.sim.latency import Latency
 from llmsim.sim.models import Registry
-from llmsim.stream import DISCONNECT, STOP, EventStream
+from llmsim.streaming import encode
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import DISCONNECT, STOP, EventStream
 
 
 def test_encoders():

@@ -45,8 +45,8 @@ from typing import Any
 import pytest
 
 from llmsim import Config, ServerThread
-from llmsim.cli import banner, config_from_args, split_command
 from llmsim.config import load_config
+from llmsim.ops.cli import banner, config_from_args, split_command
 from llmsim.sim.script import parse_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def run_command(b: Block, line: str, url: str) -> None:
         args = words[1:] if words[0] == "llmsim" else words[3:]
         command, rest = split_command(args)
         if command == "top":
-            from llmsim.top import main as top_main
+            from llmsim.ops.top import main as top_main
 
             with contextlib.redirect_stdout(io.StringIO()):
                 assert top_main([URL.sub(url, a) for a in rest] + ["--once"]) == 0, b.id
@@ -304,10 +304,10 @@ def test_endpoint_tables_agree() -> None:
 
 
 def test_reference_page_is_generated_from_the_config() -> None:
-    from llmsim.reference import reference_markdown
+    from llmsim.ops.reference import reference_markdown
 
     assert (ROOT / "docs" / "reference.md").read_text() == reference_markdown(), \
-        "docs/reference.md is stale: python -m llmsim.reference > docs/reference.md"
+        "docs/reference.md is stale: python -m llmsim.ops.reference > docs/reference.md"
 
 
 def test_every_page_is_in_the_site_nav() -> None:

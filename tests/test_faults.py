@@ -8,9 +8,9 @@ import time
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
 from llmsim.config import FaultRates, FaultsConfig
 from llmsim.sim.faults import Fault, fmt_duration, parse_spec
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .faultkit import CHAT, exchange, server

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llmsim.clock import FakeClock
 from llmsim.config import CapacityConfig, RateLimitConfig
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .faultkit import exchange, server

@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 
-from llmsim import encode
 from llmsim.api.chat import CHAT
-from llmsim.clock import CATCH_UP, FakeClock
-from llmsim.flow import Pump
-from llmsim.stream import EventStream, TokenRun
+from llmsim.streaming import encode
+from llmsim.streaming.clock import CATCH_UP, FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream, TokenRun
 
 GAP = 0.01  # 10 ms between tokens, as the bench streams
 
@@ -141,7 +141,7 @@ async def test_real_clock_runs_an_overdue_deadline_after_the_io_poll() -> None:
     """A deadline already due when the clock arms goes through ``call_soon`` (the loop polls
     its sockets first), not a timer: uvloop re-runs timers armed for "now" without reading a
     socket, so a server behind schedule left new requests unread for seconds."""
-    from llmsim.clock import RealClock
+    from llmsim.streaming.clock import RealClock
 
     loop = asyncio.get_running_loop()
     clock = RealClock(loop)

@@ -10,11 +10,11 @@ import gc
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
-from llmsim.flow import Pump
-from llmsim.server import GC_YOUNG_THRESHOLD, Server
 from llmsim.state.stats import StreamTrack
-from llmsim.stream import EventStream
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream
+from llmsim.transport.server import GC_YOUNG_THRESHOLD, Server
 
 from .memtransport import connect, mem_server
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmsim.cli import config_from_args
 from llmsim.config import CapacityConfig, ConfigError, load_config
+from llmsim.ops.cli import config_from_args
 from llmsim.state.prom import prometheus_text
 from llmsim.state.stats import MAX_KEYS, MAX_LABEL, Stats, label, merge
 
@@ -214,7 +214,7 @@ def test_admin_key_flag_env_and_file(tmp_path: Any) -> None:
         f.write_text(bad)
         with pytest.raises(ConfigError, match="admin_key"):
             load_config(f, env={})
-    help_text = " ".join(__import__("llmsim.cli", fromlist=["x"]).build_parser()
+    help_text = " ".join(__import__("llmsim.ops.cli", fromlist=["x"]).build_parser()
                          .format_help().split())
     assert "--admin-key KEY" in help_text and "X-LLMSim-Admin-Key" in help_text
 

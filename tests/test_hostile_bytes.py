@@ -23,12 +23,12 @@ from wsproto.events import CloseConnection, TextMessage
 from llmsim import Config
 from llmsim.api.responses.state import CONVERSATION_BYTES, Record, state
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.config import ConfigError, ResponsesConfig, WebSocketConfig, load_config
 from llmsim.messages import JSONResponse, Request
 from llmsim.state.store import BoundedStore, approx_bytes, json_bytes
-from llmsim.ws_connection import FRAGMENT_OVERHEAD as FO
-from llmsim.ws_connection import state as ws_state
+from llmsim.streaming.clock import FakeClock
+from llmsim.transport.ws import FRAGMENT_OVERHEAD as FO
+from llmsim.transport.ws import state as ws_state
 
 from .memtransport import connect, mem_server
 from .test_websocket_raw import RawWS, handshake, wait_for

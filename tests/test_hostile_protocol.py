@@ -30,13 +30,13 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.events import TextMessage
 
 import llmsim.api.validate as validate
-import llmsim.encode as encode
 import llmsim.messages as messages
+import llmsim.streaming.encode as encode
 from llmsim.api.chat import CHAT as CHAT_DIALECT
 from llmsim.api.responses import RESPONSES
-from llmsim.clock import FakeClock
-from llmsim.flow import Pump
-from llmsim.stream import EventStream
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream
 
 from . import rawhttp
 from .memtransport import connect, mem_server
@@ -498,7 +498,7 @@ def test_head_never_carries_a_body(srv: Any) -> None:
 
 
 def test_access_log_escapes_client_fields(srv: Any) -> None:
-    from llmsim.logs import setup_logging
+    from llmsim.state.logs import setup_logging
 
     forged = 'gpt-x\n127.0.0.1:1 "GET /admin HTTP/1.1" 200 model=evil\r\\'
     buf = io.StringIO()

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 from llmsim import Config
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.messages import RawResponse, Request
 from llmsim.sim import schema as sch
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .loopstalls import STALL_BUDGET_CPU_S, WATCH_MS, loop_report, stalls_since

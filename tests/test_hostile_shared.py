@@ -33,10 +33,10 @@ import pytest
 from llmsim import Config
 from llmsim.api.responses.state import Record, fail_orphans, state
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.config import ResponsesConfig
 from llmsim.messages import RawResponse, Request
 from llmsim.state.shared import WAL_LIMIT_BYTES
+from llmsim.streaming.clock import FakeClock
 from tests.test_workers import children, wait_for
 
 KIB = 1024

@@ -476,7 +476,7 @@ def test_the_loop_watch_sees_a_stall() -> None:
     loop is reported as a stall of at least that much CPU."""
     import asyncio
 
-    from llmsim.loopwatch import LoopWatch
+    from llmsim.api.loopwatch import LoopWatch
 
     async def run() -> LoopWatch:
         w = LoopWatch(0.01)

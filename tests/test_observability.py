@@ -19,9 +19,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmsim.clock import FakeClock
 from llmsim.state.prom import METRICS, prometheus_text
 from llmsim.state.stats import MAX_KEYS, PERCENTILE_RELATIVE_ERROR, Stats, quantile, render
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .memtransport import connect, mem_server
@@ -239,7 +239,7 @@ def test_reset_keeps_live_gauges(make_server):
 
 
 def test_top_once(srv, capsys):
-    from llmsim.cli import main
+    from llmsim.ops.cli import main
 
     rawhttp.request(srv.url, "POST", "/v1/chat/completions",
                     {"model": "gpt-4o", "messages": USER, "max_tokens": 2})
@@ -413,7 +413,7 @@ def test_quantile_interpolates_like_prometheus():
 # ------------------------------------------------------------------------------------------
 
 def test_access_log_off_by_default():
-    from llmsim.logs import ACCESS, INFO
+    from llmsim.state.logs import ACCESS, INFO
 
     assert not ACCESS.isEnabledFor(INFO)
 
@@ -455,7 +455,7 @@ def test_access_log_json_lines():
 def test_access_log_plain_format():
     import logging
 
-    from llmsim.logs import access, setup_logging
+    from llmsim.state.logs import access, setup_logging
 
     buf = io.StringIO()
     h = setup_logging("info", "plain", buf)

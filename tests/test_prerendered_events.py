@@ -10,13 +10,13 @@ from typing import Any
 
 import orjson
 
-from llmsim import encode
 from llmsim.api.chat import CHAT
 from llmsim.api.responses import RESPONSES
 from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
-from llmsim.clock import FakeClock
-from llmsim.flow import Pump
-from llmsim.stream import EventStream, numbered
+from llmsim.streaming import encode
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream, numbered
 from tests.sinks import FrameSink
 
 TOKENS = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", ""]

@@ -13,7 +13,7 @@ import h11
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .memtransport import connect, mem_server

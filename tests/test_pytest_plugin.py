@@ -143,7 +143,7 @@ def test_x(llmsim):
 
 
 def test_llmsim_never_imports_pytest() -> None:
-    code = ("import sys, llmsim, llmsim.cli, llmsim.server, llmsim.app; "
+    code = ("import sys, llmsim, llmsim.ops.cli, llmsim.transport.server, llmsim.app; "
             "sys.exit('pytest' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
@@ -151,7 +151,7 @@ def test_llmsim_never_imports_pytest() -> None:
 def test_handle_in_process() -> None:
     import os
 
-    from llmsim.pytest_plugin import LLMSim, _flatten, _ini_settings
+    from llmsim.ops.pytest_plugin import LLMSim, _flatten, _ini_settings
 
     assert _flatten({"faults": {"p_429": 0.5}, "seed": 1}) == {"faults.p_429": 0.5, "seed": 1}
     assert _ini_settings(["# c", "a = 1", " b.c = 'x' "]) == {"a": "1", "b.c": "x"}

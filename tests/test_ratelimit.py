@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmsim.clock import FakeClock
 from llmsim.config import Limits, RateLimitConfig
 from llmsim.sim.ratelimit import estimate_tokens
+from llmsim.streaming.clock import FakeClock
 
 from . import rawhttp
 from .faultkit import CHAT, exchange, server

@@ -433,7 +433,7 @@ def up_path(up: FakeUpstream) -> str:
 
 
 def test_cli_record_takes_routes_and_help_lists_the_options() -> None:
-    from llmsim.cli import build_parser
+    from llmsim.ops.cli import build_parser
 
     text = build_parser().format_help()
     for flag in ("--record-mode", "--record-route", "--upstream-ca", "--record-errors",

@@ -16,11 +16,11 @@ import pytest
 from llmsim import Config
 from llmsim.api.responses.state import state
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.config import ResponsesConfig
-from llmsim.flow import Pump
 from llmsim.messages import JSONResponse, RawResponse, Request, StreamResponse
 from llmsim.state.store import BoundedStore
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
 from tests import rawhttp
 from tests.sinks import FrameSink
 

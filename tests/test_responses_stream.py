@@ -220,7 +220,7 @@ async def test_r8_2_reasoning_time_before_first_visible_output():
 
 
 async def test_non_streamed_takes_the_stream_duration():
-    from llmsim.clock import FakeClock
+    from llmsim.streaming.clock import FakeClock
 
     clock = FakeClock()
     app = App(Config(latency="realistic", ttft_ms=300, itl_ms=10, seed=1,

@@ -15,16 +15,16 @@ from typing import Any
 import orjson
 import pytest
 
-from llmsim import encode
-from llmsim import stream as stream_mod
 from llmsim.api.anthropic import ANTHROPIC
 from llmsim.api.chat import CHAT
 from llmsim.api.completions import COMPLETIONS
 from llmsim.api.responses import RESPONSES
 from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
-from llmsim.clock import FakeClock
-from llmsim.flow import Pump
-from llmsim.stream import EventStream, TokenRun, expand_runs
+from llmsim.streaming import encode
+from llmsim.streaming import stream as stream_mod
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream, TokenRun, expand_runs
 
 PIECES = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", "", " end"]
 GAPS = [0.01, 0.013, 0.0, 0.007, 0.01, 0.0004, 0.02, 0.01]  # one fewer than PIECES

@@ -17,8 +17,8 @@ import h11
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
-from llmsim.protocol import HTTPProtocol, Phase, header_bytes
+from llmsim.streaming.clock import FakeClock
+from llmsim.transport.http import HTTPProtocol, Phase, header_bytes
 
 from . import rawhttp
 from .memtransport import connect, mem_server

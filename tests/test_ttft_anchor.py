@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from llmsim.clock import FakeClock
+from llmsim.streaming.clock import FakeClock
 
 from .memtransport import MemTransport, connect, mem_server
 

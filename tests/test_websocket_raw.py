@@ -453,7 +453,7 @@ async def test_creates_that_end_at_once_are_answered_in_turn() -> None:
     """Creates queued on a lane behind a running response, each ending at once (an error
     event), are all answered, in order, once it ends (each starts when the one before
     ended: no recursion, however many)."""
-    from llmsim.clock import FakeClock
+    from llmsim.streaming.clock import FakeClock
 
     server = mem_server(clock=FakeClock(), latency="realistic", ttft_ms=10, itl_ms=10,
                         output_tokens_mean=3, output_tokens_sigma=0,
@@ -538,7 +538,7 @@ async def test_no_text_frame_after_the_close_frame(who: str) -> None:
 
 @pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 70000])
 def test_text_frame_matches_wsproto(n: int) -> None:
-    from llmsim.encode import ws_text_frame
+    from llmsim.streaming.encode import ws_text_frame
 
     payload = ("é" * (n // 2) + "x" * (n % 2)).encode()
     server = Connection(ConnectionType.SERVER)

@@ -15,12 +15,12 @@ from wsproto.events import CloseConnection, TextMessage
 
 from llmsim.api.responses.state import ConnectionCache, LaneCache
 from llmsim.api.responses.ws import PATHS
-from llmsim.clock import FakeClock
+from llmsim.api.responses.ws_events import Create, EventError, Steer, parse_client_event
+from llmsim.api.responses.ws_lanes import LaneLimitError, LaneScheduler
 from llmsim.config import WebSocketConfig
 from llmsim.errors import APIError
-from llmsim.ws_events import Create, EventError, Steer, parse_client_event
-from llmsim.ws_handshake import accept_key, check_capacity, check_handshake
-from llmsim.ws_lanes import LaneLimitError, LaneScheduler
+from llmsim.streaming.clock import FakeClock
+from llmsim.transport.handshake import accept_key, check_capacity, check_handshake
 
 from .memtransport import mem_server
 from .test_hostile_bytes import _settle, _upgrade

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from llmsim.ops.workers import FLUSH_S, resolve_workers
 from llmsim.state.shared import SharedStore, open_store
 from llmsim.state.store import BoundedStore
-from llmsim.workers import FLUSH_S, resolve_workers
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 

@@ -21,8 +21,8 @@ import pytest
 from llmsim import Config
 from llmsim.api.responses.state import Snapshot, state
 from llmsim.app import App
-from llmsim.clock import FakeClock
 from llmsim.messages import RawResponse, Request
+from llmsim.streaming.clock import FakeClock
 from tests.test_workers import children, wait_for, workers2  # noqa: F401 (fixture)
 
 Apps = tuple[App, App]

@@ -14,7 +14,7 @@ from llmsim.api.responses import RESPONSES
 from llmsim.errors import APIError
 from llmsim.messages import JSONResponse, Request, StreamResponse
 from llmsim.sim.rng import new_id
-from llmsim.stream import EventStream
+from llmsim.streaming.stream import EventStream
 
 
 def has_real(app: Any) -> bool:

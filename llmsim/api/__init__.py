@@ -3,7 +3,7 @@
 
 Registration is explicit: every module listed here must import (a missing or broken module is
 an error at start-up, never a silently absent API). A streaming family also defines its
-:class:`~llmsim.dialect.Dialect` next to its renderer.
+:class:`~llmsim.streaming.dialect.Dialect` next to its renderer.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Observability endpoints: ``GET /llmsim/stats`` (JSON), ``POST /llmsim/stats/reset``,
 ``GET /metrics`` (Prometheus text 0.0.4, ``llmsim_*`` and vLLM-compatible ``vllm:*`` names)
 ``GET /llmsim/dashboard`` (a self-contained live HTML page polling ``/llmsim/stats``) and
-``GET /llmsim/loop`` (the event loop's stalls, :mod:`llmsim.loopwatch`).
+``GET /llmsim/loop`` (the event loop's stalls, :mod:`llmsim.api.loopwatch`).
 
 Multi-process servers plug in through ``app.stats_collect`` (an async ``f(app) -> raw
 snapshot``, e.g. :func:`~llmsim.state.stats.merge` of every worker's
@@ -14,12 +14,12 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .. import loopwatch
 from ..errors import E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim.script import MAX_SCRIPT_BYTES, ScriptError, parse_script
 from ..state.prom import CONTENT_TYPE, prometheus_text
 from ..state.stats import render
+from . import loopwatch
 
 if TYPE_CHECKING:
     from ..app import App

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .. import encode
-from ..dialect import Dialect
 from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim import schema as sch
@@ -35,7 +33,9 @@ from ..sim.cache import NO_USE
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
 from ..sim.described import json_hint
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..stream import TokenRun
+from ..streaming import encode
+from ..streaming.dialect import Dialect
+from ..streaming.stream import TokenRun
 from .caching import anthropic_cached, anthropic_marks
 from .pipeline import Family, Meta, Parsed, Plan
 from .pipeline import register as serve

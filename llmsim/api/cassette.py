@@ -47,15 +47,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..config import ConfigError
-from ..dialect import Dialect
 from ..errors import APIError, E, bounded
 from ..messages import RawResponse, Request, StreamResponse
-from ..stream import EventStream
+from ..streaming.dialect import Dialect
+from ..streaming.stream import EventStream
 from .upstream import HOP_HEADERS, Exchange, Upstream
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..clock import Timer
+    from ..streaming.clock import Timer
 
 __all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
            "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]

@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from .. import encode
-from ..dialect import Dialect
-from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing, quoted
 from ..messages import Request, Result
 from ..sim import schema as sch
@@ -42,7 +39,10 @@ from ..sim.decide import (
 from ..sim.described import json_hint
 from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
-from ..stream import TokenRun
+from ..streaming import encode
+from ..streaming.dialect import Dialect
+from ..streaming.encode import TOKEN_JSON
+from ..streaming.stream import TokenRun
 from .caching import check_retention
 from .pipeline import Family, Meta, Parsed, Plan, generate
 from .pipeline import register as serve

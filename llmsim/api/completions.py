@@ -31,9 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .. import encode
-from ..dialect import Dialect
-from ..encode import TOKEN_JSON
 from ..errors import APIError, E, missing
 from ..messages import Request, Result
 from ..sim import text as txt
@@ -41,7 +38,10 @@ from ..sim import tokens as tok
 from ..sim.cache import Segments
 from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
-from ..stream import TokenRun
+from ..streaming import encode
+from ..streaming.dialect import Dialect
+from ..streaming.encode import TOKEN_JSON
+from ..streaming.stream import TokenRun
 from .caching import check_retention, openai_cached, openai_segments
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
 from .pipeline import Family, Meta, Parsed, Plan, generate

@@ -52,15 +52,15 @@ from ..sim.capacity import Engine
 from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
 from ..sim.ratelimit import RateLimiter, estimate_tokens
 from ..state.redis_limits import SharedLimiter, SharedRules
-from ..stream import close_plan
+from ..streaming.stream import close_plan
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..app import App
-    from ..clock import Timer
     from ..sim.decide import Usage
-    from ..stream import PlanItem
+    from ..streaming.clock import Timer
+    from ..streaming.stream import PlanItem
 
 __all__ = ["register", "FAULT_HEADER", "is_api_path"]
 

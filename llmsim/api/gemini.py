@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..dialect import Dialect
 from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim import schema as sch
@@ -42,6 +41,7 @@ from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Output, Tool, 
 from ..sim.embed import embed
 from ..sim.prompt import chat_prompt_steps
 from ..sim.rng import request_rng
+from ..streaming.dialect import Dialect
 from .pipeline import Family, Meta, Parsed, Plan
 from .pipeline import register as serve
 from .validate import check_request_work, deliver_after, paced

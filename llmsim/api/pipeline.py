@@ -1,7 +1,7 @@
 """One request pipeline for the generating API families: a family parses and renders, the
 pipeline does everything between, once.
 
-A :class:`Family` supplies its routes, its :class:`~llmsim.dialect.Dialect` (stream wire
+A :class:`Family` supplies its routes, its :class:`~llmsim.streaming.dialect.Dialect` (stream wire
 format), its error envelope, ``parse`` (validation → a :class:`Parsed`: the decision core's
 :class:`~llmsim.sim.decide.Ask`, the model id as asked, the stream flag, the body the seed is
 derived from) and two renderers (``render`` for the whole answer, ``plan`` for the stream).
@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..dialect import Dialect
 from ..errors import APIError
 from ..messages import JSONResponse, Request, Result, StreamResponse
 from ..sim.cache import OPENAI_MIN_TOKENS, Segments
 from ..sim.decide import Ask, Decision
 from ..sim.rng import new_id, request_seed, rng_of
-from ..stream import EventStream
+from ..streaming.dialect import Dialect
+from ..streaming.stream import EventStream
 from .caching import openai_cached, openai_segments
 from .validate import BodyMemo, deliver_after
 

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
 from ..errors import APIError, E, server_error
-from ..stream import DISCONNECT, STOP, PlanItem, close_plan
+from ..streaming.stream import DISCONNECT, STOP, PlanItem, close_plan
 
 if TYPE_CHECKING:
-    from ..dialect import Dialect
+    from ..streaming.dialect import Dialect
 
 __all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "inject",
            "SPEC_HELP", "MID_STREAM", "MAX_RULES"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError
-from ..logs import ACCESS, INFO, access
 from ..messages import JSONResponse, Request, StreamResponse
+from .logs import ACCESS, INFO, access
 from .stats import StreamTrack, error_kind, usage_tokens
 
 if TYPE_CHECKING:

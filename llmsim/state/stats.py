@@ -205,7 +205,7 @@ class _Observer:
 class StreamTrack:
     """Latency and gauge bookkeeping for one stream, whatever transport writes it.
 
-    Pass :attr:`observe` as the :class:`~llmsim.flow.Pump` observer (called for every event
+    Pass :attr:`observe` as the :class:`~llmsim.streaming.flow.Pump` observer (called for every event
     written, with the clock time of the write; None when the stream cannot tell tokens). It
     carries the cheaper per-write protocol the pump uses instead: ``observe.times``, a list
     the pump appends the write time to once per token written, calling ``observe.fold()``

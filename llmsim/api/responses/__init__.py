@@ -19,10 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ... import encode, ws_connection
-from ...dialect import Dialect
 from ...errors import APIError, E, missing
-from ...flow import NullSink, Pump
 from ...messages import JSONResponse, Request, StreamResponse
 from ...sim import text as txt
 from ...sim import tokens as tok
@@ -32,7 +29,11 @@ from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id, request_seed, rng_of
 from ...state import accounting
-from ...stream import EventStream
+from ...streaming import encode
+from ...streaming.dialect import Dialect
+from ...streaming.flow import NullSink, Pump
+from ...streaming.stream import EventStream
+from ...transport import ws as ws_connection
 from ..caching import openai_cached, openai_segments
 from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
 from . import compaction, hosted, render, ws

@@ -113,7 +113,7 @@ def auto(context: list[Item], tokens: int, lat: Latency) -> tuple[HostedOut, int
 async def compact(req: Request, app: App) -> JSONResponse:
     """``POST /v1/responses/compact``: the ``response.compaction`` object (the context's user
     messages, then one compaction item), after the time the summary takes; usage billed."""
-    from . import prepare  # (the package imports this module)
+    from . import prepare  # (the package imports this module
 
     body = req.json_object()
     for key in body:

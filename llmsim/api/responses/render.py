@@ -27,7 +27,7 @@ import orjson
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
-from ...stream import TokenRun
+from ...streaming.stream import TokenRun
 
 if TYPE_CHECKING:
     from .parse import RespRequest

@@ -46,15 +46,15 @@ from ...errors import APIError, E
 from ...state import shared
 from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
-from ...stream import EventStream, expand_runs, numbered
+from ...streaming.stream import EventStream, expand_runs, numbered
 from . import render
 from .render import CallOut, HostedOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
     from ...app import App
     from ...config import ResponsesConfig
-    from ...flow import Pump
     from ...state.redisconn import SharedState
+    from ...streaming.flow import Pump
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
            "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex",
@@ -299,7 +299,7 @@ class Record:
         """Replay events with ``sequence_number > after``: those already sent at once, the
         rest on the live stream's schedule; stops where a cancel or failure ended it. The
         plan is rendered again; ``k`` follows the live stream's numbering by the stream's own
-        rule (:func:`llmsim.stream.numbered`) and the replay stream continues it from
+        rule (:func:`llmsim.streaming.stream.numbered`) and the replay stream continues it from
         ``after + 1`` (``EventStream(first_seq=…)``)."""
         live = self.stream
         origin = live.start if live is not None and live.start is not None else now

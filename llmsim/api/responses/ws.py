@@ -1,13 +1,13 @@
 """The Responses API's WebSocket mode (``GET /v1/responses`` with ``Upgrade: websocket``), as
 the official SDK's ``client.responses.connect()`` speaks it: a mode of the generic WebSocket
-connection (:mod:`llmsim.ws_connection`, which owns the socket, the framing and the budgets).
+connection (:mod:`llmsim.transport.ws`, which owns the socket, the framing and the budgets).
 
 Each ``response.create`` becomes ``Request(method="POST", path="/v1/responses",
 transport="ws", ...)`` and goes through ``app.dispatch`` exactly like HTTP (auth, rate-limit,
 fault and capacity hooks apply), started as HTTP starts a handler
-(:func:`~llmsim.protocol.start_handler`, on the loop pass after the read); there is no second
+(:func:`~llmsim.transport.http.start_handler`, on the loop pass after the read); there is no second
 implementation of the Responses logic here. The resulting ``EventStream`` is paced by a
-:class:`~llmsim.flow.Pump` writing through the connection's wire, with ``stream_id`` appended
+:class:`~llmsim.streaming.flow.Pump` writing through the connection's wire, with ``stream_id`` appended
 when the create named a lane. Errors decided before the first event (a ``RawResponse``) become
 the SDK's nested ``ResponseWsError`` event and the connection stays open.
 
@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ...errors import APIError, E, server_error
-from ...flow import Pump
 from ...messages import JSONResponse, RawResponse, Request, Result, StreamResponse
-from ...protocol import start_handler
 from ...sim.rng import new_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
-from ...ws_connection import WSMode
-from ...ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
-from ...ws_lanes import LaneLimitError, LaneScheduler
+from ...streaming.flow import Pump
+from ...transport.http import start_handler
+from ...transport.ws import WSMode
 from .state import ConnectionCache
+from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
+from .ws_lanes import LaneLimitError, LaneScheduler
 
 if TYPE_CHECKING:
     from ...app import App

@@ -4,9 +4,9 @@ Theory of operation. A :class:`Pump` owns one stream. Each time the clock fires 
 the event whose deadline has come, encodes it and hands the bytes to its sink, then arms one
 timer for the next deadline. Events share a write only when they are due at the same instant
 or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing rule, see
-:class:`~llmsim.clock.Clock`): on time, every event is its own write at its own deadline. No
+:class:`~llmsim.streaming.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
-A run of tokens the plan hands over whole (:class:`~llmsim.stream.TokenRun`) costs less: the
+A run of tokens the plan hands over whole (:class:`~llmsim.streaming.stream.TokenRun`) costs less: the
 pump renders each token into its frame with one bytes format (the stream's and the sink's
 framing around the token's JSON), with no ``next()`` of the plan, no tuple and no
 concatenation per token, under the same coalescing rule.
@@ -31,10 +31,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..errors import APIError, server_error
+from ..sim.latency import ConstantGaps
 from .clock import Clock, Timer
 from .encode import TOKEN_JSON
-from .errors import APIError, server_error
-from .sim.latency import ConstantGaps
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
 from .wire import Wire
 
@@ -50,7 +50,7 @@ _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
 class Sink(Protocol):
-    """Where a pump writes: a connection's :class:`~llmsim.wire.Wire` (an HTTP stream's
+    """Where a pump writes: a connection's :class:`~llmsim.streaming.wire.Wire` (an HTTP stream's
     chunks, a WebSocket session's text frames; the pump calls it natively), the HTTP
     protocol itself for a body that is not chunked, or :class:`NullSink`.
     ``write_events`` consumes the list before it returns (the pump reuses it).

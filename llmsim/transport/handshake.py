@@ -4,7 +4,7 @@
 headers) and returns the ``Sec-WebSocket-Accept`` value, or raises the :class:`APIError` the
 client gets as a plain HTTP answer before any switch (400 bad handshake, 426 wrong version,
 400 ``websocket_not_supported`` on a path without a WebSocket mode). :func:`check_capacity`
-decides the connection cap (429). ``llmsim.ws_connection.upgrade`` calls both (and the API-key
+decides the connection cap (429). ``llmsim.transport.ws.upgrade`` calls both (and the API-key
 check between them, so an unauthenticated client is told 401 rather than 429).
 """
 
@@ -14,7 +14,7 @@ import base64
 import hashlib
 from collections.abc import Collection, Mapping
 
-from .errors import E
+from ..errors import E
 
 __all__ = ["check_handshake", "check_capacity", "accept_key", "ws_path"]
 

@@ -1,6 +1,6 @@
 """Dialect: what is specific to one API family's wire format, in one small object.
 
-The streaming core (:class:`~llmsim.stream.EventStream` → :class:`~llmsim.flow.Pump` →
+The streaming core (:class:`~llmsim.streaming.stream.EventStream` → :class:`~llmsim.streaming.flow.Pump` →
 encoder → transport) and the generic layers around it (faults, capacity, rate limits, stats,
 the access log) never name an API family. Each stream carries its :class:`Dialect`, and those
 layers ask it:
@@ -15,7 +15,7 @@ layers ask it:
   ``is_token`` is derived from it, and the pump checks the type without a call);
 - ``bytes_tokens``: a ``bytes`` payload in this family's plans is always one token's event,
   already rendered as JSON by the plan (the hot path: the pump frames it with the encoder's
-  ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.flow.Pump`);
+  ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.streaming.flow.Pump`);
   ``bytes_type``: the event type of every such payload (None: any), for an encoder whose
   frame names the type (Responses SSE: ``event: <type>``; the encoder's ``bytes_frame``);
 - ``terminals``: the event types that end a stream (a fault due after the last token fires
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .errors import APIError
+    from ..errors import APIError
 
 __all__ = ["Dialect", "Events"]
 

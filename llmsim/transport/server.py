@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable, Collection
 from typing import Any
 
-from .app import App
-from .clock import Clock
-from .config import Config
-from .protocol import HTTPProtocol
-from .sim import tokens
+from ..app import App
+from ..config import Config
+from ..sim import tokens
+from ..streaming.clock import Clock
+from .http import HTTPProtocol
 
 # The collector's young-generation threshold a serving process runs with (``Server.settle``;
 # CPython's default is 700). Measured at 1000 streams (issue 15, RESULTS.md): 0.20-0.28 µs of

@@ -1,20 +1,20 @@
 """The configuration reference page (docs/reference.md), generated from the declaration in
 :mod:`llmsim.config`, so the documented options cannot drift from the real ones:
-``python -m llmsim.reference > docs/reference.md`` (a test checks the file is current)."""
+``python -m llmsim.ops.reference > docs/reference.md`` (a test checks the file is current)."""
 
 from __future__ import annotations
 
 import typing
 from typing import Any
 
-from .config import Config, iter_options
+from ..config import Config, iter_options
 
 __all__ = ["reference_markdown"]
 
 HEAD = """# Configuration reference
 
 Every option, generated from llmsim's configuration declaration (`llmsim/config.py`; regenerate
-with `python -m llmsim.reference > docs/reference.md`). Each has a flag, an `LLMSIM_*`
+with `python -m llmsim.ops.reference > docs/reference.md`). Each has a flag, an `LLMSIM_*`
 environment variable and a key in the `--config` TOML file (a dotted name is a key in that
 table: `faults.p_429` is `p_429` under `[faults]`). Precedence: flags > environment > file >
 defaults. Tables that have no flag (per-model and per-key settings) are described under

@@ -1,16 +1,16 @@
 """The writing end of a connection that streams: HTTP chunks and WebSocket text frames.
 
 Theory of operation. A streamed response's events reach the client through a :class:`Wire`,
-the :class:`~llmsim.flow.Sink` its pump writes to: one object per connection that knows the
+the :class:`~llmsim.streaming.flow.Sink` its pump writes to: one object per connection that knows the
 bytes around each event and writes them in one ``transport.write``. This module is the one
 place that knows that syntax:
 
-- **HTTP/1.1 chunked bodies** (:data:`CHUNK`, re-exported by :mod:`llmsim.encode`):
+- **HTTP/1.1 chunked bodies** (:data:`CHUNK`, re-exported by :mod:`llmsim.streaming.encode`):
   :class:`HTTPWire` renders a whole chunk with one bytes format (:meth:`HTTPWire.wire_format`)
   and writes chunks so rendered as they are. The HTTP protocol owns it (one per connection)
   and decides, with the response head, whether the body is chunked and a stream is on the
   wire (:attr:`Wire.open`).
-- **WebSocket text frames** (:func:`ws_text_frame`, re-exported by :mod:`llmsim.encode`):
+- **WebSocket text frames** (:func:`ws_text_frame`, re-exported by :mod:`llmsim.streaming.encode`):
   every event the server sends on a WebSocket (a streamed response's events, errors) is one
   unfragmented, unmasked text frame (RFC 6455 §5.2). :class:`WSWire` is what a session's
   pumps write through. wsproto still parses every client frame and writes every control
@@ -50,7 +50,7 @@ def ws_text_frame(payload: bytes) -> bytes:
 
 
 class Wire:
-    """Where a connection's pumps write (a :class:`~llmsim.flow.Sink`): its transport, and
+    """Where a connection's pumps write (a :class:`~llmsim.streaming.flow.Sink`): its transport, and
     two flags its owner keeps current. ``paused``: the transport's write buffer is above its
     high-water mark (the connection's backpressure; set by the protocol's
     ``pause_writing`` / ``resume_writing``). ``open``: a stream may write now (the owner's
@@ -108,7 +108,7 @@ class HTTPWire(Wire):
 
 
 class WSWire(Wire):
-    """Text frames onto one connection's transport (a :class:`~llmsim.flow.Sink`); writes
+    """Text frames onto one connection's transport (a :class:`~llmsim.streaming.flow.Sink`); writes
     nothing once :attr:`open` is False (the session's word: a close frame was sent or
     received, or the connection is gone) or the transport is closing."""
 

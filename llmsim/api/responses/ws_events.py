@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from .errors import APIError, E, missing
-from .messages import check_json_depth
+from ...errors import APIError, E, missing
+from ...messages import check_json_depth
 
 __all__ = ["STREAM_ID_RE", "Create", "Steer", "EventError", "parse_client_event"]
 

@@ -16,7 +16,7 @@ messages refused, ping/pong, the close handshake (``close_timeout_s``), the conn
 limit (an error event, then close 1001), reading paused while the transport is above its
 high-water mark or the mode is busy (TCP backpressure), a stalled client cut, and the gauges,
 each released exactly once. Every timer is on ``app.clock`` (a FakeClock drives them in
-tests). Events are written through the connection's :class:`~llmsim.wire.WSWire`: one JSON
+tests). Events are written through the connection's :class:`~llmsim.streaming.wire.WSWire`: one JSON
 text frame each, framed by hand.
 
 A mode (:class:`WSMode`) gets each complete text message, says how it reports an error, stops
@@ -42,15 +42,15 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError
 
-from .errors import APIError, E, server_error
-from .messages import Request, Result
-from .wire import WSWire
-from .ws_handshake import check_capacity, check_handshake, ws_path
+from ..errors import APIError, E, server_error
+from ..messages import Request, Result
+from ..streaming.wire import WSWire
+from .handshake import check_capacity, check_handshake, ws_path
 
 if TYPE_CHECKING:
-    from .app import App
-    from .clock import Timer
-    from .protocol import HTTPProtocol
+    from ..app import App
+    from ..streaming.clock import Timer
+    from .http import HTTPProtocol
 
 __all__ = ["upgrade", "register", "WSConnection", "WSMode", "WebSocketState", "state",
            "FRAGMENT_OVERHEAD"]
@@ -133,7 +133,7 @@ def register(app: App, paths: tuple[str, ...], factory: WSFactory) -> None:
 
 async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     """``app.ws_handler``: switch to a WebSocket connection, or return the HTTP error."""
-    from .app import error_result
+    from ..app import error_result
 
     if protocol.transport is None or protocol.transport.is_closing():
         return None
@@ -149,7 +149,7 @@ async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 
 def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     app = protocol.app
-    from .app import error_result
+    from ..app import error_result
 
     st = state(app)
     path = ws_path(req.path)

@@ -8,7 +8,7 @@ lazy generation keeps memory per stream small however long the output is.
 
 :class:`EventStream` wraps the plan, turns offsets into absolute deadlines anchored at the
 stream's start (so delays never accumulate lateness), and, when its
-:class:`~llmsim.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
+:class:`~llmsim.streaming.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
 every event in the order the transport will emit them. A payload is a dict, or ``bytes``: an
 object the plan rendered itself (the per-token hot path); in a numbering dialect such bytes
 stop just before the ``sequence_number`` value (they end with ``"sequence_number":``) and the
@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 from .encode import TOKEN_JSON
 
 if TYPE_CHECKING:
+    from ..errors import APIError
+    from ..sim.decide import Usage
     from .dialect import Dialect, Events
-    from .errors import APIError
-    from .sim.decide import Usage
 
 __all__ = ["EventStream", "DISCONNECT", "STOP", "Plan", "PlanItem", "numbered", "TokenRun",
            "expand_runs", "close_plan", "stamped_suffixes"]

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from .app import App
-    from .config import Config
+    from ..app import App
+    from ..config import Config
 
 __all__ = ["resolve_workers", "run_workers", "install_stats", "FLUSH_S"]
 
@@ -85,7 +85,7 @@ def _addr(host: str, port: int) -> tuple[int, Any]:
 
 
 def _reuseport_socket(family: int, sockaddr: Any, listen: bool) -> socket.socket:
-    from .server import bound_socket  # (not at import: the server module loads the app)
+    from ..transport.server import bound_socket  # (not at import: the server module loads the app)
 
     return bound_socket(family, sockaddr, reuse_port=True, listen=listen)
 
@@ -140,7 +140,7 @@ def install_stats(app: App, state_dir: str) -> None:
             loop.call_later(FLUSH_S, tick)
 
     async def collect(app_: App) -> dict[str, Any]:
-        from .state.stats import merge
+        from ..state.stats import merge
 
         epoch = apply_reset()
         snaps = [app.stats.raw()]
@@ -197,8 +197,8 @@ def _retire(state_dir: str, pid: int) -> None:
 # ------------------------------------------------------------------------------------------
 
 def _worker_main(cfg: Config, sock: socket.socket, state_dir: str, index: int) -> None:
+    from ..transport.server import Server
     from . import cli
-    from .server import Server
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -236,7 +236,7 @@ class Supervisor:
         self.sockaddr = self.placeholder.getsockname()
         self.port: int = self.sockaddr[1]
         self.state_dir = tempfile.mkdtemp(prefix="llmsim-workers-")
-        from .state import shared
+        from ..state import shared
 
         shared.prepare(self.state_dir)  # WAL set once here: workers never race to switch it
         self.slots: dict[int, int] = {}  # pid → slot
@@ -300,7 +300,7 @@ class Supervisor:
 
     def _fail_orphans(self, pid: int) -> None:
         """The worker ``pid`` died: its unfinished responses become ``failed`` everywhere."""
-        from .api.responses.state import fail_orphans
+        from ..api.responses.state import fail_orphans
 
         try:
             n = fail_orphans(self.cfg.responses, self.state_dir, pid)

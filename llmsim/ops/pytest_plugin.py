@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from .config import Config, load_config
-from .server import ServerThread
+from ..config import Config, load_config
+from ..transport.server import ServerThread
 
 __all__ = ["LLMSim", "ClientVerdict", "DEFAULTS"]
 
@@ -247,7 +247,7 @@ class LLMSim:
 
 @pytest.fixture(scope="session")
 def llmsim(pytestconfig: pytest.Config) -> Iterator[LLMSim]:
-    """An in-process llmsim server for the session (see :mod:`llmsim.pytest_plugin`)."""
+    """An in-process llmsim server for the session (see :mod:`llmsim.ops.pytest_plugin`)."""
     sim = LLMSim(_ini_settings(pytestconfig.getini("llmsim_settings")),
                  bool(pytestconfig.getini("llmsim_env")))
     sim.start()

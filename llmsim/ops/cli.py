@@ -12,8 +12,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from .config import FAULT_KINDS, Config, ConfigError, iter_options, load_config
+from .. import __version__
+from ..config import FAULT_KINDS, Config, ConfigError, iter_options, load_config
 
 __all__ = ["main", "build_parser"]
 
@@ -193,8 +193,8 @@ def banner(url: str, cfg: Config, workers: int = 1) -> str:
 
 
 async def _serve(cfg: Config) -> None:
-    from .logs import setup_logging
-    from .server import Server
+    from ..state.logs import setup_logging
+    from ..transport.server import Server
 
     setup_logging(cfg.log_level, cfg.log_format)
     server = Server(cfg)
@@ -231,7 +231,7 @@ def run_loop(coro: Any, cfg: Config) -> Any:
 
 def _serve_workers(cfg: Config, n: int) -> int:
     """``--workers N``: the parent supervises N forked workers (see workers.py)."""
-    from .logs import setup_logging
+    from ..state.logs import setup_logging
     from .workers import run_workers
 
     setup_logging(cfg.log_level, cfg.log_format)
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
     if cfg.replay or cfg.record_upstream or cfg.record_route or cfg.record_mode:
-        from .api.cassette import preflight  # bad cassettes or CA: an error, no traceback
+        from ..api.cassette import preflight  # bad cassettes or CA: an error, no traceback
 
         try:
             preflight(cfg)
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"llmsim: error: {exc}", file=sys.stderr)
             return 2
     if cfg.script:  # a bad script is a start-up error naming its place, not a traceback
-        from .sim.script import ScriptError, load_script
+        from ..sim.script import ScriptError, load_script
 
         try:
             load_script(cfg.script)

@@ -69,13 +69,13 @@ from urllib.parse import parse_qs
 
 import h11
 
-from . import encode
-from .errors import APIError, E, server_error
-from .flow import Pump, Sink
-from .messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
-from .sim.rng import new_request_id
-from .state import accounting
-from .wire import HTTPWire
+from ..errors import APIError, E, server_error
+from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
+from ..sim.rng import new_request_id
+from ..state import accounting
+from ..streaming import encode
+from ..streaming.flow import Pump, Sink
+from ..streaming.wire import HTTPWire
 
 if TYPE_CHECKING:
     from .server import Server

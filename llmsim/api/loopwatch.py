@@ -18,10 +18,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .messages import JSONResponse, Request
+from ..messages import JSONResponse, Request
 
 if TYPE_CHECKING:
-    from .app import App
+    from ..app import App
 
 __all__ = ["LoopWatch", "register", "KEEP"]
 
