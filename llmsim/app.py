@@ -29,6 +29,7 @@ from .state.stats import Stats
 if TYPE_CHECKING:
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
+    from .api.serving import Serving
     from .api.validate import BodyMemo
     from .protocol import HTTPProtocol
     from .websocket import WebSocketState
@@ -111,6 +112,7 @@ class App:
         self.faults: Faults | None = None  # fault injection (api/faults.py)
         self.ratelimit: Limits | None = None  # rate limits, when configured (api/faults.py)
         self.capacity: Capacity | None = None  # sequences and queues (api/faults.py)
+        self.serving: Serving | None = None  # --engine: the serving engines (api/serving.py)
         # the API-key check a transport runs itself (WebSocket handshake); None = no keys
         self.authenticate: Callable[[Request], None] | None = None
         self.responses: ResponsesState | None = None  # stored responses (api/responses)

@@ -20,6 +20,7 @@ from . import (
     faults,
     models,
     responses,
+    serving,
     websocket,
 )
 
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, faults, admin,
-           websocket, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, faults, serving,
+           admin, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

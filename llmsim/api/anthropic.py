@@ -436,7 +436,7 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         res = StreamResponse(stream, usage=d.usage)
         res.headers.extend(headers)
         return res
-    await deliver_after(app, model, d.timing.duration(_steps(d)))
+    await deliver_after(app, model, d.timing.duration(_steps(d)), d.usage, req)
     return JSONResponse(_message(mid, model, d), model=model, usage=d.usage, headers=headers)
 
 

@@ -744,8 +744,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
                              usage=decision.usage)
         return StreamResponse(stream, usage=decision.usage)
     wait = out.total_time()
-    if wait > 0:  # (instant: no coroutine to run)
-        await deliver_after(app, cr.model, wait)
+    if wait > 0 or app.serving is not None:  # (instant: no coroutine to run)
+        await deliver_after(app, cr.model, wait, decision.usage, req)
     return JSONResponse(completion_json(cr, out), 200, [], cr.model, decision.usage)
 
 

@@ -397,7 +397,8 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         stream = EventStream(stream_plan(cr, decision, cid, created), COMPLETIONS,
                              model=cr.model, usage=decision.usage)
         return StreamResponse(stream, usage=decision.usage)
-    await deliver_after(app, cr.model, decision.timing.duration(_steps(decision)))
+    await deliver_after(app, cr.model, decision.timing.duration(_steps(decision)),
+                        decision.usage, req)
     return JSONResponse(completion_json(cr, decision, cid, created), model=cr.model,
                         usage=decision.usage)
 

@@ -206,6 +206,8 @@ class Engine:
         self.steps = 0
         self.preemptions = 0
         self.prompt_tokens = 0  # prefill tokens computed
+        self.queried_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.cached_tokens = 0  # of those, found (whole blocks)
         self.generation_tokens = 0
         self.rejected = 0
         self.success: dict[str, int] = {}
@@ -243,6 +245,8 @@ class Engine:
         hit = min(max(0, cached), prompt - 1) // bs * bs
         s = Seq(self._ids, prompt, hit, max_out, now, on_done, max_tokens)
         s.computed = hit
+        self.queried_tokens += prompt
+        self.cached_tokens += hit
         self.waiting.append(s)
         self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         if self.step_end < 0.0:
