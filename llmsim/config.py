@@ -313,6 +313,9 @@ class EngineSpec(_Checked):
         _check_engine(self.engine, "capacity.models.*.engine")
 
 
+MAX_DATA_PARALLEL = 64  # engines per model (--data-parallel)
+
+
 def _check_engine(name: str | None, where: str) -> None:
     if name:
         from .sim.engine import PROFILES  # (the profiles are package data)
@@ -432,6 +435,11 @@ class Config(_Checked):
         "not from per-request latency draws. Profiles: llama-3.1-8b-h100, "
         "llama-3.1-70b-h100-tp4, llama-3-8b-a100-40gb (docs/engine.md). Off by default; "
         "replaces --capacity-max-seqs when set.", metavar="PROFILE")
+    data_parallel: int = opt(
+        1, "With --engine: this many engines (data-parallel ranks) per model behind the one "
+        "port. A request picks one with the X-data-parallel-rank header (0..N-1, as vLLM), "
+        "else goes to the least loaded (waiting x 4 + running, as vLLM's coordinator); "
+        "vLLM's metrics carry each rank in their 'engine' label.", metavar="N")
     prompt_cache_bytes: int = opt(
         64 * 1024 * 1024, "Memory for the simulated prompt cache (digests of prompt prefixes, "
         "never their text; least recently used dropped first; 0 = no prompt caching).",
@@ -749,6 +757,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"max_tokens_mode: {mode!r} is not 'natural', 'exact' or "
                           "'trace:FILE'")
     _check_engine(cfg.engine, "engine")
+    if not 1 <= cfg.data_parallel <= MAX_DATA_PARALLEL:
+        raise ConfigError(f"data_parallel: must be between 1 and {MAX_DATA_PARALLEL}")
     if not 0 <= cfg.prompt_cache_bytes <= 1 << 40:
         raise ConfigError("prompt_cache_bytes: must be between 0 and 2^40")
     if cfg.write_stall_timeout_s < 0:

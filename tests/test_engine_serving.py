@@ -36,8 +36,8 @@ def token_times(ex: Any) -> list[float]:
             for _ in range(c.count(b'"content":"') - c.count(b'"content":""'))]
 
 
-def engine_of(srv: Any, model: str = "gpt-4o") -> Any:
-    return srv.app.serving.engines[model]
+def engine_of(srv: Any, model: str = "gpt-4o", rank: int = 0) -> Any:
+    return srv.app.serving.engines[model][rank]
 
 
 async def test_one_stream_is_paced_by_the_engine_steps() -> None:
@@ -159,7 +159,7 @@ async def test_a_full_queue_refuses_with_the_capacity_error(tiny: str) -> None:
 
 
 def engine_of_new(srv: Any, name: str, model: str = "gpt-4o") -> Any:
-    return srv.app.serving.engine(model)
+    return srv.app.serving.ranks_of(model)[0]
 
 
 async def test_repeated_long_prefix_hits_the_cache_and_answers_sooner() -> None:
@@ -267,3 +267,22 @@ def test_an_unknown_profile_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="llama-3.1-8b-h100"):
         Config(engine="h200-of-dreams")
+    for n in (0, 65):
+        with pytest.raises(ConfigError, match="data_parallel"):
+            Config(engine="llama-3.1-8b-h100", data_parallel=n)
+
+
+async def test_data_parallel_ranks_by_header_or_least_loaded() -> None:
+    clock = FakeClock()
+    srv = server(clock, engine="llama-3.1-8b-h100", data_parallel=3)
+    pinned = [asyncio.ensure_future(exchange(srv, exact(50), headers=[
+        ("x-data-parallel-rank", "2")])) for _ in range(2)]
+    spread = [asyncio.ensure_future(exchange(srv, exact(50))) for _ in range(4)]
+    await asyncio.gather(*pinned, *spread)
+    served = [engine_of(srv, rank=r).generation_tokens // 50 for r in range(3)]
+    assert sum(served) == 6 and served[2] >= 2 and min(served) >= 1
+    bad = await exchange(srv, exact(5), headers=[("x-data-parallel-rank", "3")])
+    assert bad.status == 400 and "x-data-parallel-rank" in bad.json()["error"]["param"]
+    fams = await metrics(srv)
+    ranks = {s.labels["engine"] for s in fams["vllm:kv_cache_usage_perc"].samples}
+    assert ranks == {"0", "1", "2"}

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
 
 ENGINE_WAIT = "_engine"  # the control item a paced stream waits on (flow.Pump ignores it)
-MAX_ENGINES = 1024  # engines (model ids come from clients: the rest share one)
+MAX_ENGINES = 1024  # models with engines (ids come from clients: the rest share one set)
+RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which data-parallel engine serves a request
 _MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
@@ -69,50 +70,75 @@ class Serving:
         self.default = cfg.engine
         self.per_model = {m: s.engine for m, s in cfg.capacity.models.items()
                           if s.engine is not None}
-        self.engines: dict[str, Engine] = {}
-        self._armed: dict[str, float] = {}  # engine name → deadline of its armed timer
-        self._timers: dict[str, Timer] = {}
+        self.ranks = app.config.data_parallel
+        self.engines: dict[str, list[Engine]] = {}  # model → its engine per rank
+        self._armed: dict[Engine, float] = {}  # engine → deadline of its armed timer
+        self._timers: dict[Engine, Timer] = {}
         # a step "has ended" when it ends within the clock's coalescing window: the clock
         # runs timers (the engine's, the pumps') that early, and nothing must wait on them
         self.slack = float(getattr(app.clock, "coalesce", 0.0)) + 1e-9
 
     # -- engines ---------------------------------------------------------------------------
 
-    def engine(self, model: str) -> Engine | None:
-        eng = self.engines.get(model)
-        if eng is not None:
-            return eng
+    def ranks_of(self, model: str) -> list[Engine] | None:
+        """The engines of ``model``, one per data-parallel rank (None: not served by one)."""
+        engs = self.engines.get(model)
+        if engs is not None:
+            return engs
         name = self.per_model.get(model, self.default)
         if not name:
             return None
         if len(self.engines) >= MAX_ENGINES:
-            model = ""  # one shared overflow engine
-            eng = self.engines.get(model)
-            if eng is not None:
-                return eng
-        eng = self.engines[model] = Engine(profile(name), model)
-        return eng
+            model = ""  # one shared overflow set
+            engs = self.engines.get(model)
+            if engs is not None:
+                return engs
+        prof = profile(name)
+        engs = self.engines[model] = [Engine(prof, model, r) for r in range(self.ranks)]
+        return engs
+
+    def engine(self, model: str, req: Request | None = None) -> Engine | None:
+        """The engine that serves a request for ``model``: the rank its
+        ``X-data-parallel-rank`` header names, else the least loaded (a 400 naming the
+        header for a rank that does not exist)."""
+        engs = self.ranks_of(model)
+        if engs is None:
+            return None
+        if len(engs) == 1:
+            return engs[0]
+        raw = req.headers.get(RANK_HEADER) if req is not None else None
+        if raw is not None:
+            r = raw.strip()
+            if not r.isdigit() or int(r) >= len(engs):
+                raise E.out_of_range.at(RANK_HEADER, lo=0, hi=len(engs) - 1, value=raw[:32])
+            return engs[int(r)]
+        now = self.app.clock.now() + self.slack
+        for e in engs:
+            e.advance(now)
+        return min(engs, key=lambda e: len(e.waiting) * 4 + len(e.running))
 
     def arm(self, eng: Engine) -> None:
         """A timer at the end of the engine's step in flight (one per step)."""
         end = eng.step_end
-        if end < 0.0 or self._armed.get(eng.name) == end:
+        if end < 0.0 or self._armed.get(eng) == end:
             return
-        self._armed[eng.name] = end
-        old = self._timers.get(eng.name)
+        self._armed[eng] = end
+        old = self._timers.get(eng)
         if old is not None:
             old.cancel()
-        self._timers[eng.name] = self.app.clock.call_at(end, lambda: self._fire(eng))
+        self._timers[eng] = self.app.clock.call_at(end, lambda: self._fire(eng))
 
     def _fire(self, eng: Engine) -> None:
-        self._armed.pop(eng.name, None)
-        self._timers.pop(eng.name, None)
+        self._armed.pop(eng, None)
+        self._timers.pop(eng, None)
         eng.advance(self.app.clock.now() + self.slack)
         self.arm(eng)
         self._gauge(eng)
 
     def _gauge(self, eng: Engine) -> None:
-        self.app.stats.set_gauge("queue_depth", eng.name or None, len(eng.waiting))
+        engs = self.engines.get(eng.name, (eng,))
+        self.app.stats.set_gauge("queue_depth", eng.name or None,
+                                 sum(len(e.waiting) for e in engs))
 
     def add(self, eng: Engine, usage: Usage, body: Any, on_done: Any = None) -> Seq:
         now = self.app.clock.now()
@@ -137,7 +163,7 @@ class Serving:
             return None
         body = _body(req)
         model = body.get("model") if isinstance(body, dict) else None
-        return self.engine(model) if isinstance(model, str) else None
+        return self.engine(model, req) if isinstance(model, str) else None
 
     async def before(self, req: Request, route: Route, app: App) -> Result | None:
         eng = self._route_engine(req, route)
@@ -175,7 +201,7 @@ class Serving:
     async def wait(self, model: str, usage: Usage, req: Request | None) -> bool:
         """Hold a non-streamed answer until the engine has generated it; False when no
         engine serves ``model``."""
-        eng = self.engine(model)
+        eng = self.engine(model, req)
         if eng is None:
             return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -196,7 +222,7 @@ class Serving:
     def raw(self) -> list[dict[str, Any]]:
         """Each engine's state and vLLM's counters and histograms (JSON, mergeable)."""
         out = []
-        for eng in self.engines.values():
+        for eng in self._all():
             eng.advance(self.app.clock.now())
             d = eng.public()
             d["cached_tokens"] = eng.cached_tokens
@@ -208,11 +234,13 @@ class Serving:
             out.append(d)
         return out
 
+    def _all(self) -> list[Engine]:
+        return [e for engs in self.engines.values() for e in engs]
+
     async def status(self, req: Request, app: App) -> JSONResponse:
-        for eng in self.engines.values():
+        for eng in self._all():
             eng.advance(app.clock.now())
-        return JSONResponse({"object": "list",
-                             "data": [e.public() for e in self.engines.values()]})
+        return JSONResponse({"object": "list", "data": [e.public() for e in self._all()]})
 
 
 def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
