@@ -72,6 +72,10 @@ class App:
     def __init__(self, config: Config | None = None, clock: Clock | None = None, *,
                  state_dir: str | None = None) -> None:
         self.config = config or Config()
+        if clock is None and self.config.time_scale != 1.0:
+            from .timescale import ScaledClock
+
+            clock = ScaledClock(self.config.time_scale)
         self.clock: Clock = clock or RealClock()
         # the tokenizer of this app's requests ("auto" | "estimate"): dispatch makes it the
         # mode of the request's context (sim.tokens), so apps in one process never share it

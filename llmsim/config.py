@@ -440,6 +440,11 @@ class Config(_Checked):
         "port. A request picks one with the X-data-parallel-rank header (0..N-1, as vLLM), "
         "else goes to the least loaded (waiting x 4 + running, as vLLM's coordinator); "
         "vLLM's metrics carry each rank in their 'engine' label.", metavar="N")
+    time_scale: float = opt(
+        1.0, "Run the simulation this many times faster than real time (0.001 to 1000): "
+        "token timing, the engine's steps, delays, cache TTLs and rate-limit windows all run "
+        "on the scaled clock, and reported durations are simulated seconds; connection "
+        "timeouts stay real.", metavar="X")
     prompt_cache_bytes: int = opt(
         64 * 1024 * 1024, "Memory for the simulated prompt cache (digests of prompt prefixes, "
         "never their text; least recently used dropped first; 0 = no prompt caching).",
@@ -757,6 +762,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"max_tokens_mode: {mode!r} is not 'natural', 'exact' or "
                           "'trace:FILE'")
     _check_engine(cfg.engine, "engine")
+    if not 0.001 <= cfg.time_scale <= 1000.0:
+        raise ConfigError("time_scale: must be between 0.001 and 1000")
     if not 1 <= cfg.data_parallel <= MAX_DATA_PARALLEL:
         raise ConfigError(f"data_parallel: must be between 1 and {MAX_DATA_PARALLEL}")
     if not 0 <= cfg.prompt_cache_bytes <= 1 << 40:
