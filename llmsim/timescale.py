@@ -5,7 +5,8 @@ steps, delays and faults, prompt-cache and store TTLs, rate-limit windows, the l
 measures): with this clock an hour of simulated load passes in ``3600 / X`` seconds, and every
 duration the server reports (metrics, stats, logs) is in simulated seconds, so the numbers
 read as they would at X = 1. What protects the server from real clients stays on the loop's
-real time: header, idle and write-stall timeouts, the shutdown grace.
+real time: header, idle and write-stall timeouts, the shutdown grace; and the stores shared
+between processes (``--workers``, ``--state``) keep their real-time TTLs and windows.
 """
 
 from __future__ import annotations
