@@ -247,13 +247,14 @@ def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
            stream: EventStream, first: int) -> Iterator[PlanItem]:
     """The plan with each spaced-out event due when the engine produces its token (see the
     module doc)."""
-    now_fn = serving.app.clock.now
+    now_fn = serving.app.clock.now_fn()
     slack = serving.slack
     is_token = stream.dialect.is_token
+    types = stream.dialect.token_types  # (a set to look in, when the dialect declares one)
     j = first
     try:
         for off, etype, data in plan:
-            tok = is_token(etype, data)
+            tok = etype in types if types is not None else is_token(etype, data)
             if tok or off > 0.0:
                 k = j if j < seq.max_out else seq.max_out - 1
                 if tok:
