@@ -244,6 +244,8 @@ async def test_metrics_have_vllms_names_labels_and_types() -> None:
             assert fams[n].type == typ, n
     run = [s for s in fams["vllm:num_requests_running"].samples if "engine" in s.labels]
     assert run and run[0].labels == {"model_name": "gpt-4o", "engine": "0"}
+    (q,) = fams["vllm:prefix_cache_queries"].samples
+    assert q.labels == {"model_name": "gpt-4o", "engine": "0"} and q.value > 0
     it = fams["vllm:iteration_tokens_total"]
     les = [s.labels["le"] for s in it.samples if s.name.endswith("_bucket")]
     assert les[:4] == ["1.0", "8.0", "16.0", "32.0"] and les[-1] == "+Inf"

@@ -226,6 +226,7 @@ class Serving:
             eng.advance(self.app.clock.now())
             d = eng.public()
             d["cached_tokens"] = eng.cached_tokens
+            d["queried_tokens"] = eng.queried_tokens
             d["prompt_tokens"] = eng.prompt_tokens
             d["generation_tokens"] = eng.generation_tokens
             d["success"] = dict(eng.success)

@@ -257,11 +257,16 @@ def prometheus_text(raw: dict[str, Any]) -> str:
     for m in names:
         o.sample("vllm:generation_tokens_total", (("model_name", m),),
                  models.get(m, [0, 0])[1])
-    for name, key in (("vllm:prefix_cache_queries_total", "prompt_cache_queries"),
-                      ("vllm:prefix_cache_hits_total", "prompt_cache_hits"),
-                      ("llmsim_prompt_cache_written_tokens_total", "prompt_cache_writes")):
+    for name, key, ekey in (
+            ("vllm:prefix_cache_queries_total", "prompt_cache_queries", "queried_tokens"),
+            ("vllm:prefix_cache_hits_total", "prompt_cache_hits", "cached_tokens"),
+            ("llmsim_prompt_cache_written_tokens_total", "prompt_cache_writes", "")):
         o.head(name)
-        o.sample(name, (), c.get(key, 0))
+        if engines and ekey:  # the engines' lookups of the prompt cache, labelled as vLLM's
+            for (m, rank), e in engines.items():
+                o.sample(name, (("model_name", m), ("engine", rank)), e[ekey])
+        else:
+            o.sample(name, (), c.get(key, 0))
     for hname in HISTS:
         per_model = {m: hs[hname] for m, hs in hists.items()}
         for vname in _HIST_NAMES[hname][1]:
