@@ -27,7 +27,6 @@ blocks only.
 from __future__ import annotations
 
 import json
-import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
@@ -437,7 +436,3 @@ class Engine:
                 "max_num_seqs": p.max_num_seqs,
                 "max_num_batched_tokens": p.max_num_batched_tokens}
 
-
-def fit_check(prof: EngineProfile, tokens: int) -> float:
-    """The step time at ``tokens`` over the step time of one token (the knee's shape)."""
-    return prof.step_time(tokens) / prof.step_time(1) if tokens > 0 else math.nan
