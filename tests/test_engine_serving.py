@@ -288,3 +288,18 @@ async def test_data_parallel_ranks_by_header_or_least_loaded() -> None:
     fams = await metrics(srv)
     ranks = {s.labels["engine"] for s in fams["vllm:kv_cache_usage_perc"].samples}
     assert ranks == {"0", "1", "2"}
+
+
+async def test_per_model_profile_from_the_config_file() -> None:
+    from llmsim.config import CapacityConfig, EngineSpec
+
+    cap = CapacityConfig(models={"small": EngineSpec(engine="llama-3-8b-a100-40gb")})
+    srv = server(FakeClock(), capacity=cap)
+    ex = await exchange(srv, {**exact(10), "model": "small"})
+    other = await exchange(srv, exact(10))
+    assert ex.complete and other.complete
+    engs = srv.app.serving.engines
+    assert list(engs) == ["small"] and engs["small"][0].profile.name == "llama-3-8b-a100-40gb"
+    assert engs["small"][0].generation_tokens == 10
+    with pytest.raises(Exception, match="engine"):
+        EngineSpec(engine="nope")
