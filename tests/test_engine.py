@@ -157,9 +157,9 @@ def closed_loop(prof: EngineProfile, conc: int, rounds: int = 4, prompt: int = 1
 
 def test_h100_profile_matches_the_published_sweep() -> None:
     """vLLM 0.21, H100, Llama-3.1-8B: TPOT x1.02 / x1.69 / x7.2 at concurrency 4/16/64
-    (within 10%); TTFT x1.64 / x3.0 / x6.2 (within 30%)."""
+    (within 10%); TTFT x1.64 / x3.0 / x6.2 (within 25%)."""
     tpot1, ttft1 = closed_loop(H100, 1)
     for conc, tpot_ratio, ttft_ratio in ((4, 1.02, 1.64), (16, 1.69, 3.0), (64, 7.2, 6.2)):
         tpot, ttft = closed_loop(H100, conc)
         assert tpot / tpot1 == pytest.approx(tpot_ratio, rel=0.10), conc
-        assert ttft / ttft1 == pytest.approx(ttft_ratio, rel=0.30), conc
+        assert ttft / ttft1 == pytest.approx(ttft_ratio, rel=0.25), conc

@@ -92,7 +92,7 @@ async def closed_loop(srv: Any, conc: int, rounds: int = 3, out: int = 128,
 async def test_published_sweep_through_the_server() -> None:
     """vLLM 0.21, H100, Llama-3.1-8B, 1024-token prompts, 128-token answers: TPOT x1.02 /
     x1.69 / x7.2 at concurrency 4/16/64 against 1 (within 10%), TTFT x1.64 / x3.0 / x6.2
-    (growing, within 30%)."""
+    (growing, within 25%)."""
     base = await closed_loop(server(FakeClock(), engine="llama-3.1-8b-h100"), 1)
     assert 1000 <= base[2] <= 1100  # ~1024-token prompts
     assert base[0] == pytest.approx(H100.step_time(1, 1), rel=0.01)
@@ -101,7 +101,7 @@ async def test_published_sweep_through_the_server() -> None:
         tpot, ttft, _ = await closed_loop(server(FakeClock(), engine="llama-3.1-8b-h100"),
                                           conc)
         assert tpot / base[0] == pytest.approx(tpot_ratio, rel=0.10), conc
-        assert ttft / base[1] == pytest.approx(ttft_ratio, rel=0.30), conc
+        assert ttft / base[1] == pytest.approx(ttft_ratio, rel=0.25), conc
         ttfts.append(ttft)
     assert ttfts == sorted(ttfts)
 
