@@ -246,6 +246,13 @@ async def test_metrics_have_vllms_names_labels_and_types() -> None:
     assert run and run[0].labels == {"model_name": "gpt-4o", "engine": "0"}
     (q,) = fams["vllm:prefix_cache_queries"].samples
     assert q.labels == {"model_name": "gpt-4o", "engine": "0"} and q.value > 0
+    (g,) = fams["vllm:generation_tokens"].samples
+    assert g.labels == {"model_name": "gpt-4o", "engine": "0"} and g.value == 10
+    ttft = [s for s in fams["vllm:time_to_first_token_seconds"].samples
+            if s.name.endswith("_bucket")]
+    assert ttft[0].labels == {"model_name": "gpt-4o", "engine": "0", "le": "0.001"}
+    itl = fams["vllm:inter_token_latency_seconds"].samples
+    assert [s.value for s in itl if s.name.endswith("_count")] == [9]
     it = fams["vllm:iteration_tokens_total"]
     les = [s.labels["le"] for s in it.samples if s.name.endswith("_bucket")]
     assert les[:4] == ["1.0", "8.0", "16.0", "32.0"] and les[-1] == "+Inf"

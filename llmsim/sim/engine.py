@@ -104,16 +104,21 @@ def _one_two_five(limit: int) -> tuple[float, ...]:
         e *= 10
 
 
+_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+         10.0, 20.0, 40.0, 80.0)
 HIST_BUCKETS: dict[str, tuple[float, ...]] = {
+    "time_to_first_token_seconds": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                    0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+                                    640.0, 2560.0),
+    "inter_token_latency_seconds": _TPOT,
+    "e2e_request_latency_seconds": _REQUEST_LATENCY,
     "iteration_tokens_total": (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
                                16384),
     "request_queue_time_seconds": _REQUEST_LATENCY,
     "request_inference_time_seconds": _REQUEST_LATENCY,
     "request_prefill_time_seconds": _REQUEST_LATENCY,
     "request_decode_time_seconds": _REQUEST_LATENCY,
-    "request_time_per_output_token_seconds": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-                                              0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                                              40.0, 80.0),
+    "request_time_per_output_token_seconds": _TPOT,
     "request_num_preemptions": (0, 1, 2, 5, 10, 20, 50),  # (count buckets)
 }
 _TOKEN_HISTS = ("request_prompt_tokens", "request_generation_tokens",
@@ -215,6 +220,8 @@ class Engine:
         for k in _TOKEN_HISTS:
             self.hists[k] = Hist(tok)
         self.hists["request_params_n"] = Hist((1, 2, 5, 10, 20))
+        self._ttft = self.hists["time_to_first_token_seconds"]
+        self._itl = self.hists["inter_token_latency_seconds"]
         self.peak_running = 0
         self.peak_waiting = 0
 
@@ -294,6 +301,9 @@ class Engine:
                 self.generation_tokens += 1
                 if s.produced == 1:
                     s.first_at = end
+                    self._ttft.observe(end - s.arrival)
+                else:
+                    self._itl.observe(end - s.last_at)
                 s.last_at = end
                 if s.produced >= s.max_out:
                     self.running.remove(s)
@@ -312,6 +322,7 @@ class Engine:
         if reason != "abort":
             self.success[reason] = self.success.get(reason, 0) + 1
         h = self.hists
+        h["e2e_request_latency_seconds"].observe(now - s.arrival)
         if s.admitted_at >= 0.0:
             h["request_queue_time_seconds"].observe(s.admitted_at - s.arrival)
             h["request_inference_time_seconds"].observe(now - s.admitted_at)

@@ -250,13 +250,23 @@ def prometheus_text(raw: dict[str, Any]) -> str:
     for (m, rank), e in engines.items():
         o.sample("vllm:num_requests_waiting", (("model_name", m), ("engine", rank)),
                  e["waiting"])
+    # (a served model's token counters and latency histograms are its engines', per rank)
     o.head("vllm:prompt_tokens_total")
     for m in names:
-        o.sample("vllm:prompt_tokens_total", (("model_name", m),), models.get(m, [0, 0])[0])
+        if m not in served:
+            o.sample("vllm:prompt_tokens_total", (("model_name", m),),
+                     models.get(m, [0, 0])[0])
+    for (m, rank), e in engines.items():
+        o.sample("vllm:prompt_tokens_total", (("model_name", m), ("engine", rank)),
+                 e["queried_tokens"])
     o.head("vllm:generation_tokens_total")
     for m in names:
-        o.sample("vllm:generation_tokens_total", (("model_name", m),),
-                 models.get(m, [0, 0])[1])
+        if m not in served:
+            o.sample("vllm:generation_tokens_total", (("model_name", m),),
+                     models.get(m, [0, 0])[1])
+    for (m, rank), e in engines.items():
+        o.sample("vllm:generation_tokens_total", (("model_name", m), ("engine", rank)),
+                 e["generation_tokens"])
     for name, key, ekey in (
             ("vllm:prefix_cache_queries_total", "prompt_cache_queries", "queried_tokens"),
             ("vllm:prefix_cache_hits_total", "prompt_cache_hits", "cached_tokens"),
@@ -268,9 +278,10 @@ def prometheus_text(raw: dict[str, Any]) -> str:
         else:
             o.sample(name, (), c.get(key, 0))
     for hname in HISTS:
-        per_model = {m: hs[hname] for m, hs in hists.items()}
+        per_model = {m: hs[hname] for m, hs in hists.items() if m not in served}
         for vname in _HIST_NAMES[hname][1]:
             o.hist(vname, "model_name", per_model)
+            _engine_hist(o, vname, _ENGINE_LATENCY[hname], engines)
     if engines:
         _engine_metrics(o, engines)
     o.lines.append("")
@@ -335,14 +346,27 @@ def _engine_metrics(o: _Out, engines: dict[tuple[str, str], dict[str, Any]]) -> 
                      labs(m, r) + (("finished_reason", reason),), e["success"].get(reason, 0))
     for name, key in ENGINE_HISTS.items():
         o.head(name)
-        for (m, r), e in engines.items():
-            bounds, counts, total = e["hists"][key]
-            cum = 0
-            for b, c in zip(bounds, counts, strict=False):
-                cum += c
-                o.sample(name + "_bucket", labs(m, r) + (("le", f"{float(b):g}" if b % 1
-                                                          else f"{float(b):.1f}"),), cum)
-            n = sum(counts)
-            o.sample(name + "_bucket", labs(m, r) + (("le", "+Inf"),), n)
-            o.sample(name + "_sum", labs(m, r), float(total))
-            o.sample(name + "_count", labs(m, r), n)
+        _engine_hist(o, name, key, engines)
+
+
+# the engine's own latency histograms behind the stats-based vLLM names (HISTS → engine key)
+_ENGINE_LATENCY = {"ttft": "time_to_first_token_seconds",
+                   "itl": "inter_token_latency_seconds",
+                   "e2e": "e2e_request_latency_seconds"}
+
+
+def _engine_hist(o: _Out, name: str, key: str,
+                 engines: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The samples of histogram ``name`` (its head written) from each engine's ``key``."""
+    for (m, r), e in engines.items():
+        labs = (("model_name", m), ("engine", r))
+        bounds, counts, total = e["hists"][key]
+        cum = 0
+        for b, c in zip(bounds, counts, strict=False):
+            cum += c
+            o.sample(name + "_bucket", labs + (("le", f"{float(b):g}" if b % 1
+                                                else f"{float(b):.1f}"),), cum)
+        n = sum(counts)
+        o.sample(name + "_bucket", labs + (("le", "+Inf"),), n)
+        o.sample(name + "_sum", labs, float(total))
+        o.sample(name + "_count", labs, n)
