@@ -144,22 +144,23 @@ async def test_kv_exhaustion_preempts_and_every_request_completes(tiny: str) -> 
     assert worst > 10 * H100.step_time(6, 6)
 
 
-async def test_a_full_queue_refuses_with_the_capacity_error(tiny: str) -> None:
-    srv = server(FakeClock(), engine=tiny)
-    eng = engine_of_new(srv, tiny)
-    eng.waiting.extend([object()] * 8)  # type: ignore[list-item]  # (a full queue)
-    ex = await exchange(srv, exact(5))
-    assert ex.status == 429 and ex.json()["error"]["message"]
-    eng.waiting.clear()
-    assert eng.rejected == 1
-    ok = await exchange(srv, exact(5))
-    assert ok.status == 200 and ok.complete
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_full_queue_refuses_with_the_capacity_error(
+        monkeypatch: pytest.MonkeyPatch, status: int) -> None:
+    from llmsim.config import CapacityConfig
+
+    prof = replace(H100, name="test-one-seat", max_num_seqs=1, max_waiting=1)
+    monkeypatch.setitem(sim_engine.PROFILES, "test-one-seat", prof)
+    srv = server(FakeClock(), engine="test-one-seat",
+                 capacity=CapacityConfig(reject_status=status))
+    # one runs, one waits, the third finds the queue full
+    exs = await asyncio.gather(*(exchange(srv, exact(20)) for _ in range(3)))
+    assert [ex.status for ex in exs] == [200, 200, status]
+    assert exs[2].json()["error"]["message"] and all(ex.complete for ex in exs[:2])
+    eng = engine_of(srv)
+    assert eng.rejected == 1 and eng.peak_waiting == 1
     fams = await metrics(srv)
     assert value(fams, "vllm:admission_rejections", "vllm:admission_rejections_total") == 1
-
-
-def engine_of_new(srv: Any, name: str, model: str = "gpt-4o") -> Any:
-    return srv.app.serving.ranks_of(model)[0]
 
 
 async def test_repeated_long_prefix_hits_the_cache_and_answers_sooner() -> None:
