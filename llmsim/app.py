@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .api.clients import ClientWatch
     from .api.faults import Capacity, Faults, Limits
     from .api.responses.state import ResponsesState
+    from .api.serving import Serving
     from .api.validate import BodyMemo
     from .transport.http import HTTPProtocol
     from .transport.ws import WebSocketState
@@ -72,6 +73,10 @@ class App:
     def __init__(self, config: Config | None = None, clock: Clock | None = None, *,
                  state_dir: str | None = None) -> None:
         self.config = config or Config()
+        if clock is None and self.config.time_scale != 1.0:
+            from .streaming.timescale import ScaledClock
+
+            clock = ScaledClock(self.config.time_scale)
         self.clock: Clock = clock or RealClock()
         # the tokenizer of this app's requests ("auto" | "estimate"): dispatch makes it the
         # mode of the request's context (sim.tokens), so apps in one process never share it
@@ -112,6 +117,7 @@ class App:
         self.faults: Faults | None = None  # fault injection (api/faults.py)
         self.ratelimit: Limits | None = None  # rate limits, when configured (api/faults.py)
         self.capacity: Capacity | None = None  # sequences and queues (api/faults.py)
+        self.serving: Serving | None = None  # --engine: the serving engines (api/serving.py)
         # the API-key check a transport runs itself (WebSocket handshake); None = no keys
         self.authenticate: Callable[[Request], None] | None = None
         self.responses: ResponsesState | None = None  # stored responses (api/responses)

@@ -312,6 +312,22 @@ class EngineSpec(_Checked):
     queue: int | None = None
     itl_slope: float | None = None
     prefill_ms_per_1k: float | None = None
+    engine: str | None = None  # this model's --engine profile ("" = none)
+
+    def validate(self) -> None:
+        _check_engine(self.engine, "capacity.models.*.engine")
+
+
+MAX_DATA_PARALLEL = 64  # engines per model (--data-parallel)
+
+
+def _check_engine(name: str | None, where: str) -> None:
+    if name:
+        from .sim.engine import PROFILES  # (the profiles are package data)
+
+        if name not in PROFILES:
+            raise ConfigError(f"{where}: unknown engine profile {name!r}; choose one of "
+                              f"{', '.join(sorted(PROFILES))}")
 
 
 @dataclass(frozen=True)
@@ -449,6 +465,23 @@ class Config(_Checked):
         "from a CSV with ContextTokens,GeneratedTokens columns (the Azure trace format), "
         "from the rows of the nearest input size. ('cap', the retired mode, reads as "
         "'natural'.)", metavar="MODE")
+    engine: str = opt(
+        "", "Serve every model with a simulated vLLM-like serving engine of this profile "
+        "(continuous batching in steps, chunked prefill, KV cache in blocks, preemption, "
+        "prefix-cache hits, vLLM's metrics): token timing comes from the engine's steps, "
+        "not from per-request latency draws. Profiles: llama-3.1-8b-h100, "
+        "llama-3.1-70b-h100-tp4, llama-3-8b-a100-40gb (docs/engine.md). Off by default; "
+        "replaces --capacity-max-seqs when set.", metavar="PROFILE")
+    data_parallel: int = opt(
+        1, "With --engine: this many engines (data-parallel ranks) per model behind the one "
+        "port. A request picks one with the X-data-parallel-rank header (0..N-1, as vLLM), "
+        "else goes to the least loaded (waiting x 4 + running, as vLLM's coordinator); "
+        "vLLM's metrics carry each rank in their 'engine' label.", metavar="N")
+    time_scale: float = opt(
+        1.0, "Run the simulation this many times faster than real time (0.001 to 1000): "
+        "token timing, the engine's steps, delays, cache TTLs and rate-limit windows all run "
+        "on the scaled clock, and reported durations are simulated seconds; connection "
+        "timeouts stay real.", metavar="X")
     prompt_cache_bytes: int = opt(
         64 * 1024 * 1024, "Memory for the simulated prompt cache (digests of prompt prefixes, "
         "never their text; least recently used dropped first; 0 = no prompt caching).",
@@ -823,6 +856,11 @@ def _check(cfg: Config) -> None:
             mode.startswith("trace:") and len(mode) > len("trace:")):
         raise ConfigError(f"max_tokens_mode: {mode!r} is not 'natural', 'exact' or "
                           "'trace:FILE'")
+    _check_engine(cfg.engine, "engine")
+    if not 0.001 <= cfg.time_scale <= 1000.0:
+        raise ConfigError("time_scale: must be between 0.001 and 1000")
+    if not 1 <= cfg.data_parallel <= MAX_DATA_PARALLEL:
+        raise ConfigError(f"data_parallel: must be between 1 and {MAX_DATA_PARALLEL}")
     if not 0 <= cfg.prompt_cache_bytes <= 1 << 40:
         raise ConfigError("prompt_cache_bytes: must be between 0 and 2^40")
     if cfg.write_stall_timeout_s < 0:

@@ -22,14 +22,15 @@ from . import (
     gemini,
     models,
     responses,
+    serving,
 )
 
 if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           clients, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, serving,
+           admin, clients, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

@@ -584,7 +584,7 @@ def register(app: App) -> None:
         app.stream_hooks.append(limits.stream_hook)
     cap = Capacity(app)
     app.capacity = cap
-    if cfg.capacity.enabled:
+    if cfg.capacity.enabled and not cfg.engine:  # (--engine replaces the slot model)
         app.before.append(cap.before)
         app.after.append(cap.after)
         app.stream_hooks.append(cap.stream_hook)

@@ -151,7 +151,7 @@ async def generate(req: Request, app: App, fam: Family) -> Result:
         stream = EventStream(fam.plan(p, d, meta), p.dialect or fam.dialect, model=p.model,
                              usage=d.usage)
         return StreamResponse(stream, headers=list(p.headers), usage=d.usage)
-    await deliver_after(app, p.model, d.timing.duration(fam.steps(d)))
+    await deliver_after(app, p.model, d.timing.duration(fam.steps(d)), d.usage, req)
     return JSONResponse(fam.render(p, d, meta), 200, list(p.headers), p.model, d.usage)
 
 

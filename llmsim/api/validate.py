@@ -13,6 +13,8 @@ from ..errors import APIError, E, quoted
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..messages import Request
+    from ..sim.decide import Usage
 
 __all__ = ["V", "got", "BodyMemo"]
 
@@ -277,9 +279,19 @@ class BodyMemo:
         self._bytes = 0
 
 
-async def deliver_after(app: App, model: str, seconds: float) -> None:
+async def deliver_after(app: App, model: str, seconds: float, usage: Usage | None = None,
+                        req: Request | None = None) -> None:
     """Hold a non-streamed answer until its generation would have finished, counted as a
-    running request of ``model`` meanwhile (``vllm:num_requests_running``)."""
+    running request of ``model`` meanwhile (``vllm:num_requests_running``): ``seconds``, or,
+    with ``--engine`` and the answer's ``usage``, until the engine has generated it."""
+    serving = app.serving
+    if serving is not None and usage is not None:
+        key = app.stats.running_open(model)
+        try:
+            if await serving.wait(model, usage, req):
+                return
+        finally:
+            app.stats.running_close(key)
     if seconds <= 0:
         return
     key = app.stats.running_open(model)

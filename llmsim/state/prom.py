@@ -16,7 +16,7 @@ from typing import Any
 
 from .stats import BOUNDS, EXPORT_BOUNDS, HISTS, NB
 
-__all__ = ["prometheus_text", "CONTENT_TYPE", "METRICS"]
+__all__ = ["prometheus_text", "CONTENT_TYPE", "METRICS", "ENGINE_METRICS"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -71,6 +71,61 @@ METRICS: dict[str, tuple[str, str]] = {
                                          "(vLLM-compatible)."),
 }
 
+# --engine: the serving engines' own metrics, vLLM's names, labels (model_name, engine) and
+# buckets (vllm/v1/metrics/loggers.py), present when an engine runs; name → (type, help)
+ENGINE_METRICS: dict[str, tuple[str, str]] = {
+    "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+    "vllm:num_requests_waiting_by_reason": ("gauge", "Number of requests waiting, by reason "
+                                            "(capacity: no free seat or KV blocks)."),
+    "vllm:engine_sleep_state": ("gauge", "Engine sleep state (llmsim's engines never "
+                                "sleep: awake is 1)."),
+    "vllm:lora_requests_info": ("gauge", "Running stats on lora requests (llmsim serves no "
+                                "LoRA adapters)."),
+    "vllm:num_preemptions_total": ("counter", "Cumulative number of preemption from the engine."),
+    "vllm:prompt_tokens_cached_total": ("counter", "Number of cached prompt tokens (prefix-cache "
+                                  "hits, whole KV blocks)."),
+    "vllm:request_success_total": ("counter", "Count of successfully processed requests."),
+    "vllm:admission_rejections_total": ("counter", "Requests refused because the waiting queue "
+                                  "was full."),
+}
+ENGINE_HISTS: dict[str, str] = {
+    "vllm:iteration_tokens_total": "iteration_tokens_total",
+    "vllm:request_queue_time_seconds": "request_queue_time_seconds",
+    "vllm:request_inference_time_seconds": "request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds": "request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds": "request_decode_time_seconds",
+    "vllm:request_time_per_output_token_seconds": "request_time_per_output_token_seconds",
+    "vllm:request_prompt_tokens": "request_prompt_tokens",
+    "vllm:request_generation_tokens": "request_generation_tokens",
+    "vllm:request_max_num_generation_tokens": "request_max_num_generation_tokens",
+    "vllm:request_params_n": "request_params_n",
+    "vllm:request_params_max_tokens": "request_params_max_tokens",
+    "vllm:request_num_preemptions": "request_num_preemptions",
+    "vllm:request_prefill_kv_computed_tokens": "request_prefill_kv_computed_tokens",
+}
+_ENGINE_HIST_HELP = {
+    "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
+    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for "
+                                           "request.",
+    "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for "
+                                         "request.",
+    "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+    "vllm:request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds "
+                                                  "per request.",
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_max_num_generation_tokens": "Histogram of maximum number of requested "
+                                              "generation tokens.",
+    "vllm:request_params_n": "Histogram of the n request parameter.",
+    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+    "vllm:request_num_preemptions": "Number of preemptions per request.",
+    "vllm:request_prefill_kv_computed_tokens": "Prompt tokens whose KV the engine computed "
+                                               "(not read from the prefix cache).",
+}
+for _n, _h in _ENGINE_HIST_HELP.items():
+    ENGINE_METRICS[_n] = ("histogram", _h)
+
 _HIST_NAMES = {"ttft": ("llmsim_time_to_first_token_seconds",
                         ("vllm:time_to_first_token_seconds",)),
                "itl": ("llmsim_inter_token_latency_seconds",
@@ -103,7 +158,7 @@ class _Out:
         self.lines: list[str] = []
 
     def head(self, name: str) -> None:
-        typ, help_ = METRICS[name]
+        typ, help_ = METRICS[name] if name in METRICS else ENGINE_METRICS[name]
         self.lines.append(f"# HELP {name} {help_}")
         self.lines.append(f"# TYPE {name} {typ}")
 
@@ -177,28 +232,141 @@ def prometheus_text(raw: dict[str, Any]) -> str:
         o.hist(_HIST_NAMES[hname][0], "model", per_model)
     # ---- vLLM-compatible names (model_name label) ----
     waiting = raw["model_gauges"].get("queue_depth", {})
+    engines = _engines(raw.get("engines", []))
+    served = {m for m, _ in engines}
     names = sorted(set(running) | set(waiting) | set(models) | set(hists))
+    # a model an engine serves: the engine's running and waiting, labelled as vLLM's
     o.head("vllm:num_requests_running")
     for m in names:
-        o.sample("vllm:num_requests_running", (("model_name", m),), running.get(m, 0))
+        if m not in served:
+            o.sample("vllm:num_requests_running", (("model_name", m),), running.get(m, 0))
+    for (m, rank), e in engines.items():
+        o.sample("vllm:num_requests_running", (("model_name", m), ("engine", rank)),
+                 e["running"])
     o.head("vllm:num_requests_waiting")
     for m in names:
-        o.sample("vllm:num_requests_waiting", (("model_name", m),), waiting.get(m, 0))
+        if m not in served:
+            o.sample("vllm:num_requests_waiting", (("model_name", m),), waiting.get(m, 0))
+    for (m, rank), e in engines.items():
+        o.sample("vllm:num_requests_waiting", (("model_name", m), ("engine", rank)),
+                 e["waiting"])
+    # (a served model's token counters and latency histograms are its engines', per rank)
     o.head("vllm:prompt_tokens_total")
     for m in names:
-        o.sample("vllm:prompt_tokens_total", (("model_name", m),), models.get(m, [0, 0])[0])
+        if m not in served:
+            o.sample("vllm:prompt_tokens_total", (("model_name", m),),
+                     models.get(m, [0, 0])[0])
+    for (m, rank), e in engines.items():
+        o.sample("vllm:prompt_tokens_total", (("model_name", m), ("engine", rank)),
+                 e["queried_tokens"])
     o.head("vllm:generation_tokens_total")
     for m in names:
-        o.sample("vllm:generation_tokens_total", (("model_name", m),),
-                 models.get(m, [0, 0])[1])
-    for name, key in (("vllm:prefix_cache_queries_total", "prompt_cache_queries"),
-                      ("vllm:prefix_cache_hits_total", "prompt_cache_hits"),
-                      ("llmsim_prompt_cache_written_tokens_total", "prompt_cache_writes")):
+        if m not in served:
+            o.sample("vllm:generation_tokens_total", (("model_name", m),),
+                     models.get(m, [0, 0])[1])
+    for (m, rank), e in engines.items():
+        o.sample("vllm:generation_tokens_total", (("model_name", m), ("engine", rank)),
+                 e["generation_tokens"])
+    for name, key, ekey in (
+            ("vllm:prefix_cache_queries_total", "prompt_cache_queries", "queried_tokens"),
+            ("vllm:prefix_cache_hits_total", "prompt_cache_hits", "cached_tokens"),
+            ("llmsim_prompt_cache_written_tokens_total", "prompt_cache_writes", "")):
         o.head(name)
-        o.sample(name, (), c.get(key, 0))
+        if engines and ekey:  # the engines' lookups of the prompt cache, labelled as vLLM's
+            for (m, rank), e in engines.items():
+                o.sample(name, (("model_name", m), ("engine", rank)), e[ekey])
+        else:
+            o.sample(name, (), c.get(key, 0))
     for hname in HISTS:
-        per_model = {m: hs[hname] for m, hs in hists.items()}
+        per_model = {m: hs[hname] for m, hs in hists.items() if m not in served}
         for vname in _HIST_NAMES[hname][1]:
             o.hist(vname, "model_name", per_model)
+            _engine_hist(o, vname, _ENGINE_LATENCY[hname], engines)
+    if engines:
+        _engine_metrics(o, engines)
     o.lines.append("")
     return "\n".join(o.lines)
+
+
+def _engines(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The engines' rows by (model, rank), summed where several workers report one."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in rows:
+        key = (str(e["model"]), str(e["engine"]))
+        dst = out.get(key)
+        if dst is None:
+            out[key] = {k: (dict(v) if k == "success" else
+                            {h: [b, list(c), s] for h, (b, c, s) in v.items()} if k == "hists"
+                            else v) for k, v in e.items()}
+            continue
+        for k, v in e.items():
+            if k == "success":
+                for r, n in v.items():
+                    dst[k][r] = dst[k].get(r, 0) + n
+            elif k == "hists":
+                for h, (_b, c, s) in v.items():
+                    d = dst[k].get(h)
+                    if d is not None and len(d[1]) == len(c):
+                        d[1] = [x + y for x, y in zip(d[1], c, strict=True)]
+                        d[2] += s
+            elif k == "kv_cache_usage":
+                dst[k] = max(dst[k], v)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "engine":
+                dst[k] += v
+    return out
+
+
+def _engine_metrics(o: _Out, engines: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def labs(m: str, rank: str) -> tuple[tuple[str, Any], ...]:
+        return (("model_name", m), ("engine", rank))
+
+    o.head("vllm:kv_cache_usage_perc")
+    for (m, r), e in engines.items():
+        o.sample("vllm:kv_cache_usage_perc", labs(m, r), float(e["kv_cache_usage"]))
+    o.head("vllm:num_requests_waiting_by_reason")
+    for (m, r), e in engines.items():
+        o.sample("vllm:num_requests_waiting_by_reason", labs(m, r) + (("reason", "capacity"),),
+                 e["waiting"])
+    o.head("vllm:engine_sleep_state")
+    for (m, r), _e in engines.items():
+        o.sample("vllm:engine_sleep_state", labs(m, r) + (("sleep_state", "awake"),), 1)
+    o.head("vllm:lora_requests_info")
+    o.sample("vllm:lora_requests_info", (("max_lora", "0"), ("running_lora_adapters", ""),
+                                         ("waiting_lora_adapters", "")), 0)
+    for name, key in (("vllm:num_preemptions", "preemptions"),
+                      ("vllm:prompt_tokens_cached", "cached_tokens"),
+                      ("vllm:admission_rejections", "rejected")):
+        o.head(name + "_total")
+        for (m, r), e in engines.items():
+            o.sample(name + "_total", labs(m, r), e[key])
+    o.head("vllm:request_success_total")
+    for (m, r), e in engines.items():
+        for reason in sorted(set(e["success"]) | {"stop", "length", "abort"}):
+            o.sample("vllm:request_success_total",
+                     labs(m, r) + (("finished_reason", reason),), e["success"].get(reason, 0))
+    for name, key in ENGINE_HISTS.items():
+        o.head(name)
+        _engine_hist(o, name, key, engines)
+
+
+# the engine's own latency histograms behind the stats-based vLLM names (HISTS → engine key)
+_ENGINE_LATENCY = {"ttft": "time_to_first_token_seconds",
+                   "itl": "inter_token_latency_seconds",
+                   "e2e": "e2e_request_latency_seconds"}
+
+
+def _engine_hist(o: _Out, name: str, key: str,
+                 engines: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The samples of histogram ``name`` (its head written) from each engine's ``key``."""
+    for (m, r), e in engines.items():
+        labs = (("model_name", m), ("engine", r))
+        bounds, counts, total = e["hists"][key]
+        cum = 0
+        for b, c in zip(bounds, counts, strict=False):
+            cum += c
+            o.sample(name + "_bucket", labs + (("le", f"{float(b):g}" if b % 1
+                                                else f"{float(b):.1f}"),), cum)
+        n = sum(counts)
+        o.sample(name + "_bucket", labs + (("le", "+Inf"),), n)
+        o.sample(name + "_sum", labs, float(total))
+        o.sample(name + "_count", labs, n)

@@ -297,6 +297,9 @@ class Stats:
         self.running: dict[str, int] = {}  # model key → requests generating (streams + JSON)
         self.gauges: dict[str, dict[str, float]] = {}  # name → model key → value
         self._live: set[StreamTrack] = set()  # open streams (their tokens count as delivered)
+        # --engine: each serving engine's state, counters and histograms (api/serving.py;
+        # vLLM's own counters: a stats reset leaves them, as restarting vLLM would not)
+        self.engines_view: Callable[[], list[dict[str, Any]]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -547,6 +550,7 @@ class Stats:
             "hist": {k: {name: list(h[i]) for i, name in enumerate(HISTS)}
                      for k, h in self.hists.items()},
             "window": self._window(now),
+            "engines": self.engines_view() if self.engines_view is not None else [],
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -637,6 +641,7 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for name, h in w["hist"].items():
             ow["hist"][name] = _add_list(ow["hist"].get(name), h)
     out["requests"] = [[*k, n] for k, n in reqs.items()]
+    out["engines"] = [e for s in snaps for e in s.get("engines", [])]
     return out
 
 
@@ -748,4 +753,6 @@ def render(raw: dict[str, Any]) -> dict[str, Any]:
                    "e2e_ms": _summary(w["hist"].get("e2e"))},
         "models": models,
         "model_gauges": raw["model_gauges"],
+        "engines": [{k: v for k, v in e.items() if k != "hists"}
+                    for e in raw.get("engines", [])],
     }

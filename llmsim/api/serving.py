@@ -1,0 +1,289 @@
+"""``--engine PROFILE``: the serving engine (:mod:`llmsim.sim.engine`) behind the API routes.
+
+Theory of operation. Each model gets an :class:`~llmsim.sim.engine.Engine` of the chosen
+profile (``[capacity.models."id"] engine = "..."`` overrides it per model). A generation
+request that finds the engine's waiting queue full is refused in ``before`` (the capacity
+model's error: 429 or 503 as ``--capacity-reject-status``). Otherwise the handler decides the
+answer as always, and the answer joins the engine as a sequence of its prompt (the prompt
+cache's ``cached_tokens`` skip prefill) and its output tokens:
+
+- a stream's plan is wrapped (:func:`_paced`): each token event (the dialect's
+  ``is_token``) waits for the step that produces its token, its offset rewritten so its
+  deadline is that step's end; the pump writes it then, as it writes any event. An event
+  the plan spaced out that carries no token (the role chunk at the first token, a tool
+  call's head) waits for the next token's step and goes with it. While that step is not yet known (the sequence is queued, prefilling in
+  chunks or preempted) the wrapper hands the pump a control item due when the step in flight
+  ends, and looks again then (the pump ignores control items it does not know). The hidden
+  reasoning tokens come first: the first visible event is the engine's token
+  ``reasoning_tokens``.
+- a non-streamed answer waits for its sequence to finish (``deliver_after``).
+
+The engine itself never reads the clock: a timer at each step's end advances it, and every
+question about a sequence advances it first, so the order in which the clock fires the two
+does not matter. The stream's end (completed, cancelled, disconnected) ends the sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import APIError, E
+from ..messages import JSONResponse, Request, Result, StreamResponse
+from ..routing import Route
+from ..sim.engine import Engine, Seq, profile
+from ..sim.faults import retry_headers
+from ..streaming.stream import close_plan
+from .faults import _body
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..sim.decide import Usage
+    from ..streaming.clock import Timer
+    from ..streaming.stream import EventStream, PlanItem
+
+__all__ = ["Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
+
+ENGINE_WAIT = "_engine"  # the control item a paced stream waits on (flow.Pump ignores it)
+MAX_ENGINES = 1024  # models with engines (ids come from clients: the rest share one set)
+RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which data-parallel engine serves a request
+_MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def max_tokens_of(body: Any) -> int | None:
+    """The request's output limit, for the finish reason (``length``) in the metrics."""
+    if isinstance(body, dict):
+        for k in _MAX_TOKEN_KEYS:
+            v = body.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
+
+
+class Serving:
+    """The engines of one app and the hooks that put requests through them."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        cfg = app.config
+        self.default = cfg.engine
+        self.per_model = {m: s.engine for m, s in cfg.capacity.models.items()
+                          if s.engine is not None}
+        self.ranks = app.config.data_parallel
+        self.engines: dict[str, list[Engine]] = {}  # model → its engine per rank
+        self._armed: dict[Engine, float] = {}  # engine → deadline of its armed timer
+        self._timers: dict[Engine, Timer] = {}
+        # a step "has ended" when it ends within the clock's coalescing window: the clock
+        # runs timers (the engine's, the pumps') that early, and nothing must wait on them
+        self.slack = float(getattr(app.clock, "coalesce", 0.0)) + 1e-9
+
+    # -- engines ---------------------------------------------------------------------------
+
+    def ranks_of(self, model: str) -> list[Engine] | None:
+        """The engines of ``model``, one per data-parallel rank (None: not served by one)."""
+        engs = self.engines.get(model)
+        if engs is not None:
+            return engs
+        name = self.per_model.get(model, self.default)
+        if not name:
+            return None
+        if len(self.engines) >= MAX_ENGINES:
+            model = ""  # one shared overflow set
+            engs = self.engines.get(model)
+            if engs is not None:
+                return engs
+        prof = profile(name)
+        engs = self.engines[model] = [Engine(prof, model, r) for r in range(self.ranks)]
+        return engs
+
+    def engine(self, model: str, req: Request | None = None) -> Engine | None:
+        """The engine that serves a request for ``model``: the rank its
+        ``X-data-parallel-rank`` header names, else the least loaded (a 400 naming the
+        header for a rank that does not exist)."""
+        engs = self.ranks_of(model)
+        if engs is None:
+            return None
+        if len(engs) == 1:
+            return engs[0]
+        raw = req.headers.get(RANK_HEADER) if req is not None else None
+        if raw is not None:
+            r = raw.strip()
+            if not r.isdigit() or int(r) >= len(engs):
+                raise E.out_of_range.at(RANK_HEADER, lo=0, hi=len(engs) - 1, value=raw[:32])
+            return engs[int(r)]
+        now = self.app.clock.now() + self.slack
+        for e in engs:
+            e.advance(now)
+        return min(engs, key=lambda e: len(e.waiting) * 4 + len(e.running))
+
+    def arm(self, eng: Engine) -> None:
+        """A timer at the end of the engine's step in flight (one per step)."""
+        end = eng.step_end
+        if end < 0.0 or self._armed.get(eng) == end:
+            return
+        self._armed[eng] = end
+        old = self._timers.get(eng)
+        if old is not None:
+            old.cancel()
+        self._timers[eng] = self.app.clock.call_at(end, lambda: self._fire(eng))
+
+    def _fire(self, eng: Engine) -> None:
+        self._armed.pop(eng, None)
+        self._timers.pop(eng, None)
+        eng.advance(self.app.clock.now() + self.slack)
+        self.arm(eng)
+        self._gauge(eng)
+
+    def _gauge(self, eng: Engine) -> None:
+        engs = self.engines.get(eng.name, (eng,))
+        self.app.stats.set_gauge("queue_depth", eng.name or None,
+                                 sum(len(e.waiting) for e in engs))
+
+    def add(self, eng: Engine, usage: Usage, body: Any, on_done: Any = None) -> Seq:
+        now = self.app.clock.now()
+        seq = eng.add(usage.prompt_tokens, usage.cached_tokens, usage.output_tokens, now,
+                      on_done, max_tokens_of(body))
+        eng.advance(now)
+        self.arm(eng)
+        self._gauge(eng)
+        return seq
+
+    def end(self, eng: Engine, seq: Seq) -> None:
+        # (the stream's last token may be written within the clock's window before its
+        # step's end: that step counts as ended, the sequence as finished, not aborted)
+        eng.abort(seq, self.app.clock.now() + self.slack)
+        self.arm(eng)
+        self._gauge(eng)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _route_engine(self, req: Request, route: Route) -> Engine | None:
+        if not route.stream_capable:
+            return None
+        body = _body(req)
+        model = body.get("model") if isinstance(body, dict) else None
+        return self.engine(model, req) if isinstance(model, str) else None
+
+    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+        eng = self._route_engine(req, route)
+        if eng is not None:
+            eng.advance(app.clock.now())
+            if eng.full():
+                eng.rejected += 1
+                raise self.overloaded(req)
+        return None
+
+    def overloaded(self, req: Request) -> APIError:
+        return E.capacity_overloaded.at(status=self.app.config.capacity.reject_status,
+                                        request_id=req.request_id,
+                                        headers=retry_headers(1000.0))
+
+    def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
+        s = res.stream
+        if s.usage is None:
+            return
+        eng = self._route_engine(req, route)
+        if eng is None:
+            return
+        seq = self.add(eng, s.usage, _body(req))
+        first = s.usage.reasoning_tokens
+        s.wrap(lambda plan: _paced(plan, self, eng, seq, s, first))
+        prev = res.on_close
+
+        def on_close(reason: str) -> None:
+            self.end(eng, seq)
+            if prev is not None:
+                prev(reason)
+
+        res.on_close = on_close
+
+    async def wait(self, model: str, usage: Usage, req: Request | None) -> bool:
+        """Hold a non-streamed answer until the engine has generated it; False when no
+        engine serves ``model``."""
+        eng = self.engine(model, req)
+        if eng is None:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(_: Seq) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        seq = self.add(eng, usage, _body(req) if req is not None else None, done)
+        try:
+            await fut
+        finally:
+            self.end(eng, seq)  # (a no-op once finished; a client gone frees its blocks)
+        return True
+
+    # -- views -----------------------------------------------------------------------------
+
+    def raw(self) -> list[dict[str, Any]]:
+        """Each engine's state and vLLM's counters and histograms (JSON, mergeable)."""
+        out = []
+        for eng in self._all():
+            eng.advance(self.app.clock.now())
+            d = eng.public()
+            d["cached_tokens"] = eng.cached_tokens
+            d["queried_tokens"] = eng.queried_tokens
+            d["prompt_tokens"] = eng.prompt_tokens
+            d["generation_tokens"] = eng.generation_tokens
+            d["success"] = dict(eng.success)
+            d["hists"] = {k: [list(h.bounds), list(h.counts), h.sum]
+                          for k, h in eng.hists.items()}
+            out.append(d)
+        return out
+
+    def _all(self) -> list[Engine]:
+        return [e for engs in self.engines.values() for e in engs]
+
+    async def status(self, req: Request, app: App) -> JSONResponse:
+        for eng in self._all():
+            eng.advance(app.clock.now())
+        return JSONResponse({"object": "list", "data": [e.public() for e in self._all()]})
+
+
+def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
+           stream: EventStream, first: int) -> Iterator[PlanItem]:
+    """The plan with each spaced-out event due when the engine produces its token (see the
+    module doc)."""
+    now_fn = serving.app.clock.now_fn()
+    slack = serving.slack
+    is_token = stream.dialect.is_token
+    types = stream.dialect.token_types  # (a set to look in, when the dialect declares one)
+    j = first
+    try:
+        for off, etype, data in plan:
+            tok = etype in types if types is not None else is_token(etype, data)
+            if tok or off > 0.0:
+                k = j if j < seq.max_out else seq.max_out - 1
+                if tok:
+                    j += 1
+                while True:
+                    now = now_fn()
+                    if eng.step_end <= now + slack:
+                        eng.advance(now + slack)
+                        serving.arm(eng)
+                    t = seq.due(k, now)
+                    if t is not None or eng.step_end < 0.0:
+                        break
+                    # not known until the step in flight ends: look again then
+                    yield max(eng.step_end - stream.deadline, 0.0), ENGINE_WAIT, None
+                off = max((t if t is not None else now) - stream.deadline, 0.0)
+            yield off, etype, data
+    finally:
+        close_plan(plan)
+        serving.end(eng, seq)
+
+
+def register(app: App) -> None:
+    if not app.config.engine and not any(s.engine for s in app.config.capacity.models.values()):
+        return
+    serving = Serving(app)
+    app.serving = serving
+    app.before.append(serving.before)
+    # before the fault hook, which the capacity hooks keep last
+    app.stream_hooks.insert(0, serving.stream_hook)
+    app.stats.engines_view = serving.raw
+    app.router.add("GET", "/llmsim/engines", serving.status, "llmsim.engines")

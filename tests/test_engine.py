@@ -1,0 +1,165 @@
+"""The serving engine (llmsim.sim.engine), sans-IO: steps driven with explicit times."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from llmsim.sim.engine import PROFILES, Engine, EngineProfile, Seq, profile
+
+H100 = PROFILES["llama-3.1-8b-h100"]
+
+
+def small(**kw: object) -> EngineProfile:
+    base = replace(H100, t0_ms=10.0, c_ms=0.0, d_ms=0.0, p=4.0, block_size=16,
+                   num_blocks=1000, max_num_seqs=4, max_num_batched_tokens=2048,
+                   max_waiting=3)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def run(eng: Engine) -> None:
+    while eng.step_end >= 0.0:
+        eng.advance(eng.step_end)
+
+
+def test_admission_is_fifo_under_the_sequence_cap() -> None:
+    eng = Engine(small(max_num_seqs=2))
+    order: list[int] = []
+    seqs = [eng.add(100, 0, 3 + i, 0.0, on_done=lambda s: order.append(s.id))
+            for i in range(4)]
+    eng.advance(0.0)
+    assert [s.state for s in seqs] == [1, 1, 0, 0]  # two run, two wait in order
+    run(eng)
+    assert order == [1, 2, 3, 4]
+    assert seqs[2].admitted_at == seqs[0].finished_at  # the freed seat, at once
+    assert seqs[3].admitted_at == seqs[1].finished_at
+    assert all(s.produced == s.max_out for s in seqs)
+
+
+def test_chunked_prefill_under_the_token_budget() -> None:
+    eng = Engine(small(max_num_batched_tokens=2048))
+    s = eng.add(5000, 0, 3, 0.0)
+    eng.advance(0.0)
+    tokens = []
+    while s.produced == 0:
+        tokens.append(eng.step_tokens)
+        eng.advance(eng.step_end)
+    assert tokens == [2048, 2048, 904]
+    assert s.first_at == pytest.approx(0.03)  # three flat steps of 10 ms
+    # a decode shares the budget with a newcomer's chunk
+    t = eng.add(4000, 0, 1, s.first_at)
+    eng.advance(eng.step_end)  # (it came while the decode step of s was formed)
+    assert eng.step_tokens == 1 + 2047 and t.scheduled == 2047
+    run(eng)
+
+
+def test_step_time_is_flat_then_linear() -> None:
+    prof = replace(H100, d_ms=0.0)
+    flat = prof.step_time(8) / prof.step_time(1)
+    steep = prof.step_time(8192) / prof.step_time(4096)
+    assert flat < 1.01 and steep == pytest.approx(2.0, rel=0.02)
+
+
+def test_preemption_of_the_newest_and_resume() -> None:
+    # 24 blocks of 16 tokens: two 150-token prompts fit, their answers do not
+    eng = Engine(small(num_blocks=24, max_num_seqs=4))
+    a = eng.add(150, 0, 100, 0.0)
+    b = eng.add(150, 0, 100, 0.0)
+    eng.advance(0.0)
+    assert a.state == b.state == 1
+    run(eng)
+    assert eng.preemptions >= 1 and b.preemptions >= 1 and a.preemptions == 0
+    assert a.produced == b.produced == 100  # both complete
+    assert b.finished_at > a.finished_at
+    assert b.kv_computed > 150  # recomputed its prompt (and answer so far)
+    assert eng.free == 24 and not eng.running and not eng.waiting
+
+
+def test_queue_rejection_when_full() -> None:
+    eng = Engine(small(max_num_seqs=1, max_waiting=2))
+    eng.add(10, 0, 5, 0.0)
+    eng.advance(0.0)  # the first runs
+    eng.add(10, 0, 5, 0.0)
+    assert not eng.full()
+    eng.add(10, 0, 5, 0.0)
+    assert eng.full()  # the caller refuses the next one (429/503)
+    run(eng)
+    assert not eng.full()
+
+
+def test_prefix_hits_skip_prefill() -> None:
+    prof = replace(H100, max_num_batched_tokens=2048)
+    cold = Engine(prof)
+    c = cold.add(4096, 0, 2, 0.0)
+    run(cold)
+    warm = Engine(prof)
+    w = warm.add(4096, 4010, 2, 0.0)
+    run(warm)
+    assert w.cached == 4000  # whole blocks of 16 only
+    assert w.kv_computed == 4096 - 4000 and c.kv_computed == 4096
+    assert w.first_at - w.arrival < (c.first_at - c.arrival) / 2
+
+
+def test_abort_frees_blocks_and_seat() -> None:
+    eng = Engine(small(max_num_seqs=1))
+    a = eng.add(100, 0, 50, 0.0)
+    b = eng.add(100, 0, 5, 0.0)
+    eng.advance(0.05)
+    eng.abort(a, 0.05)
+    assert b.state == 1 or b.admitted_at >= 0.0 or eng.waiting[0] is b
+    run(eng)
+    assert b.produced == 5 and eng.free == eng.profile.num_blocks
+    assert eng.success == {"stop": 1}
+
+
+def test_unknown_profile_names_the_choices() -> None:
+    with pytest.raises(KeyError, match="llama-3.1-8b-h100"):
+        profile("nope")
+
+
+def closed_loop(prof: EngineProfile, conc: int, rounds: int = 4, prompt: int = 1024,
+                out: int = 128, seed: int = 1, think: float = 0.002) -> tuple[float, float]:
+    """``conc`` clients in a closed loop (as ``vllm bench serve --max-concurrency``): client
+    ``i`` starts at a seeded point of a first request's lifetime and takes up to ``think``
+    seconds between requests. Returns the median TPOT and TTFT past the first round."""
+    rng = random.Random(seed)
+    eng = Engine(prof)
+    done: list[Seq] = []
+    events: list[tuple[float, int]] = []
+    life = out * prof.step_time(conc, conc) + prof.step_time(prompt, 1)
+    for i in range(conc):
+        heapq.heappush(events, (rng.uniform(0, life), i))
+    left = dict.fromkeys(range(conc), rounds)
+
+    def finished(s: Seq, i: int) -> None:
+        done.append(s)
+        left[i] -= 1
+        if left[i] > 0:
+            heapq.heappush(events, (s.finished_at + rng.uniform(0, think), i))
+
+    while events or eng.step_end >= 0.0:
+        if events and (eng.step_end < 0.0 or events[0][0] <= eng.step_end):
+            t, i = heapq.heappop(events)
+            eng.advance(t)
+            eng.add(prompt, 0, out, t, on_done=lambda s, i=i: finished(s, i))  # type: ignore[misc]
+        else:
+            eng.advance(eng.step_end)
+    seqs = sorted(done, key=lambda s: s.arrival)[conc:]
+    assert all(s.produced == out for s in seqs)
+    tpot = statistics.median((s.finished_at - s.first_at) / (s.produced - 1) for s in seqs)
+    ttft = statistics.median(s.first_at - s.arrival for s in seqs)
+    return tpot, ttft
+
+
+def test_h100_profile_matches_the_published_sweep() -> None:
+    """vLLM 0.21, H100, Llama-3.1-8B: TPOT x1.02 / x1.69 / x7.2 at concurrency 4/16/64
+    (within 10%); TTFT x1.64 / x3.0 / x6.2 (within 25%)."""
+    tpot1, ttft1 = closed_loop(H100, 1)
+    for conc, tpot_ratio, ttft_ratio in ((4, 1.02, 1.64), (16, 1.69, 3.0), (64, 7.2, 6.2)):
+        tpot, ttft = closed_loop(H100, conc)
+        assert tpot / tpot1 == pytest.approx(tpot_ratio, rel=0.10), conc
+        assert ttft / ttft1 == pytest.approx(ttft_ratio, rel=0.25), conc
