@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .config import Config, ConfigError, load_config  # noqa: E402
+from . import assemble  # noqa: E402,F401  (every App is assembled with the families)
+from .config import Config, ConfigError, __version__, load_config  # noqa: E402
 from .transport.server import Server, ServerThread  # noqa: E402
 
 __all__ = ["Server", "ServerThread", "Config", "ConfigError", "load_config", "serve",

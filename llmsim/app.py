@@ -3,15 +3,16 @@ turns a Request into a Result (JSON, raw or stream) with errors decided in one p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from .config import Config, ConfigError
 from .errors import APIError, E, missing, not_found_model, server_error
-from .messages import RawResponse, Request, Result, StreamResponse, error_result
+from .messages import Key, RawResponse, Request, Result, StreamResponse, error_result
 from .routing import Route, Router
 from .sim import lengths, tokens
 from .sim import schema as sch
@@ -26,16 +27,9 @@ from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
 from .streaming.clock import Clock, RealClock
 
-if TYPE_CHECKING:
-    from .api.clients import ClientWatch
-    from .api.faults import Capacity, Faults, Limits
-    from .api.responses.state import ResponsesState
-    from .api.serving import Serving
-    from .api.validate import BodyMemo
-    from .transport.http import HTTPProtocol
-    from .transport.ws import WebSocketState
+__all__ = ["App", "Key", "install_with", "start_handler", "Stepped"]
 
-__all__ = ["App"]
+T = TypeVar("T")
 
 log = logging.getLogger("llmsim")
 LATENCY_CACHE = 1024  # latency models kept (App.latency)
@@ -53,8 +47,95 @@ StreamHook = Callable[[Request, Route, StreamResponse], None]
 AbortHook = Callable[[Request], None]
 # A server lifecycle hook (start, stop), awaited with the app.
 LifecycleHook = Callable[["App"], Awaitable[None]]
-# The WebSocket upgrade: takes over the connection, or returns the HTTP answer to send.
-WSHandler = Callable[["HTTPProtocol", Request], Awaitable[Result | None]]
+
+# what installs the API families, hooks and WebSocket modes into a new App: set once by the
+# composition root (llmsim.assemble, imported with the package), so App imports no family
+_INSTALL: list[Callable[[App], None]] = []
+
+
+def install_with(install: Callable[[App], None]) -> None:
+    """Make ``install`` what every new :class:`App` is assembled with."""
+    _INSTALL[:] = [install]
+
+
+# ------------------------------------------------------------------------------------------
+# Starting a handler (both transports): its first step outside a Task
+# ------------------------------------------------------------------------------------------
+
+class _Resume:
+    """A handler coroutine that suspended in its first step (run outside a Task by
+    :func:`start_handler`), as a coroutine a Task drives from there on.
+
+    Everything the Task does goes straight to the handler: its first ``send`` gets back what
+    the handler awaited (``awaited``: a future, or None for a bare yield), so the Task waits
+    for it exactly as if it had driven the handler from the start; later sends resume the
+    handler; what the Task throws in (a cancellation, even one before its first step) is
+    thrown into the handler, whose ``except CancelledError`` runs as in a Task of its own.
+    (A coroutine function awaiting the handler would lose a cancellation that comes before
+    the Task's first step: the wrapper would end without the handler ever seeing it.)"""
+
+    __slots__ = ("coro", "awaited", "started")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], awaited: Any) -> None:
+        self.coro = coro
+        self.awaited = awaited
+        self.started = False
+
+    def send(self, value: Any) -> Any:
+        if not self.started:
+            self.started = True
+            awaited, self.awaited = self.awaited, None
+            return awaited
+        return self.coro.send(value)
+
+    def throw(self, exc: Any, *rest: Any) -> Any:
+        self.started = True
+        self.awaited = None
+        return self.coro.throw(exc, *rest)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def __iter__(self) -> _Resume:
+        return self
+
+    def __await__(self) -> _Resume:
+        return self
+
+
+Coroutine.register(_Resume)  # (what asyncio.iscoroutine checks: a Task may run it)
+
+
+class Stepped(Protocol):
+    """What a handler runs for (an HTTP :class:`Exchange`, a WebSocket job): ``first_step``
+    is True while the handler runs its first step, i.e. has not suspended."""
+
+    first_step: bool
+
+
+def start_handler(coro: Coroutine[Any, Any, None], wanted: Callable[[], bool],
+                  owner: Stepped) -> asyncio.Task[None] | None:
+    """Run a handler coroutine's first step now, outside a Task: most answers (instant
+    latency, no waiting hook, a stream handed to its pump) complete without suspending and
+    need no Task. One that suspends continues in a Task (:class:`_Resume`), returned, if
+    ``wanted()`` still holds; else it is closed. Both transports start every handler so, on
+    the loop pass after the one that read its request (:meth:`HTTPProtocol._handle`).
+    ``owner.first_step`` is True during the first step: a stream started then counts from
+    its request's read (flow.Pump.start), one started after a wait from its start."""
+    owner.first_step = True
+    try:
+        awaited = coro.send(None)
+    except StopIteration:
+        return None
+    finally:
+        owner.first_step = False
+    if wanted():
+        return asyncio.get_running_loop().create_task(_Resume(coro, awaited))
+    coro.close()
+    return None
 
 
 def cors_preflight(req: Request) -> RawResponse:
@@ -103,7 +184,7 @@ class App:
         self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
         # validated request bodies by their bytes, one memo per API family that keeps them
         # (api.validate.BodyMemo; bounded; e.g. "chat.completions")
-        self.memos: dict[str, BodyMemo] = {}
+        self.memos: dict[str, Any] = {}
         self.stats = Stats()
         self.before: list[BeforeHook] = []
         self.after: list[AfterHook] = []
@@ -113,17 +194,10 @@ class App:
         self.on_stop: list[LifecycleHook] = []  # awaited when it closes
         # shared state across replicas (--state redis://...): None = embedded (the default)
         self.shared_state: SharedState | None = open_shared_state(self.config.state)
-        # -- each feature's state, set by the module that registers the feature -------------
-        self.faults: Faults | None = None  # fault injection (api/faults.py)
-        self.ratelimit: Limits | None = None  # rate limits, when configured (api/faults.py)
-        self.capacity: Capacity | None = None  # sequences and queues (api/faults.py)
-        self.serving: Serving | None = None  # --engine: the serving engines (api/serving.py)
+        # -- each feature's state, under a typed key owned by the feature's module ----------
+        self.features: dict[Key[Any], Any] = {}
         # the API-key check a transport runs itself (WebSocket handshake); None = no keys
         self.authenticate: Callable[[Request], None] | None = None
-        self.responses: ResponsesState | None = None  # stored responses (api/responses)
-        self.websocket: WebSocketState | None = None  # modes and live connections (ws_connection)
-        self.clients: ClientWatch | None = None  # journal and client verdicts (api/clients)
-        self.ws_handler: WSHandler | None = None  # set by the WebSocket module
         # set by the transport: close the connections of these departed clients (a count)
         self.drop_departed: Callable[[Collection[str]], int] | None = None
         # --workers > 1 (workers.py): every worker's statistics, and their reset
@@ -132,9 +206,19 @@ class App:
         self.script_cursors: SharedCursors | None = None
         if self.shared_state is not None:
             self.script_cursors = SharedCursors(self.shared_state)
-        from .api import register_all
+        for install in _INSTALL:
+            install(self)
 
-        register_all(self)
+    # -- feature state ------------------------------------------------------------------------
+    def feature(self, key: Key[T]) -> T | None:
+        """The state of the feature ``key`` names (None: not installed or not configured)."""
+        return self.features.get(key)
+
+    def set_feature(self, key: Key[T], value: T | None) -> None:
+        if value is None:
+            self.features.pop(key, None)
+        else:
+            self.features[key] = value
 
     # -- helpers for handlers ---------------------------------------------------------------
     def model(self, name: Any, param: str = "model", kind: str = "chat") -> ModelProfile:

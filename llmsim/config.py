@@ -20,7 +20,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Config", "ConfigError", "ConfigWarning", "ModelSpec", "ResponsesConfig",
+__version__ = "0.1.0"  # (the package version: llmsim.__version__)
+
+__all__ = ["__version__", "Config", "ConfigError", "ConfigWarning", "ModelSpec", "ResponsesConfig",
            "load_config", "iter_options", "unknown_env_message"]
 
 
@@ -321,13 +323,27 @@ class EngineSpec(_Checked):
 MAX_DATA_PARALLEL = 64  # engines per model (--data-parallel)
 
 
+# the engine profiles by name: sim.engine puts its table here when it loads (config sits
+# below the simulation and does not import it); until then, the names in the package data
+ENGINE_PROFILES: dict[str, Any] = {}
+
+
+def _engine_names() -> Collection[str]:
+    if ENGINE_PROFILES:
+        return ENGINE_PROFILES.keys()
+    import json
+    from importlib import resources
+
+    raw = json.loads(resources.files("llmsim.data").joinpath("engines.json").read_text())
+    return frozenset(raw["profiles"])
+
+
 def _check_engine(name: str | None, where: str) -> None:
     if name:
-        from .sim.engine import PROFILES  # (the profiles are package data)
-
-        if name not in PROFILES:
+        names = _engine_names()
+        if name not in names:
             raise ConfigError(f"{where}: unknown engine profile {name!r}; choose one of "
-                              f"{', '.join(sorted(PROFILES))}")
+                              f"{', '.join(sorted(names))}")
 
 
 @dataclass(frozen=True)

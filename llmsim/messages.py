@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import orjson
 
 from .errors import APIError, E
 
 if TYPE_CHECKING:
-    from .api.faults import Slot
     from .sim.decide import Usage
     from .sim.faults import Fault
     from .sim.ratelimit import Snapshot
     from .streaming.stream import EventStream
 
-__all__ = ["Request", "Notes", "JSONResponse", "RawResponse", "StreamResponse", "Result",
+__all__ = ["Key", "Request", "Notes", "JSONResponse", "RawResponse", "StreamResponse", "Result",
            "MAX_JSON_DEPTH", "check_json_depth"]
 
 MAX_JSON_DEPTH = 128
@@ -26,6 +25,23 @@ encoder writes at most 254 levels and responses echo body fields a few levels de
 schema inside ``response.tools``), so an unbounded body could be accepted and then fail to
 render. 128 leaves a JSON Schema its own 64 levels (``sim.schema.MAX_SCHEMA_DEPTH``, reached
 three or four levels into the body) and keeps every recursive walk far from Python's limit."""
+
+T = TypeVar("T")
+
+
+class Key(Generic[T]):
+    """A typed slot for one feature's state in :attr:`App.features`, defined by the module
+    that owns the feature (``FAULTS: Key[Faults] = Key("faults")``): the app names no feature
+    and imports none."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
 
 
 def check_json_depth(data: Any, raw: bytes | bytearray | str) -> None:
@@ -84,7 +100,7 @@ class Notes:
     fault: Fault | None = None  # a mid-stream fault for the fault stream hook
     ratelimit: Snapshot | None = None  # the buckets as admitted (x-ratelimit-* headers)
     ratelimit_charge: tuple[str, str] | None = None  # (key, model) charged output at the end
-    slot: Slot | None = None  # the capacity sequence held (released at the end)
+    slot: Any = None  # the capacity sequence held (api.faults.Slot; released at the end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from .errors import APIError, E
 
-__all__ = ["Router", "Route"]
+__all__ = ["Router", "Route", "WSMode", "WSFactory"]
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -30,12 +30,61 @@ class Route:
     streaming: bool | None = None
 
 
+class WSMode:
+    """What a WebSocket path means (subclassed by each mode; one instance per connection)."""
+
+    conn: Any  # the transport's WebSocket connection (llmsim.transport.ws.WSConnection)
+
+    def attach(self, conn: Any) -> None:
+        """Called once, right after the 101."""
+        self.conn = conn
+
+    def message(self, text: str) -> None:
+        """One complete text message from the client."""
+        raise NotImplementedError
+
+    def error_event(self, err: APIError, **extra: Any) -> dict[str, Any]:
+        """``err`` as this mode's error event."""
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        """The client drained our writes: resume paused streams."""
+
+    def stop(self, reason: str) -> None:
+        """The connection is closing or gone: end every running and queued piece of work
+        with ``reason`` and release what it holds (called again if work started since)."""
+
+    def gone(self) -> None:
+        """The connection is gone (after :meth:`stop`): drop per-connection state."""
+
+    @property
+    def busy(self) -> bool:
+        """Stop reading client messages (the mode's queue is full)."""
+        return False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs or waits (a graceful shutdown may close now)."""
+        return True
+
+
+# makes the mode of one new connection from the app and the upgrade request
+WSFactory = Callable[[Any, Any], WSMode]
+
+
 class Router:
     """A small router: a dict for static paths, compiled regexes for parameterised ones."""
 
     def __init__(self) -> None:
         self._static: dict[str, dict[str, Route]] = {}
         self._dynamic: list[tuple[re.Pattern[str], dict[str, Route]]] = []
+        # WebSocket modes by path (no trailing slash): resolved like routes by the transport
+        self.ws_modes: dict[str, WSFactory] = {}
+
+    def add_ws(self, paths: tuple[str, ...], factory: WSFactory) -> None:
+        """Serve the WebSocket mode ``factory`` makes (one per connection) at ``paths``."""
+        for p in paths:
+            self.ws_modes[p.rstrip("/") if len(p) > 1 else p] = factory
 
     def add(self, method: str, pattern: str, handler: Handler, name: str,
             *, aliases: bool = True, stream_capable: bool = False,

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from llmsim.api.faults import CAPACITY
 from llmsim.config import CapacityConfig, EngineSpec
 from llmsim.streaming.clock import FakeClock
 
@@ -19,7 +20,7 @@ STREAM = {**CHAT, "stream": True, "max_tokens": 5}
 
 
 def engine(srv: Any, model: str = "gpt-4o") -> Any:
-    return srv.app.capacity.engine(model)
+    return srv.app.feature(CAPACITY).engine(model)
 
 
 def token_times(ex: Any, t0: float) -> list[float]:

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from llmsim.api.clients import JOURNAL_BODY_BYTES, MAX_KEYS, MAX_PENDING
+from llmsim.api.clients import CLIENTS, JOURNAL_BODY_BYTES, MAX_KEYS, MAX_PENDING
 from llmsim.config import Config, ConfigError, FaultsConfig
 from llmsim.streaming.clock import FakeClock
 
@@ -20,7 +20,7 @@ STREAM = {**CHAT, "stream": True, "max_tokens": 20}
 
 
 def verdict(srv: Any, key: str = "sk-one") -> dict[str, Any]:
-    v = srv.app.clients.keys.get(key)
+    v = srv.app.feature(CLIENTS).keys.get(key)
     assert v is not None, f"no verdict for {key}"
     return v.public()  # type: ignore[no-any-return]
 
@@ -113,7 +113,7 @@ async def test_a_responses_stream_resumed_with_starting_after() -> None:
         v = verdict(srv)
         assert (v["streams_interrupted"], v["streams_resumed"]) == (1, 1)
         assert v["retries"] == 0 and v["unretried_failures"] == 0
-        assert srv.app.clients.watched == 0
+        assert srv.app.feature(CLIENTS).watched == 0
     finally:
         await srv.close()
 
@@ -125,7 +125,7 @@ async def test_healthy_traffic_leaves_no_state() -> None:
         for _ in range(5):
             assert (await exchange(srv, CHAT, KEY)).status == 200
             assert (await exchange(srv, STREAM, KEY)).complete
-        w = srv.app.clients
+        w = srv.app.feature(CLIENTS)
         assert w.keys == {} and w.watched == 0 and w.chains == {} and w.journal is None
     finally:
         await srv.close()
@@ -135,7 +135,7 @@ async def test_verdict_bounds() -> None:
     srv = server(FakeClock())
     await srv.start()
     try:
-        w = srv.app.clients
+        w = srv.app.feature(CLIENTS)
         for i in range(MAX_PENDING + 5):  # distinct failed requests of one key
             body = {**CHAT, "max_tokens": i + 1}
             assert (await exchange(srv, body, [*KEY, ("x-llmsim-fault", "500")])).status == 500
@@ -156,7 +156,7 @@ async def test_journal_contents_and_bounds() -> None:
         assert (await exchange(srv, CHAT, hs)).status == 200
         assert (await exchange(srv, CHAT, [("x-llmsim-fault", "429")])).status == 429
         assert (await exchange(srv, STREAM, hs)).complete
-        e = srv.app.clients.journal
+        e = srv.app.feature(CLIENTS).journal
         rows = [x.public(False) for x in e.items]
         assert [(r["method"], r["path"], r["status"], r["stream"]) for r in rows] == [
             ("POST", "/v1/chat/completions", 200, False),
@@ -191,7 +191,7 @@ async def test_journal_byte_budget() -> None:
         body = {**CHAT, "user": "u" * 60_000}
         for _ in range(10):
             assert (await exchange(srv, body, KEY)).status == 200
-        j = srv.app.clients.journal
+        j = srv.app.feature(CLIENTS).journal
         assert 0 < len(j.items) < 10 and j.bytes <= 256 * 1024 and j.dropped == 10 - len(j.items)
     finally:
         await srv.close()

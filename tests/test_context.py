@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from llmsim import Config, Server
-from llmsim.api.faults import QUEUE_WATCH_S
+from llmsim.api.faults import CAPACITY, FAULTS, LIMITS, QUEUE_WATCH_S
+from llmsim.api.responses.state import RESPONSES
 from llmsim.app import App
 from llmsim.config import CapacityConfig
 from llmsim.messages import JSONResponse, Request
@@ -70,8 +71,8 @@ async def test_two_servers_keep_their_own_tokenizer_and_state_dir(tmp_path: Path
             # not there, and nothing of it went to the first one's directory
             status, err = await _http(exact, "GET", f"/v1/responses/{resp['id']}")
             assert status == 404, err
-            assert exact.app.state_dir is None and exact.app.responses is not None
-            assert exact.app.responses.shared is None
+            assert exact.app.state_dir is None and exact.app.feature(RESPONSES) is not None
+            assert exact.app.feature(RESPONSES).shared is None
         # a third app on the first one's directory (another worker) reads the response there
         other = App(Config(latency="instant", quiet=True), state_dir=str(shared))
         got = await other.dispatch(Request("GET", f"/v1/responses/{resp['id']}", {}, {}, b"",
@@ -103,8 +104,8 @@ async def test_building_an_app_sets_no_mode_and_each_dispatch_uses_its_own() -> 
 def test_feature_state_is_typed_attributes() -> None:
     app = App(Config(latency="instant", quiet=True))
     assert not hasattr(app, "extensions")
-    assert app.faults is not None and app.capacity is not None and app.responses is not None
-    assert app.ratelimit is None and app.authenticate is None  # not configured
+    assert app.feature(FAULTS) is not None and app.feature(CAPACITY) is not None and app.feature(RESPONSES) is not None
+    assert app.feature(LIMITS) is None and app.authenticate is None  # not configured
     req = Request("POST", "/v1/chat/completions", {}, {}, b"{}", "r")
     with pytest.raises(AttributeError):
         req.notes.anything = 1  # type: ignore[attr-defined]
@@ -125,7 +126,7 @@ async def test_the_queue_watch_runs_on_the_app_clock() -> None:
         return 0
 
     srv.app.drop_departed = drop
-    cap = srv.app.capacity
+    cap = srv.app.feature(CAPACITY)
     assert cap is not None
     raw = orjson.dumps({**CHAT, "stream": True, "max_tokens": 50})
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"

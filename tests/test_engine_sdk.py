@@ -9,9 +9,11 @@ from typing import Any
 import anthropic
 import openai
 
+from llmsim.api.serving import SERVING
+
 
 def engine(st: Any, model: str) -> Any:
-    return st.app.serving.engines[model][0]
+    return st.app.feature(SERVING).engines[model][0]
 
 
 def idle(e: Any) -> bool:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsim.api.serving import SERVING
 from llmsim.sim import engine as sim_engine
 from llmsim.streaming.clock import FakeClock
 
@@ -37,7 +38,7 @@ def token_times(ex: Any) -> list[float]:
 
 
 def engine_of(srv: Any, model: str = "gpt-4o", rank: int = 0) -> Any:
-    return srv.app.serving.engines[model][rank]
+    return srv.app.feature(SERVING).engines[model][rank]
 
 
 async def test_one_stream_is_paced_by_the_engine_steps() -> None:
@@ -306,7 +307,7 @@ async def test_per_model_profile_from_the_config_file() -> None:
     ex = await exchange(srv, {**exact(10), "model": "small"})
     other = await exchange(srv, exact(10))
     assert ex.complete and other.complete
-    engs = srv.app.serving.engines
+    engs = srv.app.feature(SERVING).engines
     assert list(engs) == ["small"] and engs["small"][0].profile.name == "llama-3-8b-a100-40gb"
     assert engs["small"][0].generation_tokens == 10
     with pytest.raises(Exception, match="engine"):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from llmsim.api.faults import CAPACITY
 from llmsim.config import CapacityConfig, RateLimitConfig
 from llmsim.streaming.clock import FakeClock
 
@@ -137,7 +138,7 @@ async def test_capacity_waves_on_responses() -> None:
     assert all(types(ex)[-1] == "response.completed" for ex in exs)
     ends = sorted(round(ex.times[-1] - t0, 6) for ex in exs)
     assert ends == [0.17, 0.34, 0.51]  # 100 ms + 7 gaps of 10 ms, one at a time
-    assert srv.app.capacity.engine("gpt-4o").active == 0
+    assert srv.app.feature(CAPACITY).engine("gpt-4o").active == 0
 
 
 # ------------------------------------------------------------------------------ WebSocket

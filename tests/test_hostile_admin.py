@@ -14,6 +14,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsim.api.faults import FAULTS
 from llmsim.config import CapacityConfig, ConfigError, load_config
 from llmsim.ops.cli import config_from_args
 from llmsim.state.prom import prometheus_text
@@ -154,7 +155,7 @@ async def test_admin_mutations_need_the_right_key(config: str) -> None:
             if path == "/llmsim/stats/reset":
                 assert stats.requests_n >= before  # not wiped
     # a refused POST installed nothing: only authorized ones did (then were deleted)
-    assert srv.app.faults.engine.rules == []
+    assert srv.app.feature(FAULTS).engine.rules == []
     assert stats.active_requests == 0 and stats.active_connections == 0
 
 

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsim.api.faults import FAULTS
 from llmsim.state.prom import METRICS, prometheus_text
 from llmsim.state.stats import MAX_KEYS, PERCENTILE_RELATIVE_ERROR, Stats, quantile, render
 from llmsim.streaming.clock import FakeClock
@@ -195,7 +196,7 @@ def test_known_traffic_counts_everything(make_server):
 def test_injected_faults_are_counted(make_server):
     """Faults injected with the X-LLMSim-Fault header show up as error statuses and kinds."""
     srv = make_server()
-    if srv.app.faults is None and not any(
+    if srv.app.feature(FAULTS) is None and not any(
             r.name.startswith("faults") for r in srv.app.router.routes()) and \
             not _has_fault_module():
         pytest.skip("fault injection (X-LLMSim-Fault) is not part of this build")

@@ -19,6 +19,7 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
 
 from llmsim.config import WebSocketConfig
+from llmsim.transport.ws import WEBSOCKET
 
 from . import rawhttp, ws_fake
 from .memtransport import connect, mem_server
@@ -642,7 +643,7 @@ def test_closed_session_is_not_kept_alive_by_stored_responses(wsrv: Any) -> None
     c = RawWS(wsrv.url)
     c.send_json({"type": "response.create", **BASE})  # stored (store defaults to true)
     assert c.until_terminal()[-1]["type"] == "response.completed"
-    (session,) = wsrv.app.websocket.sessions
+    (session,) = wsrv.app.feature(WEBSOCKET).sessions
     ref = weakref.ref(session)
     del session
     c.close()

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import E
-from ..messages import JSONResponse, Request
-from .faults import _mask, is_api_path
+from ..messages import JSONResponse, Key, Request
+from ..state.accounting import WATCH
+from .faults import FAULTS, _mask, is_api_path
 
 if TYPE_CHECKING:
     from ..app import App
@@ -359,11 +360,12 @@ class ClientWatch:
 # ------------------------------------------------------------------------------------------
 
 def _mask_keys(app: App) -> bool:
-    return app.faults is not None and app.faults.mask_keys
+    faults = app.feature(FAULTS)
+    return faults is not None and faults.mask_keys
 
 
 def _watch(app: App) -> ClientWatch:
-    w = app.clients
+    w = app.feature(CLIENTS)
     assert w is not None
     return w
 
@@ -410,10 +412,14 @@ async def journal_delete(req: Request, app: App) -> JSONResponse:
 
 
 def register(app: App) -> None:
-    app.clients = ClientWatch(app)
+    app.set_feature(CLIENTS, ClientWatch(app))
     r = app.router
     r.add("GET", "/llmsim/clients", clients_list, "llmsim.clients")
     r.add("DELETE", "/llmsim/clients", clients_delete, "llmsim.clients")
     r.add("GET", "/llmsim/clients/{key:path}", clients_one, "llmsim.clients")
     r.add("GET", "/llmsim/journal", journal_get, "llmsim.journal")
     r.add("DELETE", "/llmsim/journal", journal_delete, "llmsim.journal")
+
+
+# the watch in App.features: the key accounting reads (every answer is told to it)
+CLIENTS: Key[ClientWatch] = WATCH  # type: ignore[assignment]

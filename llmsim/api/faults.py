@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import APIError, E
 from ..messages import (
     JSONResponse,
+    Key,
     RawResponse,
     Request,
     Result,
@@ -49,9 +50,10 @@ from ..messages import (
 )
 from ..routing import Route
 from ..sim.capacity import Engine
-from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, retry_headers
+from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, retry_headers
 from ..sim.ratelimit import RateLimiter, estimate_tokens
 from ..state.redis_limits import SharedLimiter, SharedRules
+from ..streaming.inject import inject
 from ..streaming.stream import close_plan
 
 if TYPE_CHECKING:
@@ -574,16 +576,16 @@ def register(app: App) -> None:
         # the WebSocket upgrade checks the key at the handshake, as the real API does
         app.authenticate = lambda req: check_api_key(keys, req)
     faults = Faults(app, mask_keys=bool(admin_keys))
-    app.faults = faults
+    app.set_feature(FAULTS, faults)
     app.before.append(faults.before)
     if cfg.ratelimit.enabled:
         limits = Limits(app)
-        app.ratelimit = limits
+        app.set_feature(LIMITS, limits)
         app.before.append(limits.before)
         app.after.append(limits.after)
         app.stream_hooks.append(limits.stream_hook)
     cap = Capacity(app)
-    app.capacity = cap
+    app.set_feature(CAPACITY, cap)
     if cfg.capacity.enabled and not cfg.engine:  # (--engine replaces the slot model)
         app.before.append(cap.before)
         app.after.append(cap.after)
@@ -597,3 +599,9 @@ def register(app: App) -> None:
     r.add("GET", "/llmsim/faults/{id}", faults.get_one, "llmsim.faults")
     r.add("DELETE", "/llmsim/faults/{id}", faults.delete_one, "llmsim.faults")
     r.add("GET", "/llmsim/capacity", cap.status, "llmsim.capacity")
+
+
+# each feature's state in App.features (set by register)
+FAULTS: Key[Faults] = Key("faults")
+LIMITS: Key[Limits] = Key("ratelimit")
+CAPACITY: Key[Capacity] = Key("capacity")

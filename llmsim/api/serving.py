@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, E
-from ..messages import JSONResponse, Request, Result, StreamResponse
+from ..messages import JSONResponse, Key, Request, Result, StreamResponse
 from ..routing import Route
 from ..sim.engine import Engine, Seq, profile
 from ..sim.faults import retry_headers
@@ -281,9 +281,12 @@ def register(app: App) -> None:
     if not app.config.engine and not any(s.engine for s in app.config.capacity.models.values()):
         return
     serving = Serving(app)
-    app.serving = serving
+    app.set_feature(SERVING, serving)
     app.before.append(serving.before)
     # before the fault hook, which the capacity hooks keep last
     app.stream_hooks.insert(0, serving.stream_hook)
     app.stats.engines_view = serving.raw
     app.router.add("GET", "/llmsim/engines", serving.status, "llmsim.engines")
+
+
+SERVING: Key[Serving] = Key("serving")  # the engines in App.features (--engine only)

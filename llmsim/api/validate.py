@@ -284,7 +284,9 @@ async def deliver_after(app: App, model: str, seconds: float, usage: Usage | Non
     """Hold a non-streamed answer until its generation would have finished, counted as a
     running request of ``model`` meanwhile (``vllm:num_requests_running``): ``seconds``, or,
     with ``--engine`` and the answer's ``usage``, until the engine has generated it."""
-    serving = app.serving
+    from .serving import SERVING  # (the engine's wait; a feature of the serving module)
+
+    serving = app.feature(SERVING)
     if serving is not None and usage is not None:
         key = app.stats.running_open(model)
         try:

@@ -12,8 +12,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from .. import __version__
-from ..config import FAULT_KINDS, Config, ConfigError, iter_options, load_config
+from ..config import FAULT_KINDS, Config, ConfigError, __version__, iter_options, load_config
+from ..transport.server import run_loop
 
 __all__ = ["main", "build_parser"]
 
@@ -212,21 +212,6 @@ async def _serve(cfg: Config) -> None:
         print("llmsim: shutting down (waiting for in-flight requests)...", file=sys.stderr,
               flush=True)
     await server.close()
-
-
-def run_loop(coro: Any, cfg: Config) -> Any:
-    """Run ``coro`` on the event loop chosen by ``--loop`` (auto: uvloop when installed)."""
-    if cfg.loop != "asyncio":
-        try:
-            import uvloop  # type: ignore[import-not-found]
-        except ImportError:
-            if cfg.loop == "uvloop":
-                coro.close()
-                raise SystemExit("llmsim: error: --loop uvloop needs uvloop "
-                                 "(pip install 'llmsim[fast]')") from None
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
 
 
 def _serve_workers(cfg: Config, n: int) -> int:

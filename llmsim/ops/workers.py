@@ -197,8 +197,7 @@ def _retire(state_dir: str, pid: int) -> None:
 # ------------------------------------------------------------------------------------------
 
 def _worker_main(cfg: Config, sock: socket.socket, state_dir: str, index: int) -> None:
-    from ..transport.server import Server
-    from . import cli
+    from ..transport.server import Server, run_loop
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -217,7 +216,7 @@ def _worker_main(cfg: Config, sock: socket.socket, state_dir: str, index: int) -
         await server.close()
 
     with contextlib.suppress(KeyboardInterrupt):
-        cli.run_loop(serve(), cfg)
+        run_loop(serve(), cfg)
 
 
 # ------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
+from .. import config
+
 __all__ = ["EngineProfile", "Engine", "Seq", "PROFILES", "profile", "HIST_BUCKETS",
            "MAX_OUTPUT"]
 
@@ -77,6 +79,7 @@ def _load() -> dict[str, EngineProfile]:
 
 
 PROFILES: dict[str, EngineProfile] = _load()
+config.ENGINE_PROFILES = PROFILES  # type: ignore[assignment]  # (--engine is checked against it)
 
 
 def profile(name: str) -> EngineProfile:

@@ -26,18 +26,14 @@ import math
 import os
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import FAULT_KINDS, FaultRates, FaultsConfig
 from ..errors import APIError, E, server_error
-from ..streaming.stream import DISCONNECT, STOP, PlanItem, close_plan
 
-if TYPE_CHECKING:
-    from ..streaming.dialect import Dialect
-
-__all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "inject",
+__all__ = ["Fault", "FaultEngine", "Rule", "parse_spec", "fault_error", "mid_stream_error",
            "SPEC_HELP", "MID_STREAM", "MAX_RULES"]
 
 MID_STREAM = frozenset({"disconnect", "stall", "error", "truncate"})
@@ -524,59 +520,6 @@ class FaultEngine:
         if kind == "error":
             return Fault("error", c.error_status, after=after, source="random")
         return Fault(kind, after=after, source="random")
-
-
-# ------------------------------------------------------------------------------------------
-# Mid-stream injection (a plan wrapper)
-# ------------------------------------------------------------------------------------------
-
-def inject(plan: Iterator[PlanItem], fault: Fault, dialect: Dialect,
-           error_events: Callable[[APIError], list[tuple[str, Any]]],
-           fired: Callable[[str], None] | None = None) -> Iterator[PlanItem]:
-    """Wrap a stream plan so ``fault`` happens once ``fault.after`` tokens have been sent.
-
-    The fault acts just before the next event after the Nth token (or before the stream's
-    terminal event if the stream has fewer tokens), at the time that event was due:
-    ``disconnect`` drops the connection, ``truncate`` ends the body cleanly without the rest,
-    ``error`` sends the dialect's error events (chat: ``{"error": ...}`` chunk + ``[DONE]``;
-    Responses: ``response.failed``) and ends, ``stall`` delays that event by ``ms``. Which
-    events carry a token and which end the stream is the ``dialect``'s to say.
-    """
-    terminals = dialect.terminals
-    is_token = dialect.is_token
-    n = fault.after
-    count = 0
-    done = False
-    try:
-        for item in plan:
-            off, etype, data = item
-            if not done and etype[0] != "_" and (count >= n or etype in terminals):
-                done = True
-                k = fault.kind
-                if fired is not None:  # counted when it takes effect (errors_total by kind)
-                    fired(k)
-                if k == "stall":
-                    item = (off + fault.ms / 1000.0, etype, data)
-                elif k == "disconnect":
-                    yield off, DISCONNECT, None
-                    return
-                elif k == "truncate":
-                    yield off, STOP, None
-                    return
-                elif k == "error":
-                    err = mid_stream_error(fault.status)
-                    evs = error_events(err)
-                    first = True
-                    for et, d in evs:
-                        yield (off if first else 0.0), et, d
-                        first = False
-                    yield 0.0, STOP, None
-                    return
-            if not done and is_token(etype, data):
-                count += 1
-            yield item
-    finally:
-        close_plan(plan)
 
 
 def mid_stream_error(status: int) -> APIError:

@@ -15,16 +15,58 @@ pump completes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import APIError
-from ..messages import JSONResponse, Request, StreamResponse
+from ..messages import JSONResponse, Key, Request, StreamResponse
 from .logs import ACCESS, INFO, access
 from .stats import StreamTrack, error_kind, usage_tokens
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..config import Config
     from ..sim.decide import Usage
+    from ..streaming.clock import Clock
+    from .stats import Stats
+
+
+class RequestWatch(Protocol):
+    """What watches every answer (the client verdict and journal, api/clients.py)."""
+
+    watched: int
+    journal: Any
+    chains: Any
+
+    def answered(self, req: Request, status: int, headers: Sequence[tuple[str, str]],
+                 stream: bool = False) -> None: ...
+
+    def gone(self, req: Request) -> None: ...
+
+    def stream_ended(self, req: Request, reason: str) -> None: ...
+
+
+class Host(Protocol):
+    """The app as accounting needs it (``llmsim.app.App`` is one)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def features(self) -> Mapping[Any, Any]: ...
+
+
+# the RequestWatch, when something watches every answer (App.features)
+WATCH: Key[RequestWatch] = Key("accounting.watch")
+
+
+def _watch(app: Host) -> RequestWatch | None:
+    return app.features.get(WATCH)  # type: ignore[no-any-return]
 
 __all__ = ["response_sent", "stream_started", "stream_ended", "request_gone", "billed"]
 
@@ -33,10 +75,10 @@ QUIET = frozenset({"llmsim.stats", "llmsim.stats.reset", "metrics", "llmsim.dash
 GONE_STATUS = 499  # nginx's "client closed request": the client left before the answer
 
 
-def response_sent(app: App, req: Request, endpoint: str, status: int, res: Any,
+def response_sent(app: Host, req: Request, endpoint: str, status: int, res: Any,
                   transport: str = "http") -> None:
     """A complete response (JSON or raw) was written; ``res`` may be None (protocol errors)."""
-    watch = app.clients
+    watch = _watch(app)
     if watch is not None and (watch.watched or status >= 400 or watch.journal is not None
                               or not status):
         watch.answered(req, status, getattr(res, "headers", None) or [])
@@ -95,17 +137,18 @@ def request_model(req: Request) -> str | None:
     return m if type(m) is str and m else None
 
 
-def request_gone(app: App, req: Request, endpoint: str, transport: str = "http") -> None:
+def request_gone(app: Host, req: Request, endpoint: str, transport: str = "http") -> None:
     """The client went away before any byte of the answer (counted as status 499)."""
-    if app.clients is not None:
-        app.clients.gone(req)
+    watch = _watch(app)
+    if watch is not None:
+        watch.gone(req)
     app.stats.record(endpoint, None, transport, GONE_STATUS, "client_disconnect")
     if ACCESS.isEnabledFor(INFO):
         access(req.method, req.path, None, GONE_STATUS, 0, 0, None,
                app.clock.now() - req.received_at, transport, req.request_id, req.client)
 
 
-def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
+def stream_started(app: Host, req: Request, endpoint: str, res: StreamResponse,
                    transport: str = "sse") -> StreamTrack:
     """The stream's head was written: count the request, open the stream gauges and return
     the track whose ``observe`` the pump must call for every written event."""
@@ -116,20 +159,20 @@ def stream_started(app: App, req: Request, endpoint: str, res: StreamResponse,
     stats.record(endpoint, model, transport, res.status)
     track = stats.track(model, req.received_at, transport, stream.dialect.is_token, pt)
     track.usage = res.usage
-    watch = app.clients
+    watch = _watch(app)
     if watch is not None and (watch.watched or watch.journal is not None):
         watch.answered(req, res.status, res.headers, stream=True)
     return track
 
 
-def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
+def stream_ended(app: Host, req: Request, track: StreamTrack, reason: str,
                  status: int = 200) -> None:
     """The stream ended (any reason): close its gauges, record e2e, log it. Idempotent."""
     if track.done:
         return
     now = app.clock.now()
     track.finish(reason, now)
-    watch = app.clients
+    watch = _watch(app)
     if watch is not None and (reason != "completed" or watch.journal is not None
                               or watch.chains):
         watch.stream_ended(req, reason)
@@ -141,6 +184,6 @@ def stream_ended(app: App, req: Request, track: StreamTrack, reason: str,
                end=reason)
 
 
-def billed(app: App, usage: Usage) -> None:
+def billed(app: Host, usage: Usage) -> None:
     """An answer was delivered whole: count the tokens it bills."""
     app.stats.usage(usage.prompt_tokens, usage.output_tokens, usage.reasoning_tokens)

@@ -49,7 +49,7 @@ A request carrying both Content-Length and Transfer-Encoding (the request smuggl
 RFC 9112 §6.1) is answered with ``connection: close`` and the connection is closed.
 
 A WebSocket upgrade (``GET /v1/responses`` with ``Upgrade: websocket``) is handed to
-``app.ws_handler``, which answers 101 via :meth:`switch_protocol` and then receives all
+``transport.ws.upgrade``, which answers 101 via :meth:`switch_protocol` and then receives all
 further bytes, starting with h11's trailing data.
 """
 
@@ -61,14 +61,14 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import h11
 
+from ..app import App, start_handler
 from ..errors import APIError, E, server_error
 from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 from ..sim.rng import new_request_id
@@ -77,8 +77,16 @@ from ..streaming import encode
 from ..streaming.flow import Pump, Sink
 from ..streaming.wire import HTTPWire
 
-if TYPE_CHECKING:
-    from .server import Server
+
+class Server(Protocol):
+    """What a connection needs of its server (:class:`llmsim.transport.server.Server`)."""
+
+    app: App
+    connections: set[HTTPProtocol]
+
+    def loop_time(self) -> float: ...
+
+    def _conn_closed(self) -> None: ...
 
 __all__ = ["HTTPProtocol", "Phase", "Exchange"]
 
@@ -197,82 +205,6 @@ class Exchange:
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
         self.first_step = False  # its handler runs its first step (start_handler)
-
-
-class _Resume:
-    """A handler coroutine that suspended in its first step (run outside a Task by
-    :func:`start_handler`), as a coroutine a Task drives from there on.
-
-    Everything the Task does goes straight to the handler: its first ``send`` gets back what
-    the handler awaited (``awaited``: a future, or None for a bare yield), so the Task waits
-    for it exactly as if it had driven the handler from the start; later sends resume the
-    handler; what the Task throws in (a cancellation, even one before its first step) is
-    thrown into the handler, whose ``except CancelledError`` runs as in a Task of its own.
-    (A coroutine function awaiting the handler would lose a cancellation that comes before
-    the Task's first step: the wrapper would end without the handler ever seeing it.)"""
-
-    __slots__ = ("coro", "awaited", "started")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], awaited: Any) -> None:
-        self.coro = coro
-        self.awaited = awaited
-        self.started = False
-
-    def send(self, value: Any) -> Any:
-        if not self.started:
-            self.started = True
-            awaited, self.awaited = self.awaited, None
-            return awaited
-        return self.coro.send(value)
-
-    def throw(self, exc: Any, *rest: Any) -> Any:
-        self.started = True
-        self.awaited = None
-        return self.coro.throw(exc, *rest)
-
-    def close(self) -> None:
-        self.coro.close()
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def __iter__(self) -> _Resume:
-        return self
-
-    def __await__(self) -> _Resume:
-        return self
-
-
-Coroutine.register(_Resume)  # (what asyncio.iscoroutine checks: a Task may run it)
-
-
-class Stepped(Protocol):
-    """What a handler runs for (an HTTP :class:`Exchange`, a WebSocket job): ``first_step``
-    is True while the handler runs its first step, i.e. has not suspended."""
-
-    first_step: bool
-
-
-def start_handler(coro: Coroutine[Any, Any, None], wanted: Callable[[], bool],
-                  owner: Stepped) -> asyncio.Task[None] | None:
-    """Run a handler coroutine's first step now, outside a Task: most answers (instant
-    latency, no waiting hook, a stream handed to its pump) complete without suspending and
-    need no Task. One that suspends continues in a Task (:class:`_Resume`), returned, if
-    ``wanted()`` still holds; else it is closed. Both transports start every handler so, on
-    the loop pass after the one that read its request (:meth:`HTTPProtocol._handle`).
-    ``owner.first_step`` is True during the first step: a stream started then counts from
-    its request's read (flow.Pump.start), one started after a wait from its start."""
-    owner.first_step = True
-    try:
-        awaited = coro.send(None)
-    except StopIteration:
-        return None
-    finally:
-        owner.first_step = False
-    if wanted():
-        return asyncio.get_running_loop().create_task(_Resume(coro, awaited))
-    coro.close()
-    return None
 
 
 class HTTPProtocol(asyncio.Protocol):
@@ -601,12 +533,13 @@ class HTTPProtocol(asyncio.Protocol):
 
     async def _upgrade(self, req: Request) -> None:
         try:
-            handler = self.app.ws_handler
-            if handler is None:
+            if not self.app.router.ws_modes:
                 self._send_error(E.websocket_unsupported.at())
                 return
+            from .ws import upgrade  # (the WebSocket half of the transport)
+
             try:
-                res = await handler(self, req)
+                res = await upgrade(self, req)
             except asyncio.CancelledError:
                 return
             if res is not None and self.phase is not _CLOSED:

@@ -458,3 +458,18 @@ async def _call(fn: Any, *args: Any) -> Any:
     if asyncio.iscoroutine(res):
         res = await res
     return res
+
+
+def run_loop(coro: Any, cfg: Config) -> Any:
+    """Run ``coro`` on the event loop chosen by ``--loop`` (auto: uvloop when installed)."""
+    if cfg.loop != "asyncio":
+        try:
+            import uvloop  # type: ignore[import-not-found]
+        except ImportError:
+            if cfg.loop == "uvloop":
+                coro.close()
+                raise SystemExit("llmsim: error: --loop uvloop needs uvloop "
+                                 "(pip install 'llmsim[fast]')") from None
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)

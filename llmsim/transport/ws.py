@@ -1,9 +1,8 @@
 """A WebSocket connection (RFC 6455 over wsproto) that serves one WebSocket *mode*.
 
-The transport is generic; what the messages mean is the mode's. ``protocol.py`` hands a request
-carrying ``Upgrade: websocket`` to :func:`upgrade`, which finds the mode registered for the path
-(:func:`register`: e.g. the Responses API's at ``/v1/responses``, the Realtime API's at
-``/v1/realtime``), validates the handshake (RFC 6455 §4.2.1), the API key and the connection
+The transport is generic; what the messages mean is the mode's. ``http.py`` hands a request
+carrying ``Upgrade: websocket`` to :func:`upgrade`, which finds the mode the router has for the
+path (:meth:`llmsim.routing.Router.add_ws`: e.g. the Responses API's at ``/v1/responses``), validates the handshake (RFC 6455 §4.2.1), the API key and the connection
 cap, and answers any problem as an ordinary HTTP error *before* switching. Otherwise it answers
 101 through h11 (:meth:`HTTPProtocol.switch_protocol`) and the :class:`WSConnection` takes the
 connection over: the bytes that arrived behind the upgrade request are the first fed to a
@@ -19,7 +18,7 @@ each released exactly once. Every timer is on ``app.clock`` (a FakeClock drives 
 tests). Events are written through the connection's :class:`~llmsim.streaming.wire.WSWire`: one JSON
 text frame each, framed by hand.
 
-A mode (:class:`WSMode`) gets each complete text message, says how it reports an error, stops
+A mode (:class:`llmsim.routing.WSMode`) gets each complete text message, says how it reports an error, stops
 its work when the connection closes or goes, and says whether it is busy (stop reading) or
 idle (a graceful shutdown may close now).
 """
@@ -27,8 +26,7 @@ idle (a graceful shutdown may close now).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -43,16 +41,35 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from ..errors import APIError, E, server_error
-from ..messages import Request, Result
+from ..messages import Key, Request, Result
+from ..routing import WSMode
 from ..streaming.wire import WSWire
 from .handshake import check_capacity, check_handshake, ws_path
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..app import App
     from ..streaming.clock import Timer
-    from .http import HTTPProtocol
 
-__all__ = ["upgrade", "register", "WSConnection", "WSMode", "WebSocketState", "state",
+
+class HTTPProtocol(Protocol):
+    """What the upgrade needs of the HTTP connection it takes over
+    (:class:`llmsim.transport.http.HTTPProtocol`)."""
+
+    app: App
+    conn: Any  # its h11 connection (the request's HTTP version)
+    transport: asyncio.Transport | None
+    upgraded: Any
+
+    @property
+    def paused(self) -> bool: ...
+
+    def switch_protocol(self, headers: list[tuple[bytes, bytes]], session: Any) -> bytes: ...
+
+    def force_close(self) -> None: ...
+
+__all__ = ["upgrade", "WSConnection", "WebSocketState", "state", "WEBSOCKET",
            "FRAGMENT_OVERHEAD"]
 
 _OPEN = ConnectionState.OPEN  # (an Enum member read through its class: ~70 ns)
@@ -64,71 +81,24 @@ _MAX_CLOSE_REASON = 120  # a close frame's reason must fit in 123 bytes
 FRAGMENT_OVERHEAD = 64
 
 
-class WSMode:
-    """What a WebSocket path means (subclassed by each mode; one instance per connection)."""
-
-    conn: WSConnection
-
-    def attach(self, conn: WSConnection) -> None:
-        """Called once, right after the 101."""
-        self.conn = conn
-
-    def message(self, text: str) -> None:
-        """One complete text message from the client."""
-        raise NotImplementedError
-
-    def error_event(self, err: APIError, **extra: Any) -> dict[str, Any]:
-        """``err`` as this mode's error event."""
-        raise NotImplementedError
-
-    def resume(self) -> None:
-        """The client drained our writes: resume paused streams."""
-
-    def stop(self, reason: str) -> None:
-        """The connection is closing or gone: end every running and queued piece of work
-        with ``reason`` and release what it holds (called again if work started since)."""
-
-    def gone(self) -> None:
-        """The connection is gone (after :meth:`stop`): drop per-connection state."""
-
-    @property
-    def busy(self) -> bool:
-        """Stop reading client messages (the mode's queue is full)."""
-        return False
-
-    @property
-    def idle(self) -> bool:
-        """Nothing runs or waits (a graceful shutdown may close now)."""
-        return True
-
-
-WSFactory = Callable[["App", Request], WSMode]
-
-
 class WebSocketState:
-    """Per-app WebSocket state (``app.websocket``): the modes by path, the live
-    connections."""
+    """Per-app WebSocket state (``App.features[WEBSOCKET]``): the live connections."""
 
     def __init__(self) -> None:
-        self.modes: dict[str, WSFactory] = {}
         self.sessions: set[WSConnection] = set()
         self.total = 0  # connections accepted since start
         self.pending_bytes = 0  # memory of unfinished client messages held, all sessions
 
 
 def state(app: App) -> WebSocketState:
-    st = app.websocket
+    st = app.feature(WEBSOCKET)
     if st is None:
-        st = app.websocket = WebSocketState()
+        st = WebSocketState()
+        app.set_feature(WEBSOCKET, st)
     return st
 
 
-def register(app: App, paths: tuple[str, ...], factory: WSFactory) -> None:
-    """Serve the WebSocket mode ``factory`` makes at ``paths`` (one mode per connection)."""
-    st = state(app)
-    for p in paths:
-        st.modes[ws_path(p)] = factory
-    app.ws_handler = upgrade
+WEBSOCKET: Key[WebSocketState] = Key("websocket")  # in App.features
 
 
 async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
@@ -153,14 +123,15 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 
     st = state(app)
     path = ws_path(req.path)
+    modes = app.router.ws_modes
     try:
-        if path not in st.modes:
+        if path not in modes:
             app.router.resolve(req.method, path)  # an unknown path: its 404
     except APIError as exc:
         if exc.status == 404:
             return error_result(exc)
     try:
-        accept = check_handshake(req.method, req.path, req.headers, st.modes,
+        accept = check_handshake(req.method, req.path, req.headers, modes,
                                  getattr(protocol.conn, "their_http_version", b"1.1"))
         authenticate = app.authenticate
         if authenticate is not None:
@@ -168,7 +139,7 @@ def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
         check_capacity(len(st.sessions), app.config.websocket.max_connections)
     except APIError as exc:
         return error_result(exc)
-    conn = WSConnection(protocol, app, req, st.modes[path](app, req))
+    conn = WSConnection(protocol, app, req, modes[path](app, req))
     trailing = protocol.switch_protocol(
         [(b"sec-websocket-accept", accept), (b"server", b"llmsim"),
          (b"x-request-id", req.request_id.encode())], conn)

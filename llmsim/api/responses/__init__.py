@@ -33,7 +33,6 @@ from ...streaming import encode
 from ...streaming.dialect import Dialect
 from ...streaming.flow import NullSink, Pump
 from ...streaming.stream import EventStream
-from ...transport import ws as ws_connection
 from ..caching import openai_cached, openai_segments
 from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
 from . import compaction, hosted, render, ws
@@ -702,6 +701,12 @@ async def _on_stop(app: App) -> None:
         await app.shared_state.close()
 
 
+async def _compact(req: Request, app: App) -> JSONResponse:
+    """``POST /v1/responses/compact`` (:func:`.compaction.compact`, with this package's
+    ``prepare``)."""
+    return await compaction.compact(req, app, prepare)
+
+
 async def upgrade_required(req: Request, app: App) -> JSONResponse:
     """``GET /v1/responses`` without ``Upgrade: websocket``."""
     raise E.websocket_upgrade_required.at(
@@ -718,13 +723,13 @@ def register(app: App) -> None:
     r = app.router
     r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
-    r.add("POST", "/v1/responses/compact", compaction.compact, "responses.compact")
+    r.add("POST", "/v1/responses/compact", _compact, "responses.compact")
     r.add("GET", "/v1/responses/{id}", retrieve, "responses.retrieve", stream_capable=True)
     r.add("DELETE", "/v1/responses/{id}", delete, "responses.delete")
     r.add("POST", "/v1/responses/{id}/cancel", cancel, "responses.cancel")
     r.add("GET", "/v1/responses/{id}/input_items", input_items, "responses.input_items")
     # the WebSocket mode (client.responses.connect()); a plain GET is told to upgrade
-    ws_connection.register(app, ws.PATHS, ws.ResponsesWS)
+    r.add_ws(ws.PATHS, ws.ResponsesWS)
     r.add("GET", "/v1/responses", upgrade_required, "responses.websocket")
     r.add("POST", "/v1/conversations", conv_create, "conversations.create")
     r.add("GET", "/v1/conversations/{id}", conv_get, "conversations.retrieve")

@@ -10,6 +10,7 @@ item is pruned to its user messages (:func:`prune`), for chains through
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import E
@@ -110,10 +111,14 @@ def auto(context: list[Item], tokens: int, lat: Latency) -> tuple[HostedOut, int
                      tail=seconds(lat, summary)), summary
 
 
-async def compact(req: Request, app: App) -> JSONResponse:
+# how the package assembles a create's context (validated, counted): ``prepare(req, app, body)``
+Prepare = Callable[[Request, "App", dict[str, Any]], Awaitable[Any]]
+
+
+async def compact(req: Request, app: App, prepare: Prepare) -> JSONResponse:
     """``POST /v1/responses/compact``: the ``response.compaction`` object (the context's user
-    messages, then one compaction item), after the time the summary takes; usage billed."""
-    from . import prepare  # (the package imports this module
+    messages, then one compaction item), after the time the summary takes; usage billed.
+    ``prepare`` assembles the context as a create's (the package's ``prepare``)."""
 
     body = req.json_object()
     for key in body:

@@ -45,7 +45,7 @@ from .render import INCOMPLETE, CallOut, HostedOut, MessageOut, ReasoningOut, Re
 if TYPE_CHECKING:
     from ...config import Config
     from ...sim.latency import Latency
-    from .parse import RespRequest
+    from .request import RespRequest
 
 __all__ = ["FAMILY", "check_tools", "decide_tools", "forced", "response_out", "input_item",
            "INPUT_TYPES", "CALL_OF_OUTPUT", "involved", "check_approvals", "MAX_TOOLS", "MAX_MCP_SERVERS",

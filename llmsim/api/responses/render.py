@@ -30,7 +30,7 @@ from ...sim.rng import new_id
 from ...streaming.stream import TokenRun
 
 if TYPE_CHECKING:
-    from .parse import RespRequest
+    from .request import RespRequest
 
 __all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",

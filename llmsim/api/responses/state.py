@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from ...errors import APIError, E
+from ...messages import Key
 from ...state import shared
 from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore, approx_bytes, json_bytes
@@ -923,10 +924,14 @@ class ResponsesState:
         return sizes
 
 
+RESPONSES: Key[ResponsesState] = Key("responses")  # in App.features
+
+
 def state(app: App) -> ResponsesState:
-    st = app.responses
+    st = app.feature(RESPONSES)
     if st is None:
-        st = app.responses = ResponsesState(app)
+        st = ResponsesState(app)
+        app.set_feature(RESPONSES, st)
     return st
 
 

@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ...app import start_handler
 from ...errors import APIError, E, server_error
 from ...messages import JSONResponse, RawResponse, Request, Result, StreamResponse
+from ...routing import WSMode
 from ...sim.rng import new_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from ...streaming.flow import Pump
-from ...transport.http import start_handler
-from ...transport.ws import WSMode
 from .state import ConnectionCache
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_lanes import LaneLimitError, LaneScheduler
