@@ -694,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                         for n in counts] if table == "chat" else []
                 for t, name, _w, _s, _k, _ws in plan:
                     if t == table:
-                        runs += [(name, n, median_result(rs)) for n, rs in got[name].items()]
+                        runs += [(name, n, median_result(rs)) for n, rs in got.get(name, {}).items()]
                 mine = [(name, n, r) for name, n, r in runs if name.startswith("llmsim")]
                 if table == "ws":
                     stream_rows(f"Streaming Responses over WebSocket ({loop}, one connection "

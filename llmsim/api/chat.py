@@ -94,6 +94,17 @@ class ChatRequest:
     min_tokens: int = 0  # vLLM extension: never stop before this many tokens
 
 
+def chat_steps(decision: Decision) -> int:
+    """The delivery steps after the role chunk (all choices advance together; a tool call
+    takes one step for its head, then one per piece)."""
+    choices = decision.choices
+    c = choices[0]
+    if len(choices) == 1 and c.pieces is not None:  # (one text choice: hot path)
+        return len(c.pieces)
+    return max((len(c.pieces) if c.pieces is not None
+                else 1 + sum(len(t.pieces) + 1 for t in c.calls)) for c in choices)
+
+
 @dataclass(slots=True)
 class ChatOut:
     """A decided answer as Chat Completions delivers it: the decision, the completion's id
@@ -107,14 +118,7 @@ class ChatOut:
 
     @classmethod
     def of(cls, decision: Decision, created: int, id: str) -> ChatOut:
-        choices = decision.choices
-        c = choices[0]
-        if len(choices) == 1 and c.pieces is not None:  # (one text choice: hot path)
-            return cls(id, created, decision, len(c.pieces))
-        steps = max((len(c.pieces) if c.pieces is not None
-                     else 1 + sum(len(t.pieces) + 1 for t in c.calls))
-                    for c in choices)
-        return cls(id, created, decision, steps)
+        return cls(id, created, decision, chat_steps(decision))
 
     @property
     def choices(self) -> tuple[Choice, ...]:
@@ -736,7 +740,7 @@ class Chat(Family):
         return stream_plan(p.info, ChatOut.of(d, meta.created, meta.id))
 
     def steps(self, d: Decision) -> int:
-        return ChatOut.of(d, 0, "").steps
+        return chat_steps(d)
 
 
 FAMILY = Chat()

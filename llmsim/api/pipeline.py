@@ -31,7 +31,7 @@ from ..sim.rng import new_id, request_seed, rng_of
 from ..streaming.dialect import Dialect
 from ..streaming.stream import EventStream
 from .caching import openai_cached, openai_segments
-from .validate import BodyMemo, deliver_after
+from .validate import SERVING, BodyMemo, deliver_after
 
 if TYPE_CHECKING:
     from ..app import App
@@ -151,7 +151,9 @@ async def generate(req: Request, app: App, fam: Family) -> Result:
         stream = EventStream(fam.plan(p, d, meta), p.dialect or fam.dialect, model=p.model,
                              usage=d.usage)
         return StreamResponse(stream, headers=list(p.headers), usage=d.usage)
-    await deliver_after(app, p.model, d.timing.duration(fam.steps(d)), d.usage, req)
+    wait = d.timing.duration(fam.steps(d))
+    if wait > 0 or SERVING in app.features:  # (instant, no engine: no coroutine to run)
+        await deliver_after(app, p.model, wait, d.usage, req)
     return JSONResponse(fam.render(p, d, meta), 200, list(p.headers), p.model, d.usage)
 
 

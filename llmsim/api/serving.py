@@ -30,12 +30,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, E
-from ..messages import JSONResponse, Key, Request, Result, StreamResponse
+from ..messages import JSONResponse, Request, Result, StreamResponse
 from ..routing import Route
 from ..sim.engine import Engine, Seq, profile
 from ..sim.faults import retry_headers
 from ..streaming.stream import close_plan
 from .faults import _body
+from .validate import SERVING
 
 if TYPE_CHECKING:
     from ..app import App
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ..streaming.clock import Timer
     from ..streaming.stream import EventStream, PlanItem
 
-__all__ = ["Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
+__all__ = ["SERVING", "Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
 
 ENGINE_WAIT = "_engine"  # the control item a paced stream waits on (flow.Pump ignores it)
 MAX_ENGINES = 1024  # models with engines (ids come from clients: the rest share one set)
@@ -289,4 +290,3 @@ def register(app: App) -> None:
     app.router.add("GET", "/llmsim/engines", serving.status, "llmsim.engines")
 
 
-SERVING: Key[Serving] = Key("serving")  # the engines in App.features (--engine only)

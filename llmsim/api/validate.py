@@ -7,9 +7,10 @@ import builtins
 import re
 import time
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import APIError, E, quoted
+from ..messages import Key
 
 if TYPE_CHECKING:
     from ..app import App
@@ -279,14 +280,22 @@ class BodyMemo:
         self._bytes = 0
 
 
+class EngineWait(Protocol):
+    """The serving engines (``--engine``, api/serving.py) as a held answer waits for them."""
+
+    async def wait(self, model: str, usage: Usage, req: Request | None) -> bool: ...
+
+
+# the engines in App.features (set by api/serving.py with --engine only)
+SERVING: Key[EngineWait] = Key("serving")
+
+
 async def deliver_after(app: App, model: str, seconds: float, usage: Usage | None = None,
                         req: Request | None = None) -> None:
     """Hold a non-streamed answer until its generation would have finished, counted as a
     running request of ``model`` meanwhile (``vllm:num_requests_running``): ``seconds``, or,
     with ``--engine`` and the answer's ``usage``, until the engine has generated it."""
-    from .serving import SERVING  # (the engine's wait; a feature of the serving module)
-
-    serving = app.feature(SERVING)
+    serving = app.features.get(SERVING)
     if serving is not None and usage is not None:
         key = app.stats.running_open(model)
         try:
