@@ -175,7 +175,8 @@ class RedisStore(Generic[V]):
             return False
         return self._run_write(key, value, "put")[0]
 
-    def put_then_get(self, key: str, value: V, other: RedisStore[Any], other_key: str) -> Any:
+    def put_then_get(self, key: str, value: V, other: RedisStore[Any], other_key: str,
+                     owner: object = None) -> Any:
         """:meth:`put`, then ``other.get(other_key)`` after it, in one round trip."""
         if self.max_entries <= 0:
             return other.get(other_key)

@@ -36,6 +36,11 @@ __all__ = ["SharedStore", "open_store", "prepare", "connect"]
 V = TypeVar("V")
 
 
+def store_path(state_dir: str) -> str:
+    """The sqlite file the workers' shared stores live in."""
+    return os.path.join(state_dir, "store.sqlite3")
+
+
 def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float],
                on_evict: Callable[[str, Any], None] | None = None, *, max_bytes: int = 0,
                state_dir: str | None = None) -> Any:
@@ -44,7 +49,7 @@ def open_store(name: str, max_entries: int, ttl: float, now: Callable[[], float]
     ``max_bytes`` bounds a shared store only."""
     if not state_dir:
         return BoundedStore(max_entries, ttl, now, on_evict)
-    return SharedStore(os.path.join(state_dir, "store.sqlite3"), name, max_entries, ttl,
+    return SharedStore(store_path(state_dir), name, max_entries, ttl,
                        on_evict, max_bytes=max_bytes)
 
 
@@ -292,6 +297,22 @@ class SharedStore(Generic[V]):
             self.purge()
             return None
         return pickle.loads(row[1])  # type: ignore[no-any-return]
+
+    def put_then_get(self, key: str, value: V, other: SharedStore[Any], other_key: str,
+                     owner: int | None = None) -> Any:
+        """:meth:`put`, then ``other.get(other_key)`` (:class:`~llmsim.state.store.SnapshotStore`;
+        on one machine two calls cost what one does)."""
+        self.put(key, value, owner)
+        return other.get(other_key)
+
+    def get_with(self, key: str, other: SharedStore[Any], other_key: str) -> tuple[V | None, Any]:
+        """``(get(key), other.get(other_key))``."""
+        return self.get(key), other.get(other_key)
+
+    def get_and_has(self, key: str, other: SharedStore[Any],
+                    other_key: str) -> tuple[V | None, bool]:
+        """``(get(key), other.has(other_key))``."""
+        return self.get(key), other.has(other_key)
 
     def pop(self, key: str) -> V | None:
         value = self.get(key)

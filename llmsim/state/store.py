@@ -23,11 +23,12 @@ import gc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["BoundedStore", "approx_bytes", "json_bytes", "WALK_NODES"]
+__all__ = ["BoundedStore", "SnapshotStore", "approx_bytes", "json_bytes", "WALK_NODES"]
 
 V = TypeVar("V")
+V_co = TypeVar("V_co", covariant=True)
 
 WALK_NODES = 1 << 13  # approx_bytes gives up beyond this many objects (~1.5 ms of walking)
 
@@ -188,3 +189,38 @@ class BoundedStore(Generic[V]):
             self.on_remove(key, value)
         if self.on_evict is not None:
             self.on_evict(key, value)
+
+
+class SnapshotStore(Protocol[V_co]):
+    """A bounded TTL key/value table shared by processes: what stored responses and their
+    control entries are kept in across ``--workers`` (:class:`llmsim.state.shared.SharedStore`,
+    sqlite) or replicas (:class:`llmsim.state.redis_store.RedisStore`). The paired reads and
+    writes are one round trip where the back end can (Redis), two calls where it need not
+    (sqlite, on the same machine)."""
+
+    def put(self, key: str, value: Any, owner: Any = None) -> bool: ...
+
+    def update(self, key: str, value: Any, owner: Any = None) -> bool: ...
+
+    def update_owned(self, owner: Any, fn: Callable[[Any], Any]) -> int: ...
+
+    def get(self, key: str) -> V_co | None: ...
+
+    def has(self, key: str) -> bool: ...
+
+    def pop(self, key: str) -> V_co | None: ...
+
+    def close(self) -> None: ...
+
+    def put_then_get(self, key: str, value: Any, other: Any, other_key: str,
+                     owner: Any = None) -> Any:
+        """:meth:`put`, then ``other.get(other_key)`` after it."""
+        ...
+
+    def get_with(self, key: str, other: Any, other_key: str) -> tuple[V_co | None, Any]:
+        """``(get(key), other.get(other_key))``."""
+        ...
+
+    def get_and_has(self, key: str, other: Any, other_key: str) -> tuple[V_co | None, bool]:
+        """``(get(key), other.has(other_key))``."""
+        ...

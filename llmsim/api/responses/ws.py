@@ -47,7 +47,7 @@ from ...routing import WSMode
 from ...sim.rng import new_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from ...streaming.flow import Pump
-from .state import ConnectionCache
+from .ws_cache import ConnectionCache
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_lanes import LaneLimitError, LaneScheduler
 
