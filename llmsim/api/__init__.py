@@ -21,6 +21,7 @@ from . import (
     faults,
     gemini,
     models,
+    ollama,
     responses,
     websocket,
 )
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama,
+           faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

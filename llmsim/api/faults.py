@@ -103,7 +103,8 @@ def _model(req: Request) -> str | None:
 def _streaming(req: Request, route: Route) -> bool:
     if route.streaming is not None:  # a path that always or never streams
         return route.streaming or req.transport == "ws"
-    return req.transport == "ws" or (route.stream_capable and _body(req).get("stream") is True)
+    return req.transport == "ws" or (route.stream_capable and _body(req).get(
+        "stream", route.stream_default) is True)
 
 
 # ------------------------------------------------------------------------------------------
