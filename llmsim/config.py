@@ -379,6 +379,10 @@ class Config(_Checked):
     default_model: str = opt("gpt-4o", "The model listed first by GET /v1/models: harnesses "
                              "that benchmark 'the first model' (guidellm, inference-perf) get "
                              "this one (a non-reasoning model by default).", metavar="ID")
+    azure_deployments: tuple[str, ...] = opt(
+        (), "Azure OpenAI: the model behind a deployment, NAME=MODEL (repeatable; TOML: a "
+        "list). A deployment not listed serves the model of its own name.",
+        metavar="NAME=MODEL")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
     replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
@@ -795,6 +799,11 @@ def _check(cfg: Config) -> None:
     if cfg.replay_speed < 0:
         raise ConfigError("replay_speed: must be >= 0")
     _check_record(cfg)
+    if len(cfg.azure_deployments) > 1024 or any(
+            not 0 < len(d.partition("=")[0]) <= 256 or not 0 < len(d.partition("=")[2]) <= 256
+            or not d.isprintable() for d in cfg.azure_deployments):
+        raise ConfigError("azure_deployments: at most 1024 NAME=MODEL pairs (each part 1 to 256 "
+                          "printable characters)")
     if len(cfg.served_model_name) > 256 or any(
             not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
         raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")

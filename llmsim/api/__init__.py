@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from . import (
     admin,
     anthropic,
+    azure,
     cassette,
     chat,
     clients,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama,
-           faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+           azure, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:

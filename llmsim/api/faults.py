@@ -53,6 +53,7 @@ from ..sim.faults import SPEC_HELP, Fault, FaultEngine, fault_error, inject, ret
 from ..sim.ratelimit import RateLimiter, estimate_tokens
 from ..state.redis_limits import SharedLimiter, SharedRules
 from ..stream import close_plan
+from .azure import is_entra_token
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -124,7 +125,7 @@ def check_api_key(keys: frozenset[str], req: Request) -> None:
     key = req.api_key
     if key is None:
         raise E.api_key_missing.at()
-    if key not in keys:
+    if key not in keys and not is_entra_token(req, key):
         raise E.api_key_invalid.at(key=_mask(key))
 
 
