@@ -14,6 +14,7 @@ from . import (
     admin,
     anthropic,
     azure,
+    bedrock,
     cassette,
     chat,
     clients,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama,
-           azure, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+           azure, bedrock, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:
