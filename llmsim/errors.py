@@ -624,6 +624,23 @@ class E:
                                      "unavailable ({reason}); try again shortly.",
                                      type="server_error", names_param=False)
 
+    # --- other providers' families (each renders these in its own envelope) -----------------
+    gemini_invalid_value = Entry(400, "invalid_argument", "Invalid value at '{param}': {what}")
+    gemini_unknown_field = Entry(400, "invalid_argument", 'Invalid JSON payload received. '
+                                 'Unknown name "{param}": Cannot find field.')
+    gemini_model_not_found = Entry(404, "model_not_found", "models/{model} is not found for API "
+                                   "version v1beta, or is not supported for generateContent.",
+                                   names_param=False, clip=("model",))
+    ollama_invalid = Entry(400, "invalid_argument", "invalid {param}: {what}")
+    ollama_model_not_found = Entry(404, "model_not_found", "model '{model}' not found",
+                                   clip=("model",))
+    ollama_no_thinking = Entry(400, "invalid_argument", '"{model}" does not support thinking',
+                               clip=("model",))
+    azure_api_version_missing = Entry(404, "api_version_missing", "Resource not found")
+    azure_api_version_unsupported = Entry(400, "api_version_unsupported",
+                                          "API version not supported")
+    bedrock_invalid = Entry(400, "validation_error", "{param}: {what}")
+
 
 def missing(param: str) -> APIError:
     """The real API's wording for a missing required parameter."""

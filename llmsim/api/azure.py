@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 
 if TYPE_CHECKING:
@@ -87,13 +87,11 @@ def is_entra_token(req: Request, key: str) -> bool:
 def check_version(req: Request) -> None:
     v = req.query_one("api-version")
     if v is None:
-        raise APIError(404, "Resource not found", type="invalid_request_error",
-                       param="api-version", code="api_version_missing")
+        raise E.azure_api_version_missing.at("api-version")
     m = _VERSION.match(v)
     if m is None or v[:10] < FIRST_VERSION or not 1 <= int(m[2]) <= 12 \
             or not 1 <= int(m[3]) <= 31:
-        raise APIError(400, "API version not supported", type="invalid_request_error",
-                       param="api-version", code="api_version_unsupported")
+        raise E.azure_api_version_unsupported.at("api-version")
 
 
 def deployment_model(app: App, deployment: str) -> str:

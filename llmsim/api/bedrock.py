@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import RawResponse, Request
 from ..sim import schema as sch
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
@@ -160,8 +160,7 @@ INVOKE_STREAM = Dialect("bedrock.invoke", numbered=False, sse=_invoke_frame,
 # ------------------------------------------------------------------------------------------
 
 def _bad(where: str, what: str) -> APIError:
-    return APIError(400, f"{where}: {what}", type="invalid_request_error", param=where,
-                    code="validation_error")
+    return E.bedrock_invalid.at(where, what=what)
 
 
 def profile_name(model_id: str) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim import schema as sch
 from ..sim import tokens as tok
@@ -153,8 +153,7 @@ def _get(d: dict[str, Any], name: str) -> Any:
 
 
 def _bad(param: str, what: str) -> APIError:
-    return APIError(400, f"Invalid value at '{param}': {what}", type="invalid_request_error",
-                    param=param, code="invalid_argument")
+    return E.gemini_invalid_value.at(param, what=what)
 
 
 def _int(d: dict[str, Any], name: str, where: str, lo: int, hi: int) -> int | None:
@@ -346,9 +345,7 @@ async def _parse(req: Request, app: App, body: dict[str, Any], model: str,
     profile = app.model(model)
     for key in body:
         if key not in KNOWN_FIELDS and _camel(key) not in KNOWN_FIELDS:
-            raise APIError(400, f'Invalid JSON payload received. Unknown name "{key[:64]}": '
-                           "Cannot find field.", type="invalid_request_error", param=key,
-                           code="invalid_argument")
+            raise E.gemini_unknown_field.at(key)
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise _bad("contents", "contents is not specified" if not contents else
@@ -667,9 +664,7 @@ async def get_model(req: Request, app: App) -> JSONResponse:
     model = _model_of(req)
     prof = app.registry.get(model)
     if prof is None:
-        raise APIError(404, f"models/{model[:64]} is not found for API version v1beta, or is "
-                       "not supported for generateContent.", type="invalid_request_error",
-                       code="model_not_found")
+        raise E.gemini_model_not_found.at(model=model)
     return JSONResponse(_model_json(prof))
 
 

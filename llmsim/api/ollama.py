@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..dialect import Dialect
-from ..errors import APIError
+from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, Result
 from ..sim import schema as sch
 from ..sim import tokens as tok
@@ -106,8 +106,7 @@ OLLAMA_GENERATE = _dialect("ollama.generate")
 
 
 def _bad(param: str, what: str) -> APIError:
-    return APIError(400, f"invalid {param}: {what}", type="invalid_request_error",
-                    param=param, code="invalid_argument")
+    return E.ollama_invalid.at(param, what=what)
 
 
 # ------------------------------------------------------------------------------------------
@@ -122,8 +121,7 @@ def _profile(app: App, model: Any, kind: str = "chat") -> Any:
     name = model.removesuffix(":latest")
     prof = app.registry.get(name)
     if prof is None:  # a strict registry (--served-model-name, strict_models)
-        raise APIError(404, f"model '{model}' not found", type="invalid_request_error",
-                       param="model", code="model_not_found")
+        raise E.ollama_model_not_found.at("model", model=model)
     return app.model(name, kind=kind)
 
 
@@ -199,8 +197,7 @@ def _think(body: dict[str, Any], profile: Any) -> tuple[Any, str | None]:
     if profile.reasoning:
         return profile, effort
     if profile.builtin:
-        raise APIError(400, f'"{profile.id}" does not support thinking',
-                       type="invalid_request_error", param="think", code="invalid_argument")
+        raise E.ollama_no_thinking.at("think", model=profile.id)
     return replace(profile, reasoning=True), effort  # an unknown model: taken to think
 
 
@@ -514,8 +511,7 @@ async def show(req: Request, app: App) -> JSONResponse:
     name = model.removesuffix(":latest") if isinstance(model, str) else model
     prof = app.registry.get(name) if isinstance(name, str) and name else None
     if prof is None:
-        raise APIError(404, f"model '{str(model)[:256]}' not found",
-                       type="invalid_request_error", param="model", code="model_not_found")
+        raise E.ollama_model_not_found.at("model", model=str(model))
     caps = ["embedding"] if prof.kind == "embedding" else ["completion", "tools"] + (
         ["thinking"] if prof.reasoning else [])
     family = _details(prof)["family"]
