@@ -124,3 +124,26 @@ def test_scripts_apply(make_server: Any) -> None:
     c = openai.AzureOpenAI(azure_endpoint=s.url, api_key="k", api_version=V)
     assert c.chat.completions.create(model="gpt-4o", messages=CHAT).choices[0].message.content \
         == "Scripted."
+
+
+def test_record_and_replay(tmp_path: Any) -> None:
+    """Recording proxies the Azure path as it is (an Azure upstream's own path); replay
+    serves the recorded answers, annotations included, without adding them twice."""
+    ask = {"model": "gpt-4o", "messages": CHAT}
+    with ServerThread(Config(port=0, latency="instant", seed=5, quiet=True)) as up, \
+            ServerThread(Config(port=0, quiet=True, record_upstream=up.url,
+                                cassettes=str(tmp_path))) as rec:
+        c = openai.AzureOpenAI(azure_endpoint=rec.url, api_key="k", api_version=V,
+                               max_retries=0)
+        a = c.chat.completions.create(**ask)
+        s1 = list(c.chat.completions.create(**ask, stream=True))
+    assert len(list(tmp_path.iterdir())) == 2
+    with ServerThread(Config(port=0, quiet=True, replay=str(tmp_path))) as rp:
+        c = openai.AzureOpenAI(azure_endpoint=rp.url, api_key="k", api_version=V,
+                               max_retries=0)
+        b = c.chat.completions.create(**ask)
+        s2 = list(c.chat.completions.create(**ask, stream=True))
+    assert b.choices[0].message.content == a.choices[0].message.content
+    assert (b.model_extra or {})["prompt_filter_results"]
+    assert [x.choices for x in s2] == [x.choices for x in s1] and s1[0].choices == []
+    assert sum(1 for x in s2 if not x.choices) == sum(1 for x in s1 if not x.choices)
