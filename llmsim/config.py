@@ -383,6 +383,11 @@ class Config(_Checked):
         (), "Azure OpenAI: the model behind a deployment, NAME=MODEL (repeatable; TOML: a "
         "list). A deployment not listed serves the model of its own name.",
         metavar="NAME=MODEL")
+    aws_keys: tuple[str, ...] = opt(
+        (), "Bedrock: verify SigV4 signatures against these key pairs, ACCESS_KEY_ID:SECRET "
+        "(repeatable): a request signed with another key id, or whose signature does not "
+        "match, is a 403. Unset: any SigV4 header is accepted unverified.",
+        metavar="ID:SECRET")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
     replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
@@ -799,6 +804,10 @@ def _check(cfg: Config) -> None:
     if cfg.replay_speed < 0:
         raise ConfigError("replay_speed: must be >= 0")
     _check_record(cfg)
+    if len(cfg.aws_keys) > 1024 or any(
+            not 0 < len(k.partition(":")[0]) <= 128 or not 0 < len(k.partition(":")[2]) <= 256
+            or not k.isprintable() or "/" in k.partition(":")[0] for k in cfg.aws_keys):
+        raise ConfigError("aws_keys: at most 1024 ACCESS_KEY_ID:SECRET pairs")
     if len(cfg.azure_deployments) > 1024 or any(
             not 0 < len(d.partition("=")[0]) <= 256 or not 0 < len(d.partition("=")[2]) <= 256
             or not d.isprintable() for d in cfg.azure_deployments):

@@ -640,6 +640,14 @@ class E:
     azure_api_version_unsupported = Entry(400, "api_version_unsupported",
                                           "API version not supported")
     bedrock_invalid = Entry(400, "validation_error", "{param}: {what}")
+    bedrock_missing_auth = Entry(403, "MissingAuthenticationTokenException",
+                                 "Missing Authentication Token", names_param=False)
+    bedrock_unknown_key = Entry(403, "UnrecognizedClientException", "The security token "
+                                "included in the request is invalid.", names_param=False)
+    bedrock_bad_signature = Entry(403, "InvalidSignatureException", "The request signature we "
+                                  "calculated does not match the signature you provided. Check "
+                                  "your AWS Secret Access Key and signing method. Consult the "
+                                  "service documentation for details.", names_param=False)
 
 
 def missing(param: str) -> APIError:

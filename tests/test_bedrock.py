@@ -208,3 +208,35 @@ def test_oversized_bodies_in_each_familys_shape() -> None:
         assert r.status_code == 413 and set(r.json()) == {"error"}
         r = httpx.post(s.url + "/v1beta/models/gemini-2.0-flash:generateContent", content=big)
         assert r.status_code == 413 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_sigv4_signatures_verified_with_aws_keys(make_server: Any) -> None:
+    s = make_server(aws_keys=("AKIDGOOD:s3cret",))
+
+    def client(key: str, secret: str) -> Any:
+        return boto3.client("bedrock-runtime", endpoint_url=s.url, region_name="us-west-2",
+                            aws_access_key_id=key, aws_secret_access_key=secret,
+                            config=BotoConfig(retries={"max_attempts": 1}))
+
+    good = client("AKIDGOOD", "s3cret")
+    assert good.converse(modelId=MODEL, messages=HI)["stopReason"]
+    assert list(good.converse_stream(modelId=MODEL, messages=HI)["stream"])[-1]["metadata"]
+    for key, secret, code in (("AKIDGOOD", "wrong", "InvalidSignatureException"),
+                              ("AKIDBAD", "s3cret", "UnrecognizedClientException")):
+        with pytest.raises(ClientError) as ei:
+            client(key, secret).converse(modelId=MODEL, messages=HI)
+        assert ei.value.response["Error"]["Code"] == code
+        assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    tamper = client("AKIDGOOD", "s3cret")
+
+    def swap(request: Any, **kw: Any) -> None:  # the body changed after signing
+        request.body = request.body.replace(b"Say hi", b"Say no")
+    tamper.meta.events.register("before-send.bedrock-runtime.Converse", swap)
+    with pytest.raises(ClientError) as ei:
+        tamper.converse(modelId=MODEL, messages=HI)
+    assert ei.value.response["Error"]["Code"] == "InvalidSignatureException"
+    r = httpx.post(s.url + f"/model/{MODEL}/converse", json={"messages": HI})
+    assert r.status_code == 403 and r.json() == {"message": "Missing Authentication Token"}
+    assert httpx.post(s.url + "/api/chat", json={  # other families: not SigV4
+        "model": "m", "messages": [{"role": "user", "content": "x"}],
+        "stream": False}).status_code == 200

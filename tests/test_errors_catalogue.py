@@ -519,6 +519,15 @@ ROWS: list[tuple[str, str | None, dict[str, Any], int, str, str | None, str | No
      400, 'invalid_request_error', 'api_version_unsupported', 'p.q', 'API version not supported'),
     ('bedrock_invalid', 'p.q', {'what': '<what>'},
      400, 'invalid_request_error', 'validation_error', 'p.q', 'p.q: <what>'),
+    ('bedrock_missing_auth', None, {},
+     403, 'permission_error', 'MissingAuthenticationTokenException', None,
+     'Missing Authentication Token'),
+    ('bedrock_unknown_key', None, {},
+     403, 'permission_error', 'UnrecognizedClientException', None,
+     'The security token included in the request is invalid.'),
+    ('bedrock_bad_signature', None, {},
+     403, 'permission_error', 'InvalidSignatureException', None,
+     'The request signature we calculated does not match the signature you provided. Check your AWS Secret Access Key and signing method. Consult the service documentation for details.'),
 ]
 
 

@@ -21,8 +21,8 @@ Model ids: an ARN's last segment, a cross-region prefix (``us.``, ``eu.``, …),
 (``anthropic.``) and the version suffix (``-v1:0``) are removed to find the profile
 (``us.anthropic.claude-haiku-4-5-20251001-v1:0`` → ``claude-haiku-4-5``); the id as sent is
 the model the generic hooks see. Authorization: a SigV4 header is accepted (its access key id
-is the key ``--api-key`` checks; the signature is not verified) as is a Bedrock API key
-(``Authorization: Bearer``). Errors: the status and ``x-amzn-errortype`` of Bedrock's
+is the key ``--api-key`` checks), its signature verified against ``--aws-keys`` when given;
+a Bedrock API key (``Authorization: Bearer``) works as any key. Errors: the status and ``x-amzn-errortype`` of Bedrock's
 exceptions (``ValidationException``, ``AccessDeniedException``,
 ``ResourceNotFoundException``, ``ThrottlingException``, ``ModelTimeoutException``,
 ``InternalServerException``, ``ServiceUnavailableException``) with ``{"message": ...}``.
@@ -31,17 +31,21 @@ exceptions (``ValidationException``, ``AccessDeniedException``,
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import re
 import struct
 import zlib
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import orjson
 
 from ..dialect import Dialect
 from ..errors import APIError, E
-from ..messages import RawResponse, Request
+from ..messages import RawResponse, Request, Result
+from ..routing import Route
 from ..sim import schema as sch
 from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Tool, ToolChoice
 from ..sim.prompt import IMAGE_TOKENS, chat_prompt_steps
@@ -88,6 +92,8 @@ CONVERSE_FIELDS = frozenset((
 # ------------------------------------------------------------------------------------------
 
 def _exception(err: APIError) -> tuple[int, str]:
+    if err.code is not None and err.code.endswith("Exception"):  # (a SigV4 refusal)
+        return err.status, err.code
     name = "ResourceNotFoundException" if err.code == "model_not_found" else \
         _EXC.get(err.status, "InternalServerException" if err.status >= 500
                  else "ValidationException")
@@ -511,7 +517,61 @@ class Invoke(Family):
         return anth._steps(d)
 
 
+# ------------------------------------------------------------------------------------------
+# SigV4 verification (--aws-keys)
+# ------------------------------------------------------------------------------------------
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def sigv4_error(req: Request, secrets: dict[str, str]) -> APIError | None:
+    """Why ``req``'s SigV4 signature does not hold for ``secrets`` (key id → secret), or
+    None: the canonical request (the path percent-encoded again, as AWS does for every
+    service but S3), the string to sign and the derived signing key, as the SDKs compute
+    them. The request date is not compared with the clock."""
+    auth = req.headers.get("authorization", "")
+    if not auth.startswith("AWS4-HMAC-SHA256 "):
+        return E.bedrock_missing_auth.at()
+    fields = dict(p.strip().partition("=")[::2] for p in auth[17:].split(","))
+    cred = fields.get("Credential", "").split("/")
+    signed = fields.get("SignedHeaders", "")
+    if len(cred) != 5 or cred[0] not in secrets:
+        return E.bedrock_unknown_key.at()
+    names = signed.split(";")
+    if len(names) > 64 or "host" not in names:
+        return E.bedrock_bad_signature.at()
+    query = sorted((quote(k, safe="-_.~"), quote(v, safe="-_.~"))
+                   for k, vs in req.query.items() for v in vs)
+    canonical = "\n".join([
+        req.method, quote(req.path or "/", safe="/~"), "&".join(f"{k}={v}" for k, v in query),
+        "".join(f"{n}:{' '.join(req.headers.get(n, '').split())}\n" for n in names), signed,
+        req.headers.get("x-amz-content-sha256") or hashlib.sha256(req.body).hexdigest()])
+    date = req.headers.get("x-amz-date", "")
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", date, "/".join(cred[1:]),
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    key = _hmac(("AWS4" + secrets[cred[0]]).encode(), cred[1])
+    for part in cred[2:]:
+        key = _hmac(key, part)
+    want = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, fields.get("Signature", "")):
+        return E.bedrock_bad_signature.at()
+    return None
+
+
+def _sigv4_hook(secrets: dict[str, str]) -> Any:
+    async def check(req: Request, route: Route, app: App) -> Result | None:
+        if route.name.startswith("bedrock."):
+            err = sigv4_error(req, secrets)
+            if err is not None:
+                return bedrock_error(err)
+        return None
+    return check
+
+
 def register(app: App) -> None:
+    if app.config.aws_keys:
+        app.before.append(_sigv4_hook(dict(k.split(":", 1) for k in app.config.aws_keys)))
     base = "/model/{model}"
     serve(app, Converse(False), [("POST", f"{base}/converse")], streaming=False)
     serve(app, Converse(True), [("POST", f"{base}/converse-stream")], streaming=True)
