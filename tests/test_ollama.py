@@ -167,3 +167,25 @@ def test_langchain_chat_ollama(srv: Any) -> None:
     assert isinstance(msg.content, str) and msg.content
     assert msg.usage_metadata and msg.usage_metadata["output_tokens"] <= 12
     assert "".join(str(c.content) for c in llm.stream("Say hi"))
+
+
+def test_record_and_replay(tmp_path: Any) -> None:
+    """Recorded through llmsim from an upstream Ollama (here another llmsim), replayed
+    offline: the same answers, streamed (NDJSON, recorded whole) or not."""
+    def run(url: str) -> tuple[Any, ...]:
+        c = ollama.Client(host=url)
+        msgs = [{"role": "user", "content": "hi"}]
+        whole = c.chat(model=MODEL, messages=msgs, stream=False).message.content
+        lines = [x.message.content for x in c.chat(model=MODEL, messages=msgs, stream=True)]
+        return whole, lines, c.embed(model="nomic-embed-text", input="x").embeddings
+
+    with ServerThread(Config(port=0, latency="instant", seed=5, quiet=True)) as up, \
+            ServerThread(Config(port=0, quiet=True, record_route=(f"ollama={up.url}",),
+                                cassettes=str(tmp_path))) as rec:
+        first = run(rec.url)
+    assert len(list(tmp_path.iterdir())) == 3
+    with ServerThread(Config(port=0, quiet=True, replay=str(tmp_path))) as rp:
+        assert run(rp.url) == first
+        r = httpx.post(rp.url + "/api/chat", json={"model": "other", "messages": [
+            {"role": "user", "content": "never recorded"}]})
+        assert r.status_code == 404 and set(r.json()) == {"error"}
