@@ -167,6 +167,8 @@ def test_errors_in_bedrocks_shape(client: Any, srv: Any) -> None:
         c.converse(modelId=MODEL, messages=HI)
     assert ei.value.response["Error"]["Code"] == "ThrottlingException"
     assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 429
+    metrics = httpx.get(srv.url + "/metrics").text  # the model label comes from the path
+    assert f'endpoint="bedrock.converse",model="{MODEL}",transport="http",status="429"' in metrics
 
 
 def test_mid_stream_fault_is_an_exception_frame(srv: Any) -> None:
