@@ -242,3 +242,24 @@ def test_sigv4_signatures_verified_with_aws_keys(make_server: Any) -> None:
     assert httpx.post(s.url + "/api/chat", json={  # other families: not SigV4
         "model": "m", "messages": [{"role": "user", "content": "x"}],
         "stream": False}).status_code == 200
+
+
+def test_invoke_model_nova_bodies(client: Any) -> None:
+    nova = "us.amazon.nova-lite-v1:0"
+    body = {"schemaVersion": "messages-v1", "system": [{"text": "Be brief."}],
+            "messages": [{"role": "user", "content": [{"text": "Say hi"}]}],
+            "inferenceConfig": {"max_new_tokens": 6, "top_p": 0.9, "top_k": 20}}
+    out = json.loads(client.invoke_model(modelId=nova, body=json.dumps(body))["body"].read())
+    assert out["output"]["message"]["content"][0]["text"] and out["stopReason"] == "max_tokens"
+    assert out["usage"]["outputTokens"] == 6
+    s = client.invoke_model_with_response_stream(modelId=nova, body=json.dumps(body))
+    events = [json.loads(e["chunk"]["bytes"]) for e in s["body"]]
+    kinds = [next(iter(e)) for e in events]
+    assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"]
+    assert kinds.count("contentBlockDelta") == 6
+    assert events[-1]["metadata"]["amazon-bedrock-invocationMetrics"]["outputTokenCount"] == 6
+    for bad in ({**body, "inferenceConfig": {"maxTokens": 5}}, {**body, "bogus": 1},
+                {**body, "inferenceConfig": {"top_k": 1000}}, {"schemaVersion": "messages-v1"}):
+        with pytest.raises(ClientError) as ei:
+            client.invoke_model(modelId=nova, body=json.dumps(bad))
+        assert ei.value.response["Error"]["Code"] == "ValidationException"

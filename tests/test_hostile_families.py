@@ -113,6 +113,12 @@ def _invoke_body() -> dict[str, Any]:
             "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 
 
+def _nova_body() -> dict[str, Any]:
+    return {"schemaVersion": "messages-v1", **{k: v for k, v in _bedrock_body().items()
+                                               if k != "inferenceConfig"},
+            "inferenceConfig": {"max_new_tokens": 20, "top_k": 5, "stopSequences": ["x"]}}
+
+
 # (path, body factory, stream flag key or None, checker with (status, body, stream, headers))
 Check = Callable[[int, bytes, bool, dict[str, str]], str | None]
 ROUTES: list[tuple[str, Callable[[], dict[str, Any]], Check]] = [
@@ -128,6 +134,8 @@ ROUTES: list[tuple[str, Callable[[], dict[str, Any]], Check]] = [
     (f"/model/{MODEL_B}/converse-stream", _bedrock_body,
      lambda s, b, st, h: _bedrock_ok(s, b, True, h)),
     (f"/model/{MODEL_B}/invoke-with-response-stream", _invoke_body,
+     lambda s, b, st, h: _bedrock_ok(s, b, True, h)),
+    ("/model/us.amazon.nova-lite-v1:0/invoke-with-response-stream", _nova_body,
      lambda s, b, st, h: _bedrock_ok(s, b, True, h)),
 ]
 

@@ -5,7 +5,8 @@ request pipeline (:mod:`llmsim.api.pipeline`):
   message shape for every model; the stream in the AWS event-stream framing);
 - ``POST /model/{modelId}/invoke`` and ``/invoke-with-response-stream`` for Anthropic-on-
   Bedrock bodies (``anthropic_version: "bedrock-2023-05-31"``, the Messages API without
-  ``model``), parsed and rendered by the Anthropic family (:mod:`llmsim.api.anthropic`).
+  ``model``), parsed and rendered by the Anthropic family (:mod:`llmsim.api.anthropic`), and
+  for Amazon Nova bodies (``schemaVersion: "messages-v1"``: Converse's shapes).
 
 The event stream (``application/vnd.amazon.eventstream``): each message is
 ``total length | headers length | prelude CRC32 | headers | JSON payload | message CRC32``
@@ -146,6 +147,9 @@ def _invoke_frame(etype: str, data: Any) -> bytes:
     return _event("chunk", b'{"bytes":"' + base64.b64encode(raw) + b'"}')
 
 
+NOVA_SCHEMA = "messages-v1"
+NOVA_FIELDS = frozenset(("schemaVersion", "messages", "system", "inferenceConfig",
+                         "toolConfig"))
 _STREAM_HEADERS = b"content-type: application/vnd.amazon.eventstream\r\n"
 CONVERSE_STREAM = Dialect("bedrock.converse", numbered=False, sse=_converse_frame,
                           sse_error=lambda err, seq: _exception_frame(err),
@@ -159,6 +163,12 @@ INVOKE_STREAM = Dialect("bedrock.invoke", numbered=False, sse=_invoke_frame,
                         token_types=frozenset({"content_block_delta"}),
                         terminals=frozenset({"message_stop", "exception"}),
                         stream_headers=_STREAM_HEADERS)
+NOVA_STREAM = Dialect("bedrock.invoke", numbered=False, sse=_invoke_frame,
+                      sse_error=lambda err, seq: _exception_frame(err),
+                      error_events=lambda err: [("exception", err)],
+                      token_types=frozenset({"contentBlockDelta"}),
+                      terminals=frozenset({"metadata", "exception"}),
+                      stream_headers=_STREAM_HEADERS)
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,8 +288,9 @@ def _thinking(extra: Any, limit: int | None) -> str | None:
     return "high" if share >= 0.75 else "medium" if share >= 0.5 else "low"
 
 
-async def _parse_converse(req: Request, app: App, stream: bool) -> Parsed:
-    body = req.json_object()
+async def _parse_converse(req: Request, app: App, stream: bool,
+                          body: dict[str, Any] | None = None) -> Parsed:
+    body = req.json_object() if body is None else body
     for k in body:
         if k not in CONVERSE_FIELDS:
             raise _bad(k, "unknown field")
@@ -405,59 +416,68 @@ class Converse(Family):
         return await _parse_converse(req, app, self.stream)
 
     def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
-        c = d.choices[0]
-        content: list[dict[str, Any]] = []
-        r = c.reasoning
-        if r is not None:
-            content.append({"reasoningContent": {"reasoningText": {
-                "text": "".join("".join(s) for s in r.summary),
-                "signature": r.encrypted or ""}}})
-        if c.pieces is not None and (c.pieces or not c.calls):
-            content.append({"text": "".join(c.pieces)})
-        for call in c.calls:
-            content.append({"toolUse": {"toolUseId": _tool_id(call), "name": call.name,
-                                        "input": _args(call)}})
-        return {"output": {"message": {"role": "assistant", "content": content}},
-                "stopReason": _stop(c), "usage": _usage(d),
-                "metrics": {"latencyMs": _latency_ms(d, self.steps(d))}}
+        return {**converse_output(d), "metrics": {"latencyMs": _latency_ms(d, self.steps(d))}}
 
     def plan(self, p: Parsed, d: Decision, meta: Meta) -> Plan:
-        c = d.choices[0]
-        gaps = d.timing.gaps(1 << 30)
-        yield d.timing.first, "messageStart", {"role": "assistant"}
-        due = True
-        idx = 0
-        r = c.reasoning
-        if r is not None:
-            for part in r.summary:
-                for piece in part:
-                    yield (0.0 if due else next(gaps, 0.0)), "contentBlockDelta", {
-                        "delta": {"reasoningContent": {"text": piece}},
-                        "contentBlockIndex": idx}
-                    due = False
-            yield 0.0, "contentBlockDelta", {"delta": {"reasoningContent": {
-                "signature": r.encrypted or ""}}, "contentBlockIndex": idx}
-            yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
-            idx += 1
-        if c.pieces is not None and (c.pieces or not c.calls):
-            for piece in c.pieces:
+        return converse_plan(d, self.steps(d))
+
+
+def converse_output(d: Decision) -> dict[str, Any]:
+    """Converse's answer without its metrics (also Nova's InvokeModel answer)."""
+    c = d.choices[0]
+    content: list[dict[str, Any]] = []
+    r = c.reasoning
+    if r is not None:
+        content.append({"reasoningContent": {"reasoningText": {
+            "text": "".join("".join(s) for s in r.summary),
+            "signature": r.encrypted or ""}}})
+    if c.pieces is not None and (c.pieces or not c.calls):
+        content.append({"text": "".join(c.pieces)})
+    for call in c.calls:
+        content.append({"toolUse": {"toolUseId": _tool_id(call), "name": call.name,
+                                    "input": _args(call)}})
+    return {"output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": _stop(c), "usage": _usage(d)}
+
+
+def converse_plan(d: Decision, steps: int) -> Plan:
+    """Converse's stream events (also Nova's InvokeModel stream, each wrapped in a chunk)."""
+    c = d.choices[0]
+    gaps = d.timing.gaps(1 << 30)
+    yield d.timing.first, "messageStart", {"role": "assistant"}
+    due = True
+    idx = 0
+    r = c.reasoning
+    if r is not None:
+        for part in r.summary:
+            for piece in part:
                 yield (0.0 if due else next(gaps, 0.0)), "contentBlockDelta", {
-                    "delta": {"text": piece}, "contentBlockIndex": idx}
+                    "delta": {"reasoningContent": {"text": piece}},
+                    "contentBlockIndex": idx}
                 due = False
-            yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
-            idx += 1
-        for call in c.calls:
-            yield 0.0, "contentBlockStart", {"start": {"toolUse": {
-                "toolUseId": _tool_id(call), "name": call.name}}, "contentBlockIndex": idx}
-            for piece in call.pieces:
-                yield (0.0 if due else next(gaps, 0.0)), "contentBlockDelta", {
-                    "delta": {"toolUse": {"input": piece}}, "contentBlockIndex": idx}
-                due = False
-            yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
-            idx += 1
-        yield 0.0, "messageStop", {"stopReason": _stop(c)}
-        yield 0.0, "metadata", {"usage": _usage(d),
-                                "metrics": {"latencyMs": _latency_ms(d, self.steps(d))}}
+        yield 0.0, "contentBlockDelta", {"delta": {"reasoningContent": {
+            "signature": r.encrypted or ""}}, "contentBlockIndex": idx}
+        yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
+        idx += 1
+    if c.pieces is not None and (c.pieces or not c.calls):
+        for piece in c.pieces:
+            yield (0.0 if due else next(gaps, 0.0)), "contentBlockDelta", {
+                "delta": {"text": piece}, "contentBlockIndex": idx}
+            due = False
+        yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
+        idx += 1
+    for call in c.calls:
+        yield 0.0, "contentBlockStart", {"start": {"toolUse": {
+            "toolUseId": _tool_id(call), "name": call.name}}, "contentBlockIndex": idx}
+        for piece in call.pieces:
+            yield (0.0 if due else next(gaps, 0.0)), "contentBlockDelta", {
+                "delta": {"toolUse": {"input": piece}}, "contentBlockIndex": idx}
+            due = False
+        yield 0.0, "contentBlockStop", {"contentBlockIndex": idx}
+        idx += 1
+    yield 0.0, "messageStop", {"stopReason": _stop(c)}
+    yield 0.0, "metadata", {"usage": _usage(d),
+                            "metrics": {"latencyMs": _latency_ms(d, steps)}}
 
 
 # ------------------------------------------------------------------------------------------
@@ -478,9 +498,13 @@ class Invoke(Family):
         body = req.json_object()
         model_id = _model(req)
         name = profile_name(model_id)
+        if body.get("schemaVersion") == NOVA_SCHEMA or (
+                name.startswith("nova") and "anthropic_version" not in body):
+            return await _parse_nova(req, app, body, self.stream)
         if "anthropic_version" not in body and "claude" not in name:
             raise _bad("body", "this simulator serves InvokeModel for Anthropic Claude bodies "
-                       "(anthropic_version \"bedrock-2023-05-31\"); use Converse for others")
+                       "(anthropic_version \"bedrock-2023-05-31\") and Amazon Nova bodies "
+                       f"(schemaVersion \"{NOVA_SCHEMA}\"); use Converse for others")
         if body.get("anthropic_version") != ANTHROPIC_VERSION:
             raise _bad("anthropic_version", f'must be "{ANTHROPIC_VERSION}"')
         for k in ("model", "stream"):
@@ -499,22 +523,64 @@ class Invoke(Family):
                           ("x-amzn-bedrock-output-token-count", str(u.output_tokens)),
                           ("x-amzn-bedrock-invocation-latency",
                            str(_latency_ms(d, self.steps(d))))])
+        if p.info is None:  # Nova
+            return converse_output(d)
         return anth._message(meta.id, p.info, d)
 
     def plan(self, p: Parsed, d: Decision, meta: Meta) -> Plan:
+        if p.info is None:  # Nova: Converse's events, each one a chunk's JSON
+            for delay, etype, data in converse_plan(d, self.steps(d)):
+                if etype == "metadata":
+                    data = {"usage": data["usage"],
+                            "amazon-bedrock-invocationMetrics": _invocation_metrics(
+                                d, self.steps(d))}
+                yield delay, etype, {etype: data}
+            return
         for delay, etype, data in expand_runs(anth._plan(meta.id, p.info, d)):
             if etype == "ping":
                 continue  # (Bedrock's stream has no pings)
             if etype == "message_stop":
-                u = d.usage
-                data = {**data, "amazon-bedrock-invocationMetrics": {
-                    "inputTokenCount": u.prompt_tokens, "outputTokenCount": u.output_tokens,
-                    "invocationLatency": _latency_ms(d, self.steps(d)),
-                    "firstByteLatency": round(d.timing.first * 1000)}}
+                data = {**data, "amazon-bedrock-invocationMetrics": _invocation_metrics(
+                    d, self.steps(d))}
             yield delay, etype, data
 
     def steps(self, d: Decision) -> int:
         return anth._steps(d)
+
+
+def _invocation_metrics(d: Decision, steps: int) -> dict[str, int]:
+    u = d.usage
+    return {"inputTokenCount": u.prompt_tokens, "outputTokenCount": u.output_tokens,
+            "invocationLatency": _latency_ms(d, steps),
+            "firstByteLatency": round(d.timing.first * 1000)}
+
+
+async def _parse_nova(req: Request, app: App, body: dict[str, Any], stream: bool) -> Parsed:
+    """An Amazon Nova InvokeModel body: Converse's messages, system and toolConfig, with
+    ``inferenceConfig`` in Nova's snake_case (``max_new_tokens``, ``top_p``, ``top_k``)."""
+    for k in body:
+        if k not in NOVA_FIELDS:
+            raise _bad(k, "extraneous key is not permitted")
+    ic = body.get("inferenceConfig")
+    if ic is not None and not isinstance(ic, dict):
+        raise _bad("inferenceConfig", "must be an object")
+    conv: dict[str, Any] = {k: body[k] for k in ("messages", "system", "toolConfig")
+                            if k in body}
+    if ic:
+        top_k = ic.get("top_k")
+        if top_k is not None and (type(top_k) is not int or not 0 <= top_k <= 128):
+            raise _bad("inferenceConfig.top_k", "an integer between 0 and 128")
+        renamed = {"max_new_tokens": "maxTokens", "top_p": "topP", "temperature": "temperature",
+                   "stopSequences": "stopSequences"}
+        for k in ic:
+            if k not in renamed and k != "top_k":
+                raise _bad(f"inferenceConfig.{k}", "extraneous key is not permitted")
+        conv["inferenceConfig"] = {renamed[k]: v for k, v in ic.items() if k in renamed}
+    p = await _parse_converse(req, app, stream, conv)
+    p.body = body
+    p.info = None
+    p.dialect = NOVA_STREAM if stream else None
+    return p
 
 
 # ------------------------------------------------------------------------------------------
