@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import assemble  # noqa: E402,F401  (every App is assembled with the families)
+from . import assemble  # noqa: F401  (every App is assembled with the families)
 from .config import Config, ConfigError, __version__, load_config  # noqa: E402
 from .transport.server import Server, ServerThread  # noqa: E402
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from .api import (
     admin,
     anthropic,
+    azure,
+    bedrock,
     cassette,
     chat,
     clients,
@@ -20,6 +22,7 @@ from .api import (
     faults,
     gemini,
     models,
+    ollama,
     responses,
     serving,
 )
@@ -29,8 +32,8 @@ __all__ = ["MODULES", "install"]
 
 # one line per family or feature; the order is the order of the routes (cassette last:
 # record/replay replaces the generation routes)
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, serving,
-           admin, clients, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama, azure,
+           bedrock, faults, serving, admin, clients, cassette)  # cassette last: record/replay replace generation routes
 
 
 def install(app: App) -> None:

@@ -409,6 +409,15 @@ class Config(_Checked):
     default_model: str = opt("gpt-4o", "The model listed first by GET /v1/models: harnesses "
                              "that benchmark 'the first model' (guidellm, inference-perf) get "
                              "this one (a non-reasoning model by default).", metavar="ID")
+    azure_deployments: tuple[str, ...] = opt(
+        (), "Azure OpenAI: the model behind a deployment, NAME=MODEL (repeatable; TOML: a "
+        "list). A deployment not listed serves the model of its own name.",
+        metavar="NAME=MODEL")
+    aws_keys: tuple[str, ...] = opt(
+        (), "Bedrock: verify SigV4 signatures against these key pairs, ACCESS_KEY_ID:SECRET "
+        "(repeatable): a request signed with another key id, or whose signature does not "
+        "match, is a 403. Unset: any SigV4 header is accepted unverified.",
+        metavar="ID:SECRET")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
     replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
@@ -422,8 +431,9 @@ class Config(_Checked):
                                       "base URL (e.g. https://api.openai.com) and save each "
                                       "exchange to --cassettes.", metavar="URL")
     record_route: tuple[str, ...] = opt((), "Record: send one family's requests to its own "
-                                        "upstream, NAME=URL with NAME openai, anthropic or a "
-                                        "path prefix such as /v1/embeddings (`llmsim record "
+                                        "upstream, NAME=URL with NAME openai, anthropic, "
+                                        "gemini, ollama or a path prefix such as "
+                                        "/v1/embeddings (`llmsim record "
                                         "--upstream anthropic=https://api.anthropic.com`).",
                                         metavar="NAME=URL")
     record_mode: Literal["once", "new_episodes", "none", "all"] | None = opt(
@@ -814,9 +824,10 @@ def _check_record(cfg: Config) -> None:
         url(cfg.record_upstream, "record_upstream")
     for r in cfg.record_route:
         name, eq, u = r.partition("=")
-        if not eq or not (name in ("openai", "anthropic") or name.startswith("/")):
-            raise ConfigError(f"record_route: NAME=URL with NAME openai, anthropic or a path "
-                              f"prefix, got {r[:100]!r}")
+        if not eq or not (name in ("openai", "anthropic", "gemini", "ollama")
+                          or name.startswith("/")):
+            raise ConfigError(f"record_route: NAME=URL with NAME openai, anthropic, gemini, "
+                              f"ollama or a path prefix, got {r[:100]!r}")
         url(u, "record_route")
     recording = cfg.record_upstream is not None or bool(cfg.record_route)
     if cfg.replay is not None and recording:
@@ -842,6 +853,15 @@ def _check(cfg: Config) -> None:
     if cfg.replay_speed < 0:
         raise ConfigError("replay_speed: must be >= 0")
     _check_record(cfg)
+    if len(cfg.aws_keys) > 1024 or any(
+            not 0 < len(k.partition(":")[0]) <= 128 or not 0 < len(k.partition(":")[2]) <= 256
+            or not k.isprintable() or "/" in k.partition(":")[0] for k in cfg.aws_keys):
+        raise ConfigError("aws_keys: at most 1024 ACCESS_KEY_ID:SECRET pairs")
+    if len(cfg.azure_deployments) > 1024 or any(
+            not 0 < len(d.partition("=")[0]) <= 256 or not 0 < len(d.partition("=")[2]) <= 256
+            or not d.isprintable() for d in cfg.azure_deployments):
+        raise ConfigError("azure_deployments: at most 1024 NAME=MODEL pairs (each part 1 to 256 "
+                          "printable characters)")
     if len(cfg.served_model_name) > 256 or any(
             not 0 < len(n) <= 256 or not n.isprintable() for n in cfg.served_model_name):
         raise ConfigError("served_model_name: at most 256 ids of 1 to 256 printable characters")

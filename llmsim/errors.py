@@ -448,14 +448,6 @@ class E:
                                            "#max-tokens-and-context-window-size")
     anthropic_prompt_too_long = Entry(400, "invalid_value", "prompt is too long: {prompt} "
                                       "tokens > {max} maximum")
-    # --- Gemini (Google's wording; gemini.gemini_error puts it in Google's envelope) ---------
-    gemini_invalid = Entry(400, "invalid_argument", "Invalid value at '{param}': {what}",
-                           clip=("what",))
-    gemini_unknown_field = Entry(400, "invalid_argument", "Invalid JSON payload received. "
-                                 "Unknown name \"{param}\": Cannot find field.")
-    gemini_model_not_found = Entry(404, "model_not_found", "models/{model} is not found for "
-                                   "API version v1beta, or is not supported for "
-                                   "generateContent.", clip=("model",), names_param=False)
     anthropic_too_many_breakpoints = Entry(400, "invalid_value", "A maximum of 4 blocks with "
                                            "cache_control may be provided. Found {found}.")
     anthropic_ttl_order = Entry(400, "invalid_value", "{param}: a ttl='1h' cache_control block "
@@ -631,6 +623,31 @@ class E:
     shared_state_unavailable = Entry(503, "shared_state_unavailable", "Shared state is "
                                      "unavailable ({reason}); try again shortly.",
                                      type="server_error", names_param=False)
+
+    # --- other providers' families (each renders these in its own envelope) -----------------
+    gemini_invalid_value = Entry(400, "invalid_argument", "Invalid value at '{param}': {what}")
+    gemini_unknown_field = Entry(400, "invalid_argument", 'Invalid JSON payload received. '
+                                 'Unknown name "{param}": Cannot find field.')
+    gemini_model_not_found = Entry(404, "model_not_found", "models/{model} is not found for API "
+                                   "version v1beta, or is not supported for generateContent.",
+                                   names_param=False, clip=("model",))
+    ollama_invalid = Entry(400, "invalid_argument", "invalid {param}: {what}")
+    ollama_model_not_found = Entry(404, "model_not_found", "model '{model}' not found",
+                                   clip=("model",))
+    ollama_no_thinking = Entry(400, "invalid_argument", '"{model}" does not support thinking',
+                               clip=("model",))
+    azure_api_version_missing = Entry(404, "api_version_missing", "Resource not found")
+    azure_api_version_unsupported = Entry(400, "api_version_unsupported",
+                                          "API version not supported")
+    bedrock_invalid = Entry(400, "validation_error", "{param}: {what}")
+    bedrock_missing_auth = Entry(403, "MissingAuthenticationTokenException",
+                                 "Missing Authentication Token", names_param=False)
+    bedrock_unknown_key = Entry(403, "UnrecognizedClientException", "The security token "
+                                "included in the request is invalid.", names_param=False)
+    bedrock_bad_signature = Entry(403, "InvalidSignatureException", "The request signature we "
+                                  "calculated does not match the signature you provided. Check "
+                                  "your AWS Secret Access Key and signing method. Consult the "
+                                  "service documentation for details.", names_param=False)
 
 
 def missing(param: str) -> APIError:

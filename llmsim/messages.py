@@ -191,6 +191,9 @@ class Request:
         auth = self.headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             return auth[7:].strip() or None
+        if auth.startswith("AWS4-HMAC-SHA256 "):  # SigV4 (Bedrock): its access key id
+            cred = auth.partition("Credential=")[2]
+            return cred.partition("/")[0] or None
         # Azure's api-key, Anthropic's x-api-key, Google's x-goog-api-key or ?key=
         return (self.headers.get("api-key") or self.headers.get("x-api-key")
                 or self.headers.get("x-goog-api-key") or self.query_one("key") or None)

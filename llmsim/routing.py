@@ -28,6 +28,7 @@ class Route:
     errors: Callable[[APIError], Any] | None = None
     # a path that always (True) or never (False) streams; None: the body's "stream" says
     streaming: bool | None = None
+    stream_default: bool = False  # the body's "stream" when absent (Ollama streams by default)
 
 
 class WSMode:
@@ -89,9 +90,10 @@ class Router:
     def add(self, method: str, pattern: str, handler: Handler, name: str,
             *, aliases: bool = True, stream_capable: bool = False,
             errors: Callable[[APIError], Any] | None = None,
-            streaming: bool | None = None) -> None:
+            streaming: bool | None = None, stream_default: bool = False) -> None:
         """Register ``pattern``; ``/v1/...`` patterns also get ``/openai/v1/...``."""
-        route = Route(method.upper(), pattern, handler, name, stream_capable, errors, streaming)
+        route = Route(method.upper(), pattern, handler, name, stream_capable, errors, streaming,
+                      stream_default)
         paths = [pattern]
         if aliases and pattern.startswith("/v1/"):
             paths.append("/openai" + pattern)

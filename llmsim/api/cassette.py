@@ -65,6 +65,10 @@ log = logging.getLogger("llmsim.cassette")
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
          "/v1/messages", "/anthropic/v1/messages")
 ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
+# the other families' generation paths (a stream that is not SSE is recorded whole)
+GEMINI_PATHS = tuple(f"{v}/models/{{model}}:{m}" for v in ("/v1beta", "/v1") for m in (
+    "generateContent", "streamGenerateContent", "embedContent"))
+OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed")
 VOLATILE = frozenset(("user", "metadata", "safety_identifier", "prompt_cache_key",
                       "stream_options"))
 # the headers a cassette keeps (an allow-list: anything else, credentials included, is dropped)
@@ -120,7 +124,7 @@ def cassette_key(method: str, path: str, body: bytes | str,
 def _endpoint(path: str) -> str:
     fam = "anthropic." if path.startswith("/anthropic/") else (
         "openai." if path.startswith("/openai/") else "")
-    return fam + path.rsplit("/v1/", 1)[-1].replace("/", ".")
+    return fam + _slug(path.rsplit("/v1/", 1)[-1].lstrip("/").replace("/", "."))
 
 
 def _slug(s: str) -> str:
@@ -218,6 +222,12 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
     return {"version": 2, "request": req, "response": res}
 
 
+def matched_path(req: Request) -> str:
+    """The path a cassette is matched and saved by: Gemini's ``?alt=sse`` (an SSE stream,
+    else a JSON array) is part of it."""
+    return req.path + "?alt=sse" if req.query_one("alt") == "sse" else req.path
+
+
 def _model(body: bytes | str) -> str:
     try:
         m = orjson.loads(body).get("model") if body else None
@@ -267,7 +277,7 @@ class Cassettes:
     def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
         hit = self.by_key.get(key)
         if hit is None and fallback:
-            hit = self.by_model.get((req.method, req.path, _model(req.body),
+            hit = self.by_model.get((req.method, matched_path(req), _model(req.body),
                                      _is_stream(req.body)))
         if hit is None:
             raise E.cassette_not_found.at(key=key, nearest=self.nearest(req))
@@ -277,13 +287,13 @@ class Cassettes:
         """Which cassette this request comes closest to, and the fields that differ."""
         mine = _normalised(req.body, self.ignore)
         best: tuple[int, str, list[str]] | None = None
-        for key in self.by_path.get((req.method, req.path), [])[:NEAREST_SCAN]:
+        for key in self.by_path.get((req.method, matched_path(req)), [])[:NEAREST_SCAN]:
             theirs = _normalised(self.by_key[key]["request"]["body"], self.ignore)
             diff = _diff(mine, theirs)
             if best is None or len(diff) < best[0]:
                 best = (len(diff), self.names.get(key, key), diff)
         if best is None:
-            return f"No cassette was recorded for {req.method} {req.path}."
+            return f"No cassette was recorded for {req.method} {matched_path(req)}."
         return f"Nearest: {best[1]}, which differs in {', '.join(best[2]) or 'nothing'}."
 
 
@@ -521,17 +531,17 @@ class Recorder:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def upstream(self, path: str) -> Upstream:
+        family = "anthropic" if path in ANTHROPIC_PATHS else "ollama" if path.startswith(
+            "/api/") else "gemini" if ":" in path.rpartition("/")[2] else "openai"
         for name, up in self.routes:
-            if (name == "anthropic" and path in ANTHROPIC_PATHS) or (
-                    name == "openai" and path not in ANTHROPIC_PATHS) or (
-                    name.startswith("/") and path.startswith(name)):
+            if name == family or (name.startswith("/") and path.startswith(name)):
                 return up
         if self.default is None:
             raise E.no_upstream.at(path=path)
         return self.default
 
     async def handle(self, req: Request, app: App) -> RawResponse | StreamResponse:
-        key = self.store.key(req.method, req.path, req.body)
+        key = self.store.key(req.method, matched_path(req), req.body)
         if self.replay_only:
             return await self._replay(self.store.find(req, key, fallback=self.mode == "none"))
         if self.mode == "new_episodes" or self.mode == "once":
@@ -673,7 +683,7 @@ class Recorder:
         page cache on the event loop); the future is done once it is written and loaded."""
         entry: dict[str, Any] = {
             "version": 2,
-            "request": {"method": req.method, "path": req.path,
+            "request": {"method": req.method, "path": matched_path(req),
                         "headers": {k: v for k, v in req.headers.items() if k in KEEP_REQUEST},
                         "body": req.body.decode("utf-8", "replace")},
             "response": {"status": ex.status, "content_type": ctype, "headers": kept,
@@ -767,3 +777,12 @@ def register(app: App) -> None:
         app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
                        aliases=path not in ANTHROPIC_PATHS,
                        errors=anthropic_error if path in ANTHROPIC_PATHS else None)
+    from .gemini import gemini_error
+    from .ollama import ollama_error
+
+    for path in GEMINI_PATHS:
+        app.router.add("POST", path, rec.handle, "cassette", aliases=False, errors=gemini_error,
+                       stream_capable=True, streaming=path.endswith("streamGenerateContent"))
+    for path in OLLAMA_PATHS:
+        app.router.add("POST", path, rec.handle, "cassette", aliases=False, errors=ollama_error,
+                       stream_capable=True, stream_default=path != "/api/embed")

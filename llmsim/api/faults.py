@@ -55,6 +55,7 @@ from ..sim.ratelimit import RateLimiter, estimate_tokens
 from ..state.redis_limits import SharedLimiter, SharedRules
 from ..streaming.inject import inject
 from ..streaming.stream import close_plan
+from .azure import is_entra_token
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -105,7 +106,8 @@ def _model(req: Request) -> str | None:
 def _streaming(req: Request, route: Route) -> bool:
     if route.streaming is not None:  # a path that always or never streams
         return route.streaming or req.transport == "ws"
-    return req.transport == "ws" or (route.stream_capable and _body(req).get("stream") is True)
+    return req.transport == "ws" or (route.stream_capable and _body(req).get(
+        "stream", route.stream_default) is True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ def check_api_key(keys: frozenset[str], req: Request) -> None:
     key = req.api_key
     if key is None:
         raise E.api_key_missing.at()
-    if key not in keys:
+    if key not in keys and not is_entra_token(req, key):
         raise E.api_key_invalid.at(key=_mask(key))
 
 

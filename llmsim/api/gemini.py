@@ -153,7 +153,7 @@ def _get(d: dict[str, Any], name: str) -> Any:
 
 
 def _bad(param: str, what: str) -> APIError:
-    return E.gemini_invalid.at(param, what=what)
+    return E.gemini_invalid_value.at(param, what=what)
 
 
 def _int(d: dict[str, Any], name: str, where: str, lo: int, hi: int) -> int | None:

@@ -59,11 +59,12 @@ class Upstream:
 
     def target(self, path: str, query: Mapping[str, list[str]]) -> str:
         """The upstream path for a request llmsim received at ``path``: llmsim's own family
-        prefixes (``/openai``, ``/anthropic``) dropped, the base URL's path in front (a base
-        ending in ``/v1`` does not double it)."""
-        for alias in ("/openai/", "/anthropic/"):
+        prefixes (``/openai`` before ``/v1``, ``/anthropic``) dropped, the base URL's path in
+        front (a base ending in ``/v1`` does not double it). Azure's own paths
+        (``/openai/deployments/...``) are the upstream's paths as they are."""
+        for alias in ("/openai/v1/", "/anthropic/"):
             if path.startswith(alias):
-                path = path[len(alias) - 1:]
+                path = path[len(alias.split("/")[1]) + 1:]
                 break
         prefix = self.prefix
         if prefix.endswith("/v1") and path.startswith("/v1/"):

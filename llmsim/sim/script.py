@@ -4,7 +4,9 @@ A script (``--script FILE``, JSON or TOML; or ``POST /llmsim/scripts`` at run ti
 ``{"rules": [rule, ...]}``. A rule is ``{"match": {...}, "reply": [turn, ...], "then": ...}``:
 
 - ``match`` (every given field must hold; none given matches everything): ``model``,
-  ``endpoint`` (``chat.completions``, ``responses``, ``completions``, ``anthropic.messages``),
+  ``endpoint`` (``chat.completions``, ``responses``, ``completions``, ``anthropic.messages``,
+  ``gemini.generate``, ``ollama.chat``, ``ollama.generate``, ``bedrock.converse``,
+  ``bedrock.invoke``),
   ``api_key``, ``session`` (the ``X-LLMSim-Session`` header), ``contains`` (a substring of the
   last user message), ``regex`` (searched in it, with the linear matcher of
   :mod:`llmsim.sim.schema`: no backtracking), ``tool_result`` (true: the request carries a
@@ -65,7 +67,9 @@ MATCH_CHARS = 64 * 1024
 # pattern the matcher caches searches all MATCH_CHARS with room to spare
 REGEX_WORK = 16 * MATCH_CHARS
 MAX_SESSIONS = 10_000
-ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages")
+ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages",
+             "gemini.generate", "ollama.chat", "ollama.generate", "bedrock.converse",
+             "bedrock.invoke")
 THEN = ("repeat", "loop", "error", "simulate")
 SESSION_HEADER = "x-llmsim-session"
 

@@ -126,15 +126,17 @@ MODEL_PEEK_BYTES = 64 * 1024  # a refused request's body is read for its model u
 def request_model(req: Request) -> str | None:
     """The ``model`` a request named (for the stats label of an answer that has none: a
     validation 400, an injected 429/500): the request's one parse (``Request.json``; a body
-    nobody parsed yet is parsed only when small)."""
+    nobody parsed yet is parsed only when small), else a ``{model}`` path parameter (Gemini,
+    Bedrock, Azure deployments)."""
+    path_model = req.params.get("model") or None
     if not req.body or (not req.parsed and len(req.body) > MODEL_PEEK_BYTES):
-        return None
+        return path_model
     try:
         body = req.json()
     except APIError:
-        return None
+        return path_model
     m = body.get("model") if type(body) is dict else None
-    return m if type(m) is str and m else None
+    return m if type(m) is str and m else path_model
 
 
 def request_gone(app: Host, req: Request, endpoint: str, transport: str = "http") -> None:

@@ -452,6 +452,20 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _too_large(self) -> None:
         err = E.body_too_large.at(limit=self.cfg.max_body_bytes)
+        ex = self.exchange
+        head = ex.head if ex is not None else None
+        if head is not None:  # in the envelope of the path's family (Gemini, Ollama, ...)
+            try:
+                route, _ = self.app.router.resolve(head.method.decode("latin-1"),
+                                                   head.target.decode("latin-1").partition(
+                                                       "?")[0])
+            except APIError:
+                route = None
+            if route is not None and route.errors is not None:
+                res = route.errors(err)
+                if type(res) is RawResponse:
+                    self._send_error(err, close=True, res=res)
+                    return
         self._send_error(err, close=True)
 
     def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
@@ -612,17 +626,24 @@ class HTTPProtocol(asyncio.Protocol):
         accounting.response_sent(self.app, req, ex.endpoint, res.status, res)
         self._out(body, status=res.status, headers=hs, length=len(body), end=True)
 
-    def _send_error(self, err: APIError, close: bool = False) -> None:
+    def _send_error(self, err: APIError, close: bool = False,
+                    res: RawResponse | None = None) -> None:
         """Answer a transport-level error (413, 431, 400 for a malformed request, a refused
-        upgrade); ``close``: and close the connection after it."""
+        upgrade); ``close``: and close the connection after it; ``res``: the error as its
+        family renders it."""
         ex = self.exchange
         if ex is None:  # nothing parsed yet: an exchange for the answer alone
             ex = self.exchange = Exchange(None, new_request_id(), 0.0)
         if close:
             ex.keep_alive = False
         self.phase = _HANDLING
-        body = err.body()
         self.app.stats.record("invalid", None, "http", err.status, err.code or err.type)
+        if res is not None:
+            self._out(res.body, status=res.status, headers=header_bytes(
+                [*res.headers, ("content-type", res.content_type)]), length=len(res.body),
+                end=True)
+            return
+        body = err.body()
         self._out(body, status=err.status, headers=header_bytes(err.headers) + _JSON_CT,
                   length=len(body), end=True)
 

@@ -102,7 +102,7 @@ WEBSOCKET: Key[WebSocketState] = Key("websocket")  # in App.features
 
 
 async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
-    """``app.ws_handler``: switch to a WebSocket connection, or return the HTTP error."""
+    """Switch to a WebSocket connection (http.py calls it), or return the HTTP error."""
     from ..app import error_result
 
     if protocol.transport is None or protocol.transport.is_closing():
