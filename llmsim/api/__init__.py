@@ -20,6 +20,8 @@ from . import (
     embeddings,
     faults,
     gemini,
+    images,
+    media,
     models,
     responses,
     websocket,
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, images, media,
+           faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:
