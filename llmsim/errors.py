@@ -189,6 +189,12 @@ class E:
                             "images, got {count}.")
     partial_images_without_stream = Entry(400, "invalid_value", "Invalid 'partial_images': "
                                           "only allowed when 'stream' is true.")
+    audio_too_large = Entry(413, "audio_too_large", "Invalid '{param}': {size} bytes; the "
+                            "maximum file size is {max} bytes.")
+    audio_invalid = Entry(400, "invalid_value", "Invalid '{param}': the audio file is empty or "
+                          "could not be decoded.")
+    granularities_need_verbose = Entry(400, "invalid_value", "Invalid '{param}': timestamp "
+                                       "granularities require response_format 'verbose_json'.")
     body_too_large = Entry(413, "request_too_large", "Request body too large: the limit is "
                            "{limit} bytes.", type="invalid_request_error", names_param=False)
     headers_too_large = Entry(431, "request_header_fields_too_large", "Request header fields "

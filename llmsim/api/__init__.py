@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from . import (
     admin,
     anthropic,
+    audio,
     cassette,
     chat,
     clients,
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, images, media,
-           faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, images, audio,
+           media, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:
