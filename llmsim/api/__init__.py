@@ -24,6 +24,7 @@ from . import (
     images,
     media,
     models,
+    moderations,
     responses,
     websocket,
 )
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 # one line per family; the order is only the order of `routes()`
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, images, audio,
-           media, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
+           moderations, media, faults, admin, clients, websocket, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:
