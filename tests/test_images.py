@@ -209,3 +209,20 @@ async def test_faults_and_scripts() -> None:
     assert ex.status == 400 and ex.json()["error"]["code"] == "moderation_blocked"
     ex = await faultkit.exchange(srv, body, path="/v1/images/generations", headers=json_h)
     assert ex.status == 200
+
+
+def test_record_then_replay(make_server: Any, tmp_path: Any) -> None:
+    provider = make_server(seed=11)
+    rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
+    with openai.OpenAI(base_url=rec.url + "/v1", api_key="k", max_retries=0) as c:
+        a = c.images.generate(model="gpt-image-1", prompt="a recorded owl", quality="low")
+        s = [e.type for e in c.images.generate(model="gpt-image-1", prompt="a recorded owl",
+                                                 quality="low", stream=True, partial_images=1)]
+    player = make_server(replay=str(tmp_path), replay_speed=0, seed=99)
+    with openai.OpenAI(base_url=player.url + "/v1", api_key="k", max_retries=0) as c:
+        b = c.images.generate(model="gpt-image-1", prompt="a recorded owl", quality="low")
+        s2 = [e.type for e in c.images.generate(model="gpt-image-1", prompt="a recorded owl",
+                                                  quality="low", stream=True,
+                                                  partial_images=1)]
+    assert a.data[0].b64_json == b.data[0].b64_json and s == s2
+    assert decode(b.data[0].b64_json).size == (1024, 1024)

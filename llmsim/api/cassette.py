@@ -63,7 +63,7 @@ __all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes
 log = logging.getLogger("llmsim.cassette")
 
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
-         "/v1/messages", "/anthropic/v1/messages")
+         "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations")
 ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
 VOLATILE = frozenset(("user", "metadata", "safety_identifier", "prompt_cache_key",
                       "stream_options"))
