@@ -207,3 +207,42 @@ async def test_faults_scripts_and_pacing() -> None:
     ex = await faultkit.exchange(srv, form, path="/v1/audio/translations",
                                  headers=mp + [("x-llmsim-fault", "500")])
     assert ex.status == 500
+
+
+async def test_openai_agents_voice_pipeline(srv: Any) -> None:
+    """The openai-agents voice pipeline offline: speech in → transcription → agent → speech
+    out, all against llmsim (STT and TTS through the audio endpoints)."""
+    np = pytest.importorskip("numpy")
+    from agents import Agent, OpenAIChatCompletionsModel, set_tracing_disabled
+    from agents.voice import (
+        AudioInput,
+        OpenAIVoiceModelProvider,
+        SingleAgentVoiceWorkflow,
+        VoicePipeline,
+        VoicePipelineConfig,
+    )
+
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0)
+    srv.app.script.install(parse_script({"rules": [
+        {"match": {"endpoint": "audio.transcriptions"}, "reply": [{"text": "What time is it?"}]},
+        {"match": {"endpoint": "chat.completions", "contains": "What time is it?"},
+         "reply": [{"text": "It is noon. Have a good lunch."}]}]}))
+    agent = Agent(name="clock", instructions="Tell the time.",
+                  model=OpenAIChatCompletionsModel(model="gpt-4o", openai_client=client))
+    pipeline = VoicePipeline(workflow=SingleAgentVoiceWorkflow(agent),
+                             config=VoicePipelineConfig(
+                                 model_provider=OpenAIVoiceModelProvider(openai_client=client)))
+    pcm_in = np.frombuffer(au.speak("What time is it?", "alloy", 1.0), dtype=np.int16)
+    try:
+        result = await pipeline.run(AudioInput(buffer=pcm_in))
+        chunks = []
+        async for event in result.stream():
+            if event.type == "voice_stream_event_audio" and event.data is not None:
+                chunks.append(event.data.tobytes())
+    finally:
+        await client.close()
+    pcm = b"".join(chunks)
+    seconds = len(pcm) / 48000
+    expect = spoken_length(len("It is noon. Have a good lunch.".split()))
+    assert abs(seconds - expect) < 0.2 * expect + 0.5, (seconds, expect)

@@ -11,7 +11,8 @@ events of base64 PCM chunks and ``speech.audio.done`` with token usage (audio ou
 1250 a minute, from the price ratio of the model's audio tokens and its per-minute estimate).
 ``instructions`` (gpt-4o-mini-tts) is validated and does not change the voice.
 
-Transcriptions (``whisper-1``, ``gpt-4o-transcribe``, ``gpt-4o-mini-transcribe``) and
+Transcriptions (``whisper-1``, ``gpt-4o-transcribe``, ``gpt-4o-mini-transcribe``,
+``gpt-transcribe``: the openai-agents voice pipeline's default, like gpt-4o-transcribe) and
 translations (``whisper-1``): a multipart upload ``file`` of at most :data:`MAX_AUDIO_BYTES`;
 its duration is read from a WAV header, else estimated from its size at 128 kbit/s
 (assumption). The transcript is a script turn's ``text`` (rules on ``audio.transcriptions``
@@ -222,7 +223,7 @@ async def transcribe(task: str, req: Request, app: App) -> Result:
     form_floats(body, "temperature")
     known = ("file", "model", "language", "prompt", "response_format", "temperature",
              "timestamp_granularities", "stream", "include", "chunking_strategy",
-             "known_speaker_names", "known_speaker_references")
+             "known_speaker_names", "known_speaker_references", "languages")
     for key in body:
         if key not in known or task == "translate" and key in ("language", "stream",
                                                               "include", "chunking_strategy",
@@ -240,6 +241,12 @@ async def transcribe(task: str, req: Request, app: App) -> Result:
     if not f.data:
         raise E.audio_invalid.at("file")
     language = v.str("language", max_len=16)
+    langs = body.get("languages")  # gpt-transcribe's language hints
+    if isinstance(langs, str):
+        langs = [langs]
+    if langs is not None and (not isinstance(langs, list) or len(langs) > 16
+                              or not all(isinstance(x, str) and len(x) <= 16 for x in langs)):
+        raise E.invalid_type.at("languages", expected="an array of at most 16 language codes")
     prompt = v.str("prompt", max_len=MAX_INPUT_CHARS) or ""
     formats = TRANSCRIBE_FORMATS if whisper else ("json", "text")
     fmt = v.str("response_format", "json", choices=formats) or "json"

@@ -174,6 +174,8 @@ BUILTIN: tuple[ModelProfile, ...] = (
        created=1677532384, owned_by="openai-internal"),
     _p("gpt-4o-transcribe", kind="transcription", gen_s=0.05, ttft_ms=300.0,
        max_output_tokens=2_000, created=1742068463, owned_by="system"),
+    _p("gpt-transcribe", kind="transcription", gen_s=0.05, ttft_ms=300.0,
+       max_output_tokens=2_000, created=1780000000, owned_by="system"),
     _p("gpt-4o-mini-transcribe", kind="transcription", gen_s=0.04, ttft_ms=250.0,
        max_output_tokens=2_000, created=1742068596, owned_by="system"),
     _p("omni-moderation-latest", kind="moderation", ttft_ms=150.0, prefill_ms_per_1k=10.0,
