@@ -193,6 +193,11 @@ async def test_faults_scripts_and_pacing() -> None:
     ex = await faultkit.exchange(srv, body, path="/v1/audio/speech",
                                  headers=json_h + [("x-llmsim-fault", "disconnect-after:2")])
     assert not ex.complete and 0 < len(ex.body) < 48000 * seconds
+    # raw audio has no error frame: a mid-stream error drops the connection, so the client
+    # never takes the cut audio for the whole
+    ex = await faultkit.exchange(srv, body, path="/v1/audio/speech",
+                                 headers=json_h + [("x-llmsim-fault", "error-after:2")])
+    assert ex.aborted and not ex.complete
     srv.app.script.install(parse_script({"rules": [
         {"match": {"endpoint": "audio.transcriptions"},
          "reply": [{"text": "Hello from the script."}, {"fault": "429"}]}]}))

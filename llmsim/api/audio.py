@@ -43,7 +43,7 @@ from ..sim import audio as au
 from ..sim import tokens as tok
 from ..sim.decide import Usage
 from ..sim.rng import seeded
-from ..stream import EventStream
+from ..stream import DISCONNECT, EventStream
 from .media import form_floats, script_turn, upload, work_seconds
 from .validate import V, deliver_after, paced
 
@@ -71,7 +71,7 @@ def _raw(etype: str, data: Any) -> bytes:
 
 
 def _no_events(err: APIError) -> list[tuple[str, Any]]:
-    return []  # raw audio has no error frame: the body ends early
+    return [(DISCONNECT, None)]  # raw audio has no error frame: the connection drops
 
 
 def _raw_dialect(ctype: str) -> Dialect:
