@@ -13,6 +13,8 @@ import pytest
 from llmsim.errors import APIError
 from llmsim.multipart import MAX_TEXT_FIELD, Upload, parse_form
 from llmsim.sim import audio as au
+from llmsim.sim import imaging
+from llmsim.sim.tokens import run_steps as tok_run
 
 from . import faultkit
 
@@ -31,6 +33,7 @@ def form(*parts: tuple[str, bytes, str | None]) -> bytes:
 
 
 VALID = form(("model", b"whisper-1", None), ("file", au.wav(b"\0\0" * 2400), "a.wav"),
+             ("response_format", b"verbose_json", None),
              ("timestamp_granularities[]", b"word", None),
              ("timestamp_granularities[]", b"segment", None))
 
@@ -122,3 +125,34 @@ async def test_mutated_forms_on_the_upload_routes(path: str) -> None:
     for _ in range(40):
         ex = await faultkit.exchange(srv, mutate(rng, VALID), path=path, headers=h)
         assert ex.complete and (ex.status < 300 or 400 <= ex.status < 500), ex.body[:300]
+
+
+TINY_PNG = tok_run(imaging.png(imaging.picture(b"x", 16, 16)))
+UPLOAD_IMAGE = form(("prompt", b"x", None), ("image", TINY_PNG, "a.png"))
+EVERY_ROUTE = [
+    ("/v1/images/generations", orjson.dumps({"prompt": "x", "size": "256x256"}),
+     "application/json"),
+    ("/v1/images/edits", UPLOAD_IMAGE, CTYPE),
+    ("/v1/images/variations", form(("image", TINY_PNG, "a.png")), CTYPE),
+    ("/v1/audio/speech", orjson.dumps({"model": "tts-1", "voice": "alloy", "input": "x"}),
+     "application/json"),
+    ("/v1/audio/transcriptions", VALID, CTYPE),
+    ("/v1/audio/translations", form(("model", b"whisper-1", None),
+                                    ("file", au.wav(b"\0\0" * 2400), "a.wav")), CTYPE),
+    ("/v1/moderations", orjson.dumps({"input": "x"}), "application/json"),
+]
+
+
+@pytest.mark.parametrize("path,body,ctype", EVERY_ROUTE, ids=[r[0] for r in EVERY_ROUTE])
+async def test_every_media_route_answers_and_takes_faults(path: str, body: bytes,
+                                                          ctype: str) -> None:
+    srv = faultkit.server()
+    h = [("content-type", ctype)]
+    ex = await faultkit.exchange(srv, body, path=path, headers=h)
+    assert ex.status == 200 and ex.complete, ex.body[:300]
+    for fault, status in (("429", 429), ("500", 500), ("503", 503)):
+        ex = await faultkit.exchange(srv, body, path=path, headers=h + [("x-llmsim-fault",
+                                                                          fault)])
+        assert ex.status == status and ex.json()["error"]["message"]
+    snap = srv.app.stats.snapshot()
+    assert sum(snap["requests_by_endpoint"].values()) == 4
