@@ -273,8 +273,8 @@ async def transcribe(task: str, req: Request, app: App) -> Result:
         duration = len(f.data) / ESTIMATE_BYTES_PER_S
     endpoint = "audio.transcriptions" if task == "transcribe" else "audio.translations"
     turn = await script_turn(app, req, endpoint, profile, prompt)
-    rng = seeded(int.from_bytes(f.data[:64].ljust(8, b"\0")[-8:], "big") ^ len(f.data)
-                 ^ (app.config.seed or 0))
+    digest = hashlib.blake2b(f.data, digest_size=8).digest()
+    rng = seeded(int.from_bytes(digest, "big") ^ (app.config.seed or 0))
     if turn is not None and turn.text is not None:
         text = turn.text
     else:
