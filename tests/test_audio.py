@@ -251,3 +251,11 @@ async def test_openai_agents_voice_pipeline(srv: Any) -> None:
     seconds = len(pcm) / 48000
     expect = spoken_length(len("It is noon. Have a good lunch.".split()))
     assert abs(seconds - expect) < 0.2 * expect + 0.5, (seconds, expect)
+
+
+def test_transcription_nested_form_fields(client: Any) -> None:
+    r = client.audio.transcriptions.create(
+        model="gpt-4o-transcribe", file=("a.wav", wav_file(2.0)),
+        chunking_strategy={"type": "server_vad", "threshold": 0.5}, language="en",
+        temperature=0.2)
+    assert len(r.text.split()) == 5

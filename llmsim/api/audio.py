@@ -20,7 +20,8 @@ match the request's ``prompt``) or generated text of the length the duration wou
 speaking rate of 150 words a minute. ``response_format`` json (default), text, srt, vtt,
 verbose_json (whisper-1; segments, and words with ``timestamp_granularities[]=word``);
 ``stream=true`` (gpt-4o models) streams ``transcript.text.delta`` events then
-``transcript.text.done``. Usage: whisper-1 bills the duration (seconds), the gpt-4o models
+``transcript.text.done``. ``chunking_strategy``, ``known_speaker_*``, ``temperature`` and
+``language`` are validated and do not change the transcript. Usage: whisper-1 bills the duration (seconds), the gpt-4o models
 tokens (audio input at 1000 a minute, assumption from the price ratio). Work time: ``ttft_ms``
 plus ``gen_s`` per second of audio.
 """
@@ -225,10 +226,16 @@ async def transcribe(task: str, req: Request, app: App) -> Result:
              "timestamp_granularities", "stream", "include", "chunking_strategy",
              "known_speaker_names", "known_speaker_references", "languages")
     for key in body:
-        if key not in known or task == "translate" and key in ("language", "stream",
-                                                              "include", "chunking_strategy",
-                                                              "timestamp_granularities"):
+        base = key.split("[", 1)[0]  # a form's nested object: chunking_strategy[type]
+        if base not in known or task == "translate" and base in (
+                "language", "stream", "include", "chunking_strategy",
+                "timestamp_granularities", "known_speaker_names", "known_speaker_references",
+                "languages"):
             raise E.unrecognized_argument.at(key=key)
+    chunking = body.get("chunking_strategy")
+    if chunking is not None and chunking != "auto" and not isinstance(chunking, dict):
+        raise E.invalid_value.at("chunking_strategy", value=str(chunking),
+                                 allowed="'auto' or a server_vad object")
     v = V(body)
     kind = "transcription"
     model, profile = _model(app, body, kind)
