@@ -226,3 +226,23 @@ def test_record_then_replay(make_server: Any, tmp_path: Any) -> None:
                                                   partial_images=1)]
     assert a.data[0].b64_json == b.data[0].b64_json and s == s2
     assert decode(b.data[0].b64_json).size == (1024, 1024)
+
+
+def test_encoders_on_unaligned_tiles() -> None:
+    """Tiles that do not fall on the 8x8 grid take the JPEG encoder's DCT path; every
+    encoder decodes to the mosaic (JPEG within its quantiser, PNG and WebP exactly)."""
+    from dataclasses import replace
+
+    from llmsim.sim import imaging
+    from llmsim.sim.tokens import run_steps
+
+    p = imaging.picture(b"dog", 100, 60)
+    p = replace(p, xs=(0, 13, 57, 100), ys=(0, 21, 60),
+                colors=tuple(r[:3] for r in p.colors[:2]), bits=tuple(r[:3] for r in p.bits[:2]))
+    ref = Image.open(io.BytesIO(run_steps(imaging.png(p)))).convert("RGB")
+    assert ref.getpixel((12, 20)) == p.colors[0][0] and ref.getpixel((57, 21)) == p.colors[1][2]
+    web = Image.open(io.BytesIO(run_steps(imaging.webp(p)))).convert("RGB")
+    assert web.tobytes() == ref.tobytes()
+    jpg = Image.open(io.BytesIO(run_steps(imaging.jpeg(p, 2)))).convert("RGB")
+    diff = [abs(a - b) for a, b in zip(jpg.tobytes(), ref.tobytes(), strict=True)]
+    assert jpg.size == (100, 60) and sum(diff) / len(diff) < 3
