@@ -246,3 +246,16 @@ def test_encoders_on_unaligned_tiles() -> None:
     jpg = Image.open(io.BytesIO(run_steps(imaging.jpeg(p, 2)))).convert("RGB")
     diff = [abs(a - b) for a, b in zip(jpg.tobytes(), ref.tobytes(), strict=True)]
     assert jpg.size == (100, 60) and sum(diff) / len(diff) < 3
+
+
+@pytest.mark.parametrize("fmt", ["png", "webp"])
+def test_transparent_background(client: Any, fmt: str) -> None:
+    r = client.images.generate(model="gpt-image-1", prompt="a logo", background="transparent",
+                               output_format=fmt, quality="low")
+    img = decode(r.data[0].b64_json)
+    assert r.background == "transparent" and img.mode == "RGBA" and img.size == (1024, 1024)
+    alphas = set(img.getchannel("A").tobytes())
+    assert alphas == {0, 255}  # clear tiles and opaque ones
+    opaque = decode(client.images.generate(model="gpt-image-1", prompt="a logo",
+                                           output_format=fmt, quality="low").data[0].b64_json)
+    assert opaque.mode == "RGB"

@@ -7,7 +7,8 @@ request (:mod:`llmsim.sim.imaging`). Per model, as the real API validates:
 - ``gpt-image-1`` / ``gpt-image-1-mini``: ``size`` 1024x1024, 1536x1024, 1024x1536 or auto
   (1024x1024), ``quality`` low/medium/high/auto (medium), ``n`` 1-10, ``output_format``
   png/jpeg/webp, ``output_compression`` 0-100 (the JPEG quantiser; WebP is lossless),
-  ``background`` and ``moderation`` validated and echoed (the images are opaque), answers
+  ``background`` (transparent: PNG and WebP get an alpha channel, some tiles clear),
+  ``moderation`` and ``input_fidelity`` validated and echoed, answers
   ``b64_json`` only (``response_format`` is a 400), ``usage`` with the image tokens of
   OpenAI's size × quality table, ``stream`` with ``partial_images`` 0-3 (SSE
   ``image_generation.partial_image`` … ``image_generation.completed``; edits:
@@ -265,7 +266,8 @@ def _seconds(job: Job, gen_s: float) -> float:
 
 async def _encode(job: Job, i: int, coarser: int = 0) -> bytes:
     w, h = (int(x) for x in job.size.split("x"))
-    pic = imaging.picture(job.seed + bytes([i]), w, h, coarser)
+    pic = imaging.picture(job.seed + bytes([i]), w, h, coarser,
+                          alpha=job.background == "transparent")
     if job.fmt == "jpeg":
         quant = max(2, round(2 + (100 - job.compression) * 0.4))
         return await paced(imaging.jpeg(pic, quant))
@@ -301,7 +303,7 @@ async def handle(kind: str, req: Request, app: App) -> Result:
     await deliver_after(app, job.model, seconds)
     out: dict[str, Any] = {"created": created, "data": data}
     if job.rules.gpt:
-        out.update(background=job.background if job.background != "auto" else "opaque",
+        out.update(background="transparent" if job.background == "transparent" else "opaque",
                    output_format=job.fmt, quality=job.quality, size=job.size, usage=usage)
     return JSONResponse(out, model=job.model, usage=billed)
 

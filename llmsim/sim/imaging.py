@@ -16,6 +16,9 @@ the file's bytes:
   term alone, any other block goes through the DCT (:func:`jpeg`);
 - WebP: lossless VP8L without transforms: each channel has two levels, so each is a
   two-symbol "simple" prefix code of one bit a pixel (:func:`webp`).
+
+A transparent background (``alpha``, PNG and WebP) makes the tiles whose level bits are all
+0 clear (alpha 0), the others opaque.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Picture:
     colors: tuple[tuple[tuple[int, int, int], ...], ...]  # [row][col] RGB
     bits: tuple[tuple[int, ...], ...]  # [row][col] level bits: green 1, red 2, blue 4
     levels: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # (lo, hi) of R, G, B
+    alpha: bool = False  # a transparent background: the tiles whose bits are 0 are clear
 
 
 def _bounds(size: int, tile: int) -> tuple[int, ...]:
@@ -55,9 +59,10 @@ def _levels(a: int, b: int) -> tuple[int, int]:
     return lo, hi
 
 
-def picture(seed: bytes, width: int, height: int, coarser: int = 0) -> Picture:
+def picture(seed: bytes, width: int, height: int, coarser: int = 0,
+            alpha: bool = False) -> Picture:
     """The mosaic of ``seed`` at ``width``×``height``; ``coarser`` > 0: a partial image with
-    tiles 2**coarser times larger."""
+    tiles 2**coarser times larger; ``alpha``: with a transparent background (PNG, WebP)."""
     tile = 16 * max(1, min(width, height) // 512)
     cols, rows = -(-width // tile), -(-height // tile)
     stream = hashlib.shake_256(seed + struct.pack("<II", width, height)).digest(6 + cols * rows)
@@ -70,7 +75,7 @@ def picture(seed: bytes, width: int, height: int, coarser: int = 0) -> Picture:
                        for c in range(len(xs) - 1)) for r in range(len(ys) - 1))
     colors = tuple(tuple((lv[0][(b >> 1) & 1], lv[1][b & 1], lv[2][(b >> 2) & 1]) for b in row)
                    for row in bits)
-    return Picture(width, height, xs, ys, colors, bits, lv)
+    return Picture(width, height, xs, ys, colors, bits, lv, alpha)
 
 
 def encode(p: Picture, fmt: str) -> Encoded:
@@ -87,13 +92,14 @@ def png(p: Picture) -> Encoded:
     comp = zlib.compressobj(6)
     out = []
     for r in range(len(p.ys) - 1):
-        line = b"\x00" + b"".join(bytes(p.colors[r][c]) * (p.xs[c + 1] - p.xs[c])
-                                  for c in range(len(p.xs) - 1))
+        line = b"\x00" + b"".join(
+            (bytes(p.colors[r][c]) + (b"\xff" if p.bits[r][c] else b"\x00") if p.alpha
+             else bytes(p.colors[r][c])) * (p.xs[c + 1] - p.xs[c]) for c in range(len(p.xs) - 1))
         h = p.ys[r + 1] - p.ys[r]
         out.append(comp.compress(line * h))
         yield len(line) * h
     out.append(comp.flush())
-    ihdr = struct.pack(">IIBBBBB", p.width, p.height, 8, 2, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", p.width, p.height, 8, 6 if p.alpha else 2, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", b"".join(out))
             + _chunk(b"IEND", b""))
 
@@ -228,7 +234,7 @@ def webp(p: Picture) -> Encoded:
     put(0x2F, 8)
     put(p.width - 1, 14)
     put(p.height - 1, 14)
-    put(0, 1)  # alpha unused
+    put(int(p.alpha), 1)  # alpha used
     put(0, 3)  # version
     put(0, 1)  # no transform
     put(0, 1)  # no colour cache
@@ -240,7 +246,13 @@ def webp(p: Picture) -> Encoded:
         put(1, 1)
         put(lo, 8)
         put(hi, 8)
-    for sym in (255, 0):  # alpha, distance: one symbol, no bits a pixel
+    if p.alpha:  # alpha: 0 or 255, one bit a pixel
+        put(1, 1)
+        put(1, 1)
+        put(1, 1)
+        put(0, 8)
+        put(255, 8)
+    for sym in ((0,) if p.alpha else (255, 0)):  # (alpha,) distance: one symbol, no bits
         put(1, 1)
         put(0, 1)
         put(1, 1)
@@ -252,8 +264,13 @@ def webp(p: Picture) -> Encoded:
         shift = 0
         for c in range(len(p.xs) - 1):
             n = p.xs[c + 1] - p.xs[c]
-            line |= (p.bits[r][c] * (((1 << (3 * n)) - 1) // 7)) << shift
-            shift += 3 * n
+            b = p.bits[r][c]
+            if p.alpha:  # green, red, blue, then alpha (opaque unless the bits are 0)
+                line |= ((b | (8 if b else 0)) * (((1 << (4 * n)) - 1) // 15)) << shift
+                shift += 4 * n
+            else:
+                line |= (b * (((1 << (3 * n)) - 1) // 7)) << shift
+                shift += 3 * n
         for _ in range(p.ys[r + 1] - p.ys[r]):
             put(line, shift)
             if nbits >= 4096:
