@@ -157,6 +157,7 @@ def jpeg(p: Picture, quant: int = QUANT) -> Encoded:
         for y in range(p.ys[r], p.ys[r + 1]):
             row_of[y] = r
     ycc = [[_ycc(c) for c in row] for row in p.colors]
+    qdc = [[tuple(round(v * 8 / quant) for v in c) for c in row] for row in ycc]
     out = bytearray()
     acc = nbits = 0
     pred = [0, 0, 0]
@@ -165,13 +166,18 @@ def jpeg(p: Picture, quant: int = QUANT) -> Encoded:
         for bx in range(0, w, 8):
             x1 = min(bx + 7, w - 1)
             r0, c0 = row_of[by], col_of[bx]
-            flat = r0 == row_of[y1] and c0 == col_of[x1]
+            if r0 == row_of[y1] and c0 == col_of[x1]:  # inside one tile: DC, then EOB
+                q = qdc[r0][c0]
+                for comp in range(3):
+                    d = q[comp] - pred[comp]
+                    s, b = _magnitude(d) if d else (0, 0)
+                    acc = (acc << (12 + s)) | (((s << s) | b) << 8)  # EOB is code 0
+                    nbits += 12 + s
+                pred = list(q)
+                continue
             for comp in range(3):
-                if flat:
-                    zz = [round(ycc[r0][c0][comp] * 8 / quant)] + [0] * 63
-                else:
-                    zz = _dct([ycc[row_of[min(by + i // 8, h - 1)]]
-                               [col_of[min(bx + i % 8, w - 1)]][comp] for i in range(64)], quant)
+                zz = _dct([ycc[row_of[min(by + i // 8, h - 1)]]
+                           [col_of[min(bx + i % 8, w - 1)]][comp] for i in range(64)], quant)
                 s, b = _magnitude(zz[0] - pred[comp])
                 pred[comp] = zz[0]
                 acc = (acc << (4 + s)) | (s << s) | b
