@@ -142,11 +142,24 @@ def _crc8(data: bytes) -> int:
     return c
 
 
+_CRC16_WORDS: list[int] = []
+
+
 def _crc16(data: bytes) -> int:
-    c = 0
+    """CRC-16 (FLAC's: polynomial 0x8005, no reflection), two bytes a step: the CRC is 16
+    bits, so one step is a lookup of (crc ^ word) in a 65536-entry table built once."""
     t = _CRC16
-    for b in data:
-        c = ((c << 8) & 0xFFFF) ^ t[(c >> 8) ^ b]
+    if not _CRC16_WORDS:
+        for x in range(65536):
+            c = t[x >> 8]
+            _CRC16_WORDS.append(((c << 8) & 0xFFFF) ^ t[(c >> 8) ^ (x & 0xFF)])
+    words = _CRC16_WORDS
+    n = len(data) // 2
+    c = 0
+    for w in struct.unpack(f">{n}H", data[:2 * n]):
+        c = words[c ^ w]
+    if len(data) & 1:
+        c = ((c << 8) & 0xFFFF) ^ t[(c >> 8) ^ data[-1]]
     return c
 
 
