@@ -259,3 +259,19 @@ def test_transcription_nested_form_fields(client: Any) -> None:
         chunking_strategy={"type": "server_vad", "threshold": 0.5}, language="en",
         temperature=0.2)
     assert len(r.text.split()) == 5
+
+
+def test_flac_frame_checksums() -> None:
+    """The frame CRCs a FLAC decoder verifies (mutagen reads only STREAMINFO): CRC-16 has
+    FLAC's check value, and the first frame's CRC-8 and CRC-16 hold."""
+    import struct
+
+    from llmsim.sim.tokens import run_steps
+
+    assert au._crc16(b"123456789") == 0xFEE8 and au._crc8(b"123456789") == 0xF4
+    pcm = au.speak(TEXT, "echo", 1.0)
+    data = run_steps(au.encode("flac", pcm))
+    frame = data[42:42 + 8 + 1 + 2 * au.FLAC_BLOCK + 2]
+    assert frame[:2] == b"\xff\xf8" and au._crc8(frame[:7]) == frame[7]
+    assert struct.unpack(">H", frame[-2:])[0] == au._crc16(frame[:-2])
+    assert frame[9:11] == pcm[1:2] + pcm[0:1]  # big-endian samples
