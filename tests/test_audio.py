@@ -269,6 +269,7 @@ def test_flac_frame_checksums() -> None:
     from llmsim.sim.tokens import run_steps
 
     assert au._crc16(b"123456789") == 0xFEE8 and au._crc8(b"123456789") == 0xF4
+    assert au._crc32(b"123456789") == 0x89A1897F  # Ogg's page CRC (POSIX without xorout)
     pcm = au.speak(TEXT, "echo", 1.0)
     data = run_steps(au.encode("flac", pcm))
     frame = data[42:42 + 8 + 1 + 2 * au.FLAC_BLOCK + 2]
