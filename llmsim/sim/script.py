@@ -93,7 +93,6 @@ class Turn:
     flag: tuple[str, ...] = ()  # moderations: the categories flagged
 
 
-
 @dataclass(frozen=True, slots=True)
 class Rule:
     match: Mapping[str, Any]
