@@ -21,7 +21,7 @@ from .sim.decide import Ask, Decision, decide
 from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
-from .sim.script import Script, decision_of, load_script
+from .sim.script import Script, Turn, decision_of, load_script
 from .state.redis_limits import SharedCursors
 from .state.redisconn import SharedState, open_shared_state
 from .state.stats import Stats
@@ -236,7 +236,7 @@ class App:
             if not prof.builtin and kind == "embedding":  # an unknown id: an embedding model
                 return replace(DEFAULT_EMBEDDING, id=name)
             what = "embeddings" if kind == "embedding" else "this endpoint (it is an embedding " \
-                "model: use /v1/embeddings)"
+                "model: use /v1/embeddings)" if prof.kind == "embedding" else "this endpoint"
             raise E.model_not_supported.at(param, model=name, what=what)
         return prof
 
@@ -256,25 +256,35 @@ class App:
         now = self.answer_now(ask, rng, lat)
         if now is not None:
             return now
-        script = self.script
-        if script.rules:
-            kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,
-                                  "api_key": req.api_key, "headers": req.headers,
-                                  "body": _body_of(req), "ask": ask, "response_id": response_id}
-            cursors = self.script_cursors
-            turn = script.turn(**kw) if cursors is None else await cursors.turn(script, **kw)
-            if turn is not None:
-                if turn.error is not None:
-                    raise turn.error.copy()
-                if turn.fault is not None:
-                    f = turn.fault
-                    if f.kind == "status":
-                        raise fault_error(f, ask.profile.id,
-                                          self.config.faults.retry_after_ms, req.request_id)
-                    req.notes.fault = f  # applied by the fault stream hook
-                    return decide(ask, self.config, rng, lat)
-                return decision_of(turn, ask, rng, lat, sch.Work())
+        turn = await self.script_turn(req, endpoint, ask, response_id)
+        if turn is not None and turn.fault is None:
+            return decision_of(turn, ask, rng, lat, sch.Work())
         return decide(ask, self.config, rng, lat)
+
+    async def script_turn(self, req: Request, endpoint: str, ask: Ask,
+                          response_id: str | None = None) -> Turn | None:
+        """The scripted turn for this request, if a rule matches: its error or status fault
+        raised, its mid-stream fault left on the request for the stream hook (the turn is
+        returned: the caller simulates)."""
+        script = self.script
+        if not script.rules:
+            return None
+        kw: dict[str, Any] = {"model": ask.profile.id, "endpoint": endpoint,
+                              "api_key": req.api_key, "headers": req.headers,
+                              "body": _body_of(req), "ask": ask, "response_id": response_id}
+        cursors = self.script_cursors
+        turn = script.turn(**kw) if cursors is None else await cursors.turn(script, **kw)
+        if turn is None:
+            return None
+        if turn.error is not None:
+            raise turn.error.copy()
+        if turn.fault is not None:
+            f = turn.fault
+            if f.kind == "status":
+                raise fault_error(f, ask.profile.id, self.config.faults.retry_after_ms,
+                                  req.request_id)
+            req.notes.fault = f  # applied by the fault stream hook
+        return turn
 
     def latency(self, profile: ModelProfile) -> Latency:
         """The latency model of ``profile`` under this app's config (a value: built once per

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .api import (
     admin,
     anthropic,
+    audio,
     azure,
     bedrock,
     cassette,
@@ -21,7 +22,10 @@ from .api import (
     embeddings,
     faults,
     gemini,
+    images,
+    media,
     models,
+    moderations,
     ollama,
     responses,
     serving,
@@ -33,7 +37,7 @@ __all__ = ["MODULES", "install"]
 # one line per family or feature; the order is the order of the routes (cassette last:
 # record/replay replaces the generation routes)
 MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama, azure,
-           bedrock, faults, serving, admin, clients, cassette)  # cassette last: record/replay replace generation routes
+           bedrock, images, audio, moderations, media, faults, serving, admin, clients, cassette)  # cassette last: record/replay replace generation routes
 
 
 def install(app: App) -> None:

@@ -75,10 +75,11 @@ class ModelSpec(_Checked):
     verbosity: float | None = None
     encoding: str | None = None
     created: int | None = None
+    gen_s: float | None = None  # media models: seconds an image, or per second of audio
 
     def validate(self) -> None:
         for name in ("ttft_ms", "itl_ms", "reasoning_itl_ms", "prefill_ms_per_1k",
-                     "cached_prefill_ms_per_1k", "ttft_jitter", "itl_jitter"):
+                     "cached_prefill_ms_per_1k", "ttft_jitter", "itl_jitter", "gen_s"):
             v = getattr(self, name)
             if v is not None and not 0 <= v <= 1e7:
                 raise ConfigError(f"models.{name}: must be between 0 and 1e7")

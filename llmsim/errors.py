@@ -172,6 +172,29 @@ class E:
                             names_param=False)
     nested_too_deep = Entry(400, "nesting_above_max_depth", "Invalid {where}: nested too "
                             "deeply. Objects and arrays may nest at most {depth} levels.")
+    multipart_invalid = Entry(400, "invalid_multipart", "Invalid multipart/form-data body: "
+                              "{reason}.", names_param=False)
+    multipart_too_many_parts = Entry(400, "invalid_multipart", "Invalid multipart/form-data "
+                                     "body: more than {max} parts.", names_param=False)
+    file_not_found = Entry(404, "not_found", "No such file: '{name}' (expired or never "
+                           "generated).", names_param=False, clip=("name",))
+    image_n_one = Entry(400, "invalid_value", "You must provide n=1 for this model.")
+    image_invalid_file = Entry(400, "invalid_image_format", "Invalid '{param}': expected a "
+                               "{formats} file.")
+    image_too_large = Entry(400, "image_too_large", "Invalid '{param}': the image is {size} "
+                            "bytes; this model accepts at most {max} bytes.")
+    image_not_square = Entry(400, "invalid_image", "Invalid '{param}': the image must be "
+                             "square ({width}x{height}).")
+    too_many_images = Entry(400, "array_above_max_length", "Invalid '{param}': at most {max} "
+                            "images, got {count}.")
+    partial_images_without_stream = Entry(400, "invalid_value", "Invalid 'partial_images': "
+                                          "only allowed when 'stream' is true.")
+    audio_too_large = Entry(413, "audio_too_large", "Invalid '{param}': {size} bytes; the "
+                            "maximum file size is {max} bytes.")
+    audio_invalid = Entry(400, "invalid_value", "Invalid '{param}': the audio file is empty or "
+                          "could not be decoded.")
+    granularities_need_verbose = Entry(400, "invalid_value", "Invalid '{param}': timestamp "
+                                       "granularities require response_format 'verbose_json'.")
     body_too_large = Entry(413, "request_too_large", "Request body too large: the limit is "
                            "{limit} bytes.", type="invalid_request_error", names_param=False)
     headers_too_large = Entry(431, "request_header_fields_too_large", "Request header fields "

@@ -145,6 +145,13 @@ class Request:
     def _parse(self) -> Any:
         if not self.body:
             raise E.empty_body.at()
+        ctype = self.headers.get("content-type", "")
+        if ctype[:19].lower() == "multipart/form-data":  # the upload endpoints' forms
+            from .multipart import parse_form
+            form = parse_form(self.body, ctype)
+            if form.get("stream") in ("true", "false"):  # the generic hooks read a boolean
+                form["stream"] = form["stream"] == "true"
+            return form
         try:
             data = orjson.loads(self.body)
         except orjson.JSONDecodeError:

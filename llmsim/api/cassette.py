@@ -63,7 +63,7 @@ __all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes
 log = logging.getLogger("llmsim.cassette")
 
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
-         "/v1/messages", "/anthropic/v1/messages")
+         "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations")
 ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
 # the other families' generation paths (a stream that is not SSE is recorded whole)
 GEMINI_PATHS = tuple(f"{v}/models/{{model}}:{m}" for v in ("/v1beta", "/v1") for m in (

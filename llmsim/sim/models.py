@@ -41,9 +41,14 @@ class ModelProfile:
     verbosity: float = 1.0  # scales the natural answer length (llmsim.sim.lengths)
     encoding: str = "o200k_base"
     builtin: bool = True
-    kind: str = "chat"  # "chat" (generates text) | "embedding" (POST /v1/embeddings)
+    # "chat" (generates text) | "embedding" (POST /v1/embeddings) | "image" | "speech" |
+    # "transcription" | "moderation" (the media endpoints: llmsim.api.media)
+    kind: str = "chat"
     dimensions: int = 0  # embedding models: the native vector length
     shortenable: bool = False  # embedding models: accepts `dimensions` (text-embedding-3-*)
+    # the media models' work time: "image" seconds for one medium 1024x1024 image; "speech"
+    # and "transcription" seconds per second of audio (after ttft_ms); see llmsim.api.media
+    gen_s: float = 0.0
 
     def public(self) -> dict[str, object]:
         """The ``/v1/models`` object: OpenAI's shape, vLLM's model card fields (``root``,
@@ -147,6 +152,37 @@ BUILTIN: tuple[ModelProfile, ...] = (
     _p("text-embedding-004", kind="embedding", dimensions=768, shortenable=True,
        context_window=2_048, max_output_tokens=0, ttft_ms=60.0, prefill_ms_per_1k=12.0,
        owned_by="google", created=1715644800),
+    # media models (llmsim.api.images, .audio, .moderations). Assumptions, orders of
+    # magnitude only: gpt-image-1 ~20 s for a medium 1024x1024 image (OpenAI: "complex prompts
+    # may take up to 2 minutes"), DALL-E 3 ~10 s, DALL-E 2 ~4 s; speech ~10x and
+    # transcription ~20x faster than real time after a first-byte delay
+    _p("gpt-image-1", kind="image", gen_s=20.0, ttft_ms=0.0, max_output_tokens=0,
+       created=1745517030, owned_by="system"),
+    _p("gpt-image-1-mini", kind="image", gen_s=10.0, ttft_ms=0.0, max_output_tokens=0,
+       created=1759795200, owned_by="system"),
+    _p("dall-e-3", kind="image", gen_s=10.0, ttft_ms=0.0, max_output_tokens=0,
+       created=1698785189, owned_by="system"),
+    _p("dall-e-2", kind="image", gen_s=4.0, ttft_ms=0.0, max_output_tokens=0,
+       created=1698798177, owned_by="system"),
+    _p("tts-1", kind="speech", gen_s=0.1, ttft_ms=300.0, max_output_tokens=0,
+       created=1681940951, owned_by="openai-internal"),
+    _p("tts-1-hd", kind="speech", gen_s=0.2, ttft_ms=500.0, max_output_tokens=0,
+       created=1699046015, owned_by="system"),
+    _p("gpt-4o-mini-tts", kind="speech", gen_s=0.1, ttft_ms=350.0, max_output_tokens=2_000,
+       created=1742403959, owned_by="system"),
+    _p("whisper-1", kind="transcription", gen_s=0.05, ttft_ms=300.0, max_output_tokens=0,
+       created=1677532384, owned_by="openai-internal"),
+    _p("gpt-4o-transcribe", kind="transcription", gen_s=0.05, ttft_ms=300.0,
+       max_output_tokens=2_000, created=1742068463, owned_by="system"),
+    _p("gpt-transcribe", kind="transcription", gen_s=0.05, ttft_ms=300.0,
+       max_output_tokens=2_000, created=1780000000, owned_by="system"),
+    _p("gpt-4o-mini-transcribe", kind="transcription", gen_s=0.04, ttft_ms=250.0,
+       max_output_tokens=2_000, created=1742068596, owned_by="system"),
+    _p("omni-moderation-latest", kind="moderation", ttft_ms=150.0, prefill_ms_per_1k=10.0,
+       context_window=32_768, max_output_tokens=0, created=1732734466, owned_by="system"),
+    _p("text-moderation-latest", kind="moderation", ttft_ms=120.0, prefill_ms_per_1k=10.0,
+       context_window=32_768, max_output_tokens=0, encoding="cl100k_base",
+       created=1677610602, owned_by="openai-internal"),
     # the legacy completions models (POST /v1/completions)
     _p("gpt-3.5-turbo-instruct", context_window=4_096, max_output_tokens=4_096, ttft_ms=250.0,
        itl_ms=8.0, encoding="cl100k_base", created=1692901427),

@@ -6,7 +6,9 @@ A script (``--script FILE``, JSON or TOML; or ``POST /llmsim/scripts`` at run ti
 - ``match`` (every given field must hold; none given matches everything): ``model``,
   ``endpoint`` (``chat.completions``, ``responses``, ``completions``, ``anthropic.messages``,
   ``gemini.generate``, ``ollama.chat``, ``ollama.generate``, ``bedrock.converse``,
-  ``bedrock.invoke``),
+  ``bedrock.invoke``; the media endpoints ``images``, ``audio.speech``,
+  ``audio.transcriptions``, ``audio.translations``, ``moderations``, whose text is the
+  prompt, input or input item),
   ``api_key``, ``session`` (the ``X-LLMSim-Session`` header), ``contains`` (a substring of the
   last user message), ``regex`` (searched in it, with the linear matcher of
   :mod:`llmsim.sim.schema`: no backtracking), ``tool_result`` (true: the request carries a
@@ -17,7 +19,8 @@ A script (``--script FILE``, JSON or TOML; or ``POST /llmsim/scripts`` at run ti
   schema-valid arguments from the request's tool), ``reasoning`` (text of the hidden
   reasoning / thinking), or instead ``error`` (``{"status", "message", "type", "code",
   "retry_after_s"}``) or ``fault`` (a spec of the fault grammar: a status such as ``429``, or a
-  mid-stream fault such as ``disconnect-after:3``).
+  mid-stream fault such as ``disconnect-after:3``); a moderations turn is ``flag`` (the
+  categories to flag, e.g. ``["violence"]``), a transcription's ``text`` is its transcript.
 - ``then`` (exhaustion): ``repeat`` the last turn (default), ``loop`` from the first,
   ``error`` (a 400 naming the rule), or ``simulate`` (fall back to the simulation).
 
@@ -53,6 +56,7 @@ from . import tokens as tok
 from .decide import CALL_TOKENS, Ask, Call, Choice, Decision, Reasoning, Timing, Usage
 from .faults import Fault, parse_spec
 from .latency import Latency
+from .moderation import CATEGORIES
 from .rng import new_id
 
 __all__ = ["Script", "ScriptError", "load_script", "parse_script", "session_key"]
@@ -69,7 +73,8 @@ REGEX_WORK = 16 * MATCH_CHARS
 MAX_SESSIONS = 10_000
 ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages",
              "gemini.generate", "ollama.chat", "ollama.generate", "bedrock.converse",
-             "bedrock.invoke")
+             "bedrock.invoke", "images", "audio.speech", "audio.transcriptions",
+             "audio.translations", "moderations")
 THEN = ("repeat", "loop", "error", "simulate")
 SESSION_HEADER = "x-llmsim-session"
 
@@ -89,6 +94,7 @@ class Turn:
     reasoning: str | None = None
     error: APIError | None = None
     fault: Fault | None = None
+    flag: tuple[str, ...] = ()  # moderations: the categories flagged
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +116,7 @@ def _str(v: Any, where: str, limit: int = MAX_TEXT) -> str:
 def _turn(t: Any, where: str) -> Turn:
     if not isinstance(t, dict):
         raise ScriptError(where, "expected an object")
-    unknown = set(t) - {"text", "tool_calls", "reasoning", "error", "fault"}
+    unknown = set(t) - {"text", "tool_calls", "reasoning", "error", "fault", "flag"}
     if unknown:
         raise ScriptError(where, f"unknown key {sorted(unknown)[0]!r}")
     if "error" in t:
@@ -140,6 +146,12 @@ def _turn(t: Any, where: str) -> Turn:
             raise ScriptError(f"{where}.fault", "a status (e.g. 429, 503) or a mid-stream "
                               "fault (e.g. disconnect-after:3); use an error turn otherwise")
         return Turn(fault=fault)
+    if "flag" in t:
+        flag = t["flag"]
+        if not isinstance(flag, list) or any(f not in CATEGORIES for f in flag):
+            raise ScriptError(f"{where}.flag", "a list of moderation categories: "
+                              + ", ".join(CATEGORIES))
+        return Turn(flag=tuple(flag))
     text = _str(t["text"], f"{where}.text") if "text" in t else None
     reasoning = _str(t["reasoning"], f"{where}.reasoning") if "reasoning" in t else None
     calls: list[tuple[str, Any]] = []
@@ -158,7 +170,7 @@ def _turn(t: Any, where: str) -> Turn:
             raise ScriptError(f"{w}.arguments", f"larger than {MAX_TEXT} bytes")
         calls.append((name, args))
     if text is None and not calls:
-        raise ScriptError(where, "a turn needs text, tool_calls, error or fault")
+        raise ScriptError(where, "a turn needs text, tool_calls, error, fault or flag")
     return Turn(text, tuple(calls), reasoning)
 
 
