@@ -21,6 +21,7 @@ from . import (
     faults,
     gemini,
     models,
+    realtime,
     responses,
 )
 
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
     from ..app import App
 
 # one line per family; the order is only the order of `routes()`
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, faults, admin,
-           clients, cassette)  # cassette last: record/replay replace generation routes
+MODULES = (models, chat, completions, embeddings, responses, realtime, anthropic, gemini, faults,
+           admin, clients, cassette)  # cassette last: record/replay replace generation routes
 
 
 def register_all(app: App) -> None:
