@@ -35,7 +35,7 @@ from ... import ws_connection
 from ...dialect import Dialect
 from ...errors import APIError, E, missing, server_error
 from ...flow import Pump
-from ...messages import JSONResponse, RawResponse, Request, Result, StreamResponse, check_json_depth
+from ...messages import RawResponse, Request, Result, StreamResponse, check_json_depth
 from ...protocol import start_handler
 from ...routing import Route
 from ...sim import schema as sch
@@ -1034,23 +1034,10 @@ class RealtimeWS(WSMode):
 
 
 def _error_of(res: Result) -> APIError:
+    """The error a refused response was answered with (dispatch renders every error it
+    decides with the error object attached, :func:`~llmsim.messages.error_result`)."""
     e = getattr(res, "error", None)
-    if isinstance(e, APIError):
-        return e
-    body: Any = None
-    if type(res) is RawResponse:
-        try:
-            body = orjson.loads(res.body)
-        except orjson.JSONDecodeError:
-            body = None
-    elif type(res) is JSONResponse:
-        body = res.data
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict):
-        return server_error()
-    return APIError(res.status, str(err.get("message") or ""),
-                    type=str(err.get("type") or "server_error"), param=err.get("param"),
-                    code=err.get("code"))
+    return e if isinstance(e, APIError) else server_error()
 
 
 _HANDLERS = {
