@@ -562,3 +562,53 @@ def test_conversation_is_bounded(rclient: Any, monkeypatch: Any) -> None:
         assert _err(conn)["code"] == "item_not_found"
         conn.conversation.item.retrieve(item_id="item_4")
         assert validated(conn.recv_bytes())["type"] == "conversation.item.retrieved"
+
+
+# -- other clients ------------------------------------------------------------------------------
+
+async def test_openai_agents_realtime_agent_calls_a_tool(rsrv: Any) -> None:
+    """The openai-agents SDK's RealtimeAgent runs offline against the simulator: it calls its
+    tool, sends the output back and gets the answer."""
+    agents = pytest.importorskip("agents")
+    from agents.realtime import RealtimeAgent, RealtimeRunner
+
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather in a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    agent = RealtimeAgent(name="Assistant", instructions="Be brief.", tools=[get_weather])
+    runner = RealtimeRunner(agent, config={"model_settings": {
+        "model_name": "gpt-realtime", "output_modalities": ["text"]}})
+    url = rsrv.url.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
+    session = await runner.run(model_config={"url": url, "api_key": "sk-test"})
+    seen: list[str] = []
+    async with session:
+        await session.send_message("What is the weather in Paris?")
+        async for ev in session:
+            seen.append(ev.type)
+            assert ev.type != "error", ev
+            if ev.type == "agent_end" and "tool_end" in seen:
+                break
+    assert len(calls) == 1 and "tool_start" in seen
+
+
+def test_openai_js_realtime_client(rsrv: Any) -> None:
+    """The openai JS SDK's OpenAIRealtimeWS (skipped unless node can load openai and ws)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).parent / "js"
+    node = shutil.which("node")
+    if node is None or not (here / "node_modules" / "openai").is_dir():
+        pytest.skip("the openai JS SDK is not installed (cd tests/js && npm install openai ws)")
+    r = subprocess.run([node, str(here / "realtime.mjs"), rsrv.url], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "completed" and out["text"] == out["done"] and out["text"]
+    assert out["seen"][0] == "session.created" and out["seen"][-1] == "response.done"
