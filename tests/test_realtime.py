@@ -612,3 +612,33 @@ def test_openai_js_realtime_client(rsrv: Any) -> None:
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"] == "completed" and out["text"] == out["done"] and out["text"]
     assert out["seen"][0] == "session.created" and out["seen"][-1] == "response.done"
+
+
+def test_speech_interrupts_audio_response_then_truncate(make_server: Any) -> None:
+    """Server VAD: speech during an audio response cancels it (turn_detected); the item
+    said so far stays in the conversation, incomplete, and its audio can be truncated."""
+    srv = make_server(latency="realistic", output_tokens_mean=60, output_tokens_sigma=0)
+    with OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0) as c, \
+            c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        conn.response.create()
+        evs = recv_until(conn, "response.output_audio.delta")
+        item_id = evs[-1]["item_id"]
+        conn.input_audio_buffer.append(audio=base64.b64encode(pcm(300, amp=8000)).decode())
+        evs = recv_until(conn, "response.done")
+        types = [e["type"] for e in evs]
+        assert "input_audio_buffer.speech_started" in types
+        resp = evs[-1]["response"]
+        assert resp["status"] == "cancelled"
+        assert resp["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        item = resp["output"][0]
+        assert item["id"] == item_id and item["status"] == "incomplete"
+        said = "".join(e["delta"] for e in evs
+                       if e["type"] == "response.output_audio_transcript.delta")
+        assert item["content"][0]["transcript"].endswith(said)
+        conn.conversation.item.retrieve(item_id=item_id)
+        got = validated(conn.recv_bytes())
+        assert got["type"] == "conversation.item.retrieved" and got["item"]["id"] == item_id
+        conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=150)
+        assert validated(conn.recv_bytes())["type"] == "conversation.item.truncated"
+    _gauges_zero(srv)

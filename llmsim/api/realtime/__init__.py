@@ -267,7 +267,8 @@ class Job:
     __slots__ = ("id", "req", "task", "pump", "res", "done", "streaming", "track",
                  "answered", "first_step", "instructions", "modalities", "tools",
                  "tool_choice", "limit", "voice", "fmt", "speed", "context", "write",
-                 "metadata", "output", "usage", "model", "parallel", "ended", "mode")
+                 "metadata", "output", "usage", "model", "parallel", "ended", "mode",
+                 "current", "kind", "said", "played_ms")
 
     def __init__(self) -> None:
         self.id = new_id("resp_")
@@ -297,6 +298,34 @@ class Job:
         self.model = ""
         self.parallel = True
         self.mode: RealtimeWS | None = None
+        self.current: Item | None = None  # the output item being said
+        self.kind = ""  # its kind: "text", "audio" or "call"
+        self.said: list[str] = []  # its pieces sent so far
+        self.played_ms = 0  # its audio sent so far
+
+    def finish_current(self, status: str) -> dict[str, Any] | None:
+        """The output item being said ends (done, cancelled or failed) with what was said:
+        its final form, in the response's output and (being the same Item) the
+        conversation."""
+        it = self.current
+        if it is None:
+            return None
+        self.current = None
+        text = "".join(self.said)
+        if self.kind == "call":
+            data = {**it.data, "status": status, "arguments": text}
+            it.text = f"{data['name']} {text}"
+        else:
+            part = {"type": "output_text", "text": text} if self.kind == "text" else \
+                {"type": "output_audio", "transcript": text}
+            data = {**it.data, "status": status, "content": [part]}
+            it.text = text
+            it.audio_ms = self.played_ms
+        it.data = data
+        it.tokens = (tok.count_tokens(it.text, "o200k_base") + 4
+                     + it.audio_ms * AUDIO_TOKENS_IN_PER_S // 1000)
+        self.output.append(data)
+        return data
 
     def running(self) -> bool:
         return not self.done
@@ -363,6 +392,7 @@ async def _generate(req: Request, app: App) -> Result:
 def _fail(job: Job, err: APIError) -> list[tuple[str, Any]]:
     """A response failing mid-stream (an injected fault): the error, then response.done."""
     job.ended = True
+    job.finish_current("incomplete")
     return _error_events(err) + [("response.done", {"response": job.wire(
         "failed", {"type": "failed", "error": {"type": err.type, "code": err.code}},
         job.output)})]
@@ -388,41 +418,37 @@ def _plan(app: App, job: Job, d: Decision, sp: Speech | None,
                                 "role": "assistant", "status": "in_progress", "content": []}
         head = {"response_id": rid, "output_index": idx}
         yield 0.0, "response.output_item.added", {**head, "item": dict(item)}
-        prev = mode.last_id() if job.write else None
+        prev = _begin_item(job, mode, item, "audio" if sp is not None else "text")
         if job.write:
             yield 0.0, "conversation.item.added", {"previous_item_id": prev, "item": dict(item)}
         at = {**head, "item_id": iid, "content_index": 0}
+        said = job.said
         if sp is None:
             yield 0.0, "response.content_part.added", {**at, "part": {"type": "text",
                                                                       "text": ""}}
             wait = first
             for piece in c.pieces:
+                said.append(piece)
                 yield wait, "response.output_text.delta", {**at, "delta": piece}
                 wait = next(gaps, 0.0)
             text = "".join(c.pieces)
             yield 0.0, "response.output_text.done", {**at, "text": text}
             yield 0.0, "response.content_part.done", {**at, "part": {"type": "text",
                                                                      "text": text}}
-            part = {"type": "output_text", "text": text}
-            ms = 0
         else:
             yield 0.0, "response.content_part.added", {**at, "part": {"type": "audio",
                                                                       "transcript": ""}}
-            yield from _audio_events(at, c.pieces, sp, first, zero)
+            yield from _audio_events(at, c.pieces, sp, first, zero, job)
             text = "".join(c.pieces)
             yield 0.0, "response.output_audio.done", dict(at)
             yield 0.0, "response.output_audio_transcript.done", {**at, "transcript": text}
             yield 0.0, "response.content_part.done", {**at, "part": {"type": "audio",
                                                                      "transcript": text}}
-            part = {"type": "output_audio", "transcript": text}
-            ms = round(sp.duration * 1000)
-        item = {**item, "status": "incomplete" if c.finish == "length" else "completed",
-                "content": [part]}
-        job.output.append(item)
-        yield 0.0, "response.output_item.done", {**head, "item": item}
+            job.played_ms = round(sp.duration * 1000)
+        done = job.finish_current("incomplete" if c.finish == "length" else "completed")
+        yield 0.0, "response.output_item.done", {**head, "item": done}
         if job.write:
-            mode.add_item(Item(item, text, ms), emit=False)
-            yield 0.0, "conversation.item.done", {"previous_item_id": prev, "item": item}
+            yield 0.0, "conversation.item.done", {"previous_item_id": prev, "item": done}
     else:
         wait = first
         for call in c.calls:
@@ -432,23 +458,21 @@ def _plan(app: App, job: Job, d: Decision, sp: Speech | None,
                     "arguments": ""}
             head = {"response_id": rid, "output_index": idx}
             yield 0.0, "response.output_item.added", {**head, "item": dict(item)}
-            prev = mode.last_id() if job.write else None
+            prev = _begin_item(job, mode, item, "call")
             if job.write:
                 yield 0.0, "conversation.item.added", {"previous_item_id": prev,
                                                        "item": dict(item)}
             at = {**head, "item_id": iid, "call_id": call.call_id}
             for piece in call.pieces:
+                job.said.append(piece)
                 yield wait, "response.function_call_arguments.delta", {**at, "delta": piece}
                 wait = next(gaps, 0.0)
             yield 0.0, "response.function_call_arguments.done", {
                 **at, "name": call.name, "arguments": call.arguments}
-            item = {**item, "status": "completed" if call.complete else "incomplete",
-                    "arguments": call.arguments}
-            job.output.append(item)
-            yield 0.0, "response.output_item.done", {**head, "item": item}
+            done = job.finish_current("completed" if call.complete else "incomplete")
+            yield 0.0, "response.output_item.done", {**head, "item": done}
             if job.write:
-                mode.add_item(Item(item, call.name + " " + call.arguments), emit=False)
-                yield 0.0, "conversation.item.done", {"previous_item_id": prev, "item": item}
+                yield 0.0, "conversation.item.done", {"previous_item_id": prev, "item": done}
             idx += 1
     details = None
     status = "completed"
@@ -459,8 +483,20 @@ def _plan(app: App, job: Job, d: Decision, sp: Speech | None,
     yield 0.0, "response.done", {"response": job.wire(status, details, job.output)}
 
 
+def _begin_item(job: Job, mode: RealtimeWS, item: dict[str, Any], kind: str) -> str | None:
+    """An output item starts: it joins the conversation now (so a client can truncate the
+    audio it is playing), filled in as it is said (:meth:`Job.finish_current`). Returns the
+    item before it."""
+    prev = mode.last_id() if job.write else None
+    live = Item(dict(item), "")
+    job.current, job.kind, job.said, job.played_ms = live, kind, [], 0
+    if job.write:
+        mode.add_item(live, emit=False)
+    return prev
+
+
 def _audio_events(at: dict[str, Any], pieces: list[str], sp: Speech, first: float,
-                  zero: bool) -> Iterator[tuple[float, str, Any]]:
+                  zero: bool, job: Job | None = None) -> Iterator[tuple[float, str, Any]]:
     """Transcript deltas at their words' times, audio deltas every CHUNK_MS (real time),
     merged in time order; the last event is due when the audio ends."""
     step = CHUNK_MS / 1000.0
@@ -473,8 +509,12 @@ def _audio_events(at: dict[str, Any], pieces: list[str], sp: Speech, first: floa
         wait = 0.0 if zero else first + t if prev is None else t - prev
         prev = t
         if kind == 1:
+            if job is not None:
+                job.said.append(pieces[i])
             yield wait, "response.output_audio_transcript.delta", {**at, "delta": pieces[i]}
         else:
+            if job is not None:
+                job.played_ms = min(round(sp.duration * 1000), (i + 1) * CHUNK_MS)
             yield wait, "response.output_audio.delta", {
                 **at, "delta": base64.b64encode(next(chunks, b"")).decode()}
     if not zero:
@@ -989,6 +1029,7 @@ class RealtimeWS(WSMode):
             return
         if not job.ended and job.streaming:
             job.ended = True
+            job.finish_current("incomplete")
             self.send("response.done", {"response": job.wire(
                 "cancelled", {"type": "cancelled", "reason": reason}, job.output)})
         if job.pump is not None:
