@@ -642,3 +642,29 @@ def test_speech_interrupts_audio_response_then_truncate(make_server: Any) -> Non
         conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=150)
         assert validated(conn.recv_bytes())["type"] == "conversation.item.truncated"
     _gauges_zero(srv)
+
+
+def test_openai_prefix_path_and_default_model(rsrv: Any) -> None:
+    with OpenAI(base_url=rsrv.url + "/openai/v1", api_key="sk-test", max_retries=0) as c, \
+            c.realtime.connect() as conn:
+        created = validated(conn.recv_bytes())
+        assert created["session"]["model"] == "gpt-realtime"
+        assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+
+def test_out_of_band_response_leaves_the_conversation(rclient: Any) -> None:
+    with rclient.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        text_session(conn)
+        conn.conversation.item.create(item={"id": "item_q", "type": "message", "role": "user",
+                                            "content": [{"type": "input_text", "text": "Q"}]})
+        recv_until(conn, "conversation.item.done")
+        conn.response.create(response={"conversation": "none", "metadata": {"k": "v"},
+                                       "input": [{"type": "item_reference", "id": "item_q"}]})
+        evs = recv_until(conn, "response.done")
+        assert "conversation.item.added" not in [e["type"] for e in evs]
+        assert evs[-1]["response"]["metadata"] == {"k": "v"}
+        assert evs[-1]["response"]["conversation_id"] is None
+        out_id = evs[-1]["response"]["output"][0]["id"]
+        conn.conversation.item.retrieve(item_id=out_id)
+        assert _err(conn)["code"] == "item_not_found"
