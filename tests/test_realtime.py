@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 import llmsim.api.realtime as rt
 from llmsim.api.realtime.audio import VAD, speech
-from llmsim.config import WebSocketConfig
+from llmsim.config import RateLimitConfig, WebSocketConfig
 from llmsim.sim.rng import seeded
 
 EVENT = TypeAdapter(RealtimeServerEvent)
@@ -668,3 +668,58 @@ def test_out_of_band_response_leaves_the_conversation(rclient: Any) -> None:
         out_id = evs[-1]["response"]["output"][0]["id"]
         conn.conversation.item.retrieve(item_id=out_id)
         assert _err(conn)["code"] == "item_not_found"
+
+
+def test_rate_limits_updated_and_429_from_the_limiter(make_server: Any) -> None:
+    srv = make_server(ratelimit=RateLimitConfig(rpm=2, tpm=100_000),
+                      output_tokens_mean=5, output_tokens_sigma=0)
+    with OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0) as c, \
+            c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        text_session(conn)
+        seen = []
+        for _ in range(2):
+            conn.response.create()
+            evs = recv_until(conn, "response.done")
+            rl = evs[1]
+            assert rl["type"] == "rate_limits.updated"
+            seen.append({r["name"]: r for r in rl["rate_limits"]})
+        assert seen[0]["requests"]["limit"] == 2
+        assert [s["requests"]["remaining"] for s in seen] == [1, 0]
+        assert seen[0]["tokens"]["limit"] == 100_000
+        conn.response.create()
+        evs = recv_until(conn, "response.done")
+        assert evs[1]["error"]["code"] == "rate_limit_exceeded"
+        assert evs[-1]["response"]["status"] == "failed"
+    snap = srv.app.stats.snapshot()
+    assert "realtime" in json.dumps(snap)
+    _gauges_zero(srv)
+
+
+def test_random_events_never_break_the_session(rclient: Any, rsrv: Any) -> None:
+    """A bounded, seeded fuzz of client events: every answer is a valid server event and
+    the session keeps serving."""
+    import random
+
+    rng = random.Random(7)
+    values: list[Any] = [None, True, -1, 0, 2 ** 40, 1.5, "", "x" * 300, [], {}, [1, {}],
+                         {"type": "message"}, "AAAA", "realtime", "audio/pcm"]
+    keys = ["session", "item", "audio", "item_id", "response", "previous_item_id",
+            "content_index", "audio_end_ms", "type", "event_id", "output_modalities"]
+    with rclient.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        text_session(conn)
+        for _ in range(150):
+            ev: dict[str, Any] = {"type": rng.choice(rt.CLIENT_EVENTS[:-2] + ("x",))}
+            for k in rng.sample(keys, rng.randint(0, 4)):
+                if k != "type":
+                    ev[k] = rng.choice(values)
+            if ev["type"] in ("response.create", "response.cancel"):
+                continue  # (responses have their own tests; keep this one instant)
+            conn.send(ev)  # type: ignore[arg-type]
+            conn.session.update(session={"type": "realtime", "output_modalities": ["text"]},
+                                event_id="evt_sync")
+            while validated(conn.recv_bytes())["type"] != "session.updated":
+                pass
+        _still_open(conn)
+    _gauges_zero(rsrv)

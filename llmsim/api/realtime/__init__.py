@@ -523,44 +523,16 @@ def _audio_events(at: dict[str, Any], pieces: list[str], sp: Speech, first: floa
 
 
 def _rate_limits(req: Request) -> list[dict[str, Any]]:
-    """``rate_limits.updated`` from the request's rate-limit snapshot (``--rate-limit``), else
-    the nominal limits of an unlimited server (remaining = limit)."""
+    """``rate_limits.updated``: the request and token buckets of ``--rate-limit`` as this
+    response was admitted, else the nominal limits of an unlimited server (nothing used)."""
     snap = req.notes.ratelimit
     if snap is None:
         return [{"name": "requests", "limit": 10000, "remaining": 10000, "reset_seconds": 0.0},
                 {"name": "tokens", "limit": 10000000, "remaining": 10000000,
                  "reset_seconds": 0.0}]
-    h = {k.lower(): v for k, v in snap.headers(None)}
-    out = []
-    for name in ("requests", "tokens"):
-        lim = h.get(f"x-ratelimit-limit-{name}")
-        if lim is None:
-            continue
-        reset = h.get(f"x-ratelimit-reset-{name}", "0s")
-        out.append({"name": name, "limit": int(lim),
-                    "remaining": int(h.get(f"x-ratelimit-remaining-{name}", lim)),
-                    "reset_seconds": _seconds(reset)})
-    return out
-
-
-def _seconds(v: str) -> float:
-    """``6m0s`` / ``1.5s`` / ``20ms`` → seconds."""
-    total = 0.0
-    num = ""
-    i = 0
-    while i < len(v):
-        ch = v[i]
-        if ch.isdigit() or ch == ".":
-            num += ch
-        elif v.startswith("ms", i):
-            total += float(num or 0) / 1000.0
-            num = ""
-            i += 1
-        else:
-            total += float(num or 0) * {"h": 3600, "m": 60, "s": 1}.get(ch, 0)
-            num = ""
-        i += 1
-    return round(total, 3)
+    return [{"name": name, "limit": b.limit, "remaining": b.remaining,
+             "reset_seconds": round(b.reset_in(), 3)}
+            for name, b in (("requests", snap.req), ("tokens", snap.tok)) if b is not None]
 
 
 # ------------------------------------------------------------------------------------------
