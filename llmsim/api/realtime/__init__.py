@@ -322,6 +322,11 @@ class Job:
             it.text = text
             it.audio_ms = self.played_ms
         it.data = data
+        chars = len(it.text) + 64
+        mode = self.mode
+        if mode is not None and mode.items.get(it.id) is it:  # (still in the conversation)
+            mode.chars += chars - it.chars
+        it.chars = chars
         it.tokens = (tok.count_tokens(it.text, "o200k_base") + 4
                      + it.audio_ms * AUDIO_TOKENS_IN_PER_S // 1000)
         self.output.append(data)
