@@ -723,3 +723,17 @@ def test_random_events_never_break_the_session(rclient: Any, rsrv: Any) -> None:
                 pass
         _still_open(conn)
     _gauges_zero(rsrv)
+
+
+def test_strict_models_know_the_realtime_models(make_server: Any) -> None:
+    srv = make_server(strict_models=True)
+    with OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0) as c:
+        for model, code in (("gpt-realtime-mini", None), ("no-such-model", "model_not_found")):
+            with c.realtime.connect(model=model) as conn:
+                validated(conn.recv_bytes())
+                text_session(conn)
+                conn.response.create()
+                evs = recv_until(conn, "response.done")
+                errs = [e["error"]["code"] for e in evs if e["type"] == "error"]
+                assert errs == ([code] if code else [])
+    _gauges_zero(srv)
