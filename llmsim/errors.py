@@ -651,6 +651,8 @@ class E:
     realtime_item_not_found = Entry(400, "item_not_found", "Error {what} item: the item with "
                                     "id '{id}' does not exist.", clip=("id",))
     realtime_truncate_invalid = Entry(400, "invalid_value", "Invalid '{param}': {reason}.")
+    realtime_session_expired = Entry(400, "session_expired", "Your session hit the maximum "
+                                     "duration of {span}.", names_param=False)
     realtime_item_too_large = Entry(400, "request_too_large", "Invalid '{param}': {size} "
                                     "characters, above this server's bound of {cap} per "
                                     "conversation item.")

@@ -737,3 +737,15 @@ def test_strict_models_know_the_realtime_models(make_server: Any) -> None:
                 errs = [e["error"]["code"] for e in evs if e["type"] == "error"]
                 assert errs == ([code] if code else [])
     _gauges_zero(srv)
+
+
+def test_session_time_limit(make_server: Any) -> None:
+    srv = make_server(websocket=WebSocketConfig(connection_time_limit_s=0.3))
+    with OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0) as c, \
+            c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        err = _err(conn)
+        assert err["code"] == "session_expired" and "0.3 seconds" in err["message"]
+        with pytest.raises(ConnectionClosed):
+            conn.recv_bytes()
+    _gauges_zero(srv)

@@ -588,6 +588,10 @@ class RealtimeWS(WSMode):
         self.chars = 0
 
     def error_event(self, err: APIError, **extra: Any) -> dict[str, Any]:
+        if err.code == "websocket_connection_limit_reached":  # the Realtime API's wording
+            limit = self.app.config.websocket.connection_time_limit_s
+            err = E.realtime_session_expired.at(
+                span=f"{limit / 60:g} minutes" if limit >= 60 else f"{limit:g} seconds")
         return error_event(err, extra.get("event_id"))
 
     def stop(self, reason: str) -> None:
