@@ -749,3 +749,55 @@ def test_session_time_limit(make_server: Any) -> None:
         with pytest.raises(ConnectionClosed):
             conn.recv_bytes()
     _gauges_zero(srv)
+
+
+async def test_audio_is_paced_in_real_time_on_the_fake_clock() -> None:
+    """End to end through the pump on virtual time: the first audio delta comes at the time
+    to first token, the next ones every 200 ms of audio, response.done when the audio
+    ends (a ~3 s answer takes ~3 s plus TTFT)."""
+    import asyncio
+
+    from wsproto import ConnectionType
+    from wsproto.connection import Connection
+    from wsproto.events import TextMessage
+
+    from llmsim.clock import FakeClock
+
+    from .memtransport import connect, mem_server
+    from .test_websocket_raw import handshake
+
+    clock = FakeClock()
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=300, itl_ms=10,
+                        output_tokens_mean=10, output_tokens_sigma=0, seed=3)
+    proto, tr = connect(server)
+    proto.data_received(handshake("/v1/realtime?model=gpt-realtime"))
+    client = Connection(ConnectionType.CLIENT)
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if b"\r\n\r\n" in tr.out:
+            break
+    head, _, rest = tr.drain_client().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 ")
+    client.receive_data(rest)
+    t0 = clock.now()
+    proto.data_received(client.send(TextMessage(data=json.dumps({
+        "type": "response.create", "response": {"output_modalities": ["audio"]}}))))
+    got: list[tuple[float, dict[str, Any]]] = []
+    for _ in range(200_000):
+        await asyncio.sleep(0)
+        client.receive_data(tr.drain_client())
+        for ev in client.events():
+            if isinstance(ev, TextMessage):
+                got.append((clock.now() - t0, validated(ev.data)))
+        if got and got[-1][1]["type"] == "response.done":
+            break
+    audio = [(t, base64.b64decode(e["delta"])) for t, e in got
+             if e["type"] == "response.output_audio.delta"]
+    seconds = sum(len(a) for _, a in audio) / 48000
+    assert 1.5 < seconds < 8
+    assert audio[0][0] == pytest.approx(0.3, abs=0.01)
+    assert [t for t, _ in audio] == pytest.approx([0.3 + 0.2 * k for k in range(len(audio))],
+                                                 abs=0.01)
+    assert got[-1][0] == pytest.approx(0.3 + seconds, abs=0.01)
+    proto.connection_lost(None)
+    assert server.app.stats.active_websockets == 0 and server.app.stats.active_streams == 0
