@@ -27,6 +27,7 @@ from .api import (
     models,
     moderations,
     ollama,
+    realtime,
     responses,
     serving,
 )
@@ -36,7 +37,7 @@ __all__ = ["MODULES", "install"]
 
 # one line per family or feature; the order is the order of the routes (cassette last:
 # record/replay replaces the generation routes)
-MODULES = (models, chat, completions, embeddings, responses, anthropic, gemini, ollama, azure,
+MODULES = (models, chat, completions, embeddings, responses, realtime, anthropic, gemini, ollama, azure,
            bedrock, images, audio, moderations, media, faults, serving, admin, clients, cassette)  # cassette last: record/replay replace generation routes
 
 

@@ -643,6 +643,34 @@ class E:
     too_many_websockets = Entry(429, "too_many_websocket_connections", "Too many concurrent "
                                 "WebSocket connections: the limit is {limit}. Close one or "
                                 "retry later.", type="rate_limit_error", names_param=False)
+    # --- the Realtime API (api/realtime) ----------------------------------------------------
+    realtime_active_response = Entry(400, "conversation_already_has_active_response",
+                                     "Conversation already has an active response in "
+                                     "progress: {id}. Wait until the response is finished "
+                                     "before creating a new one.", names_param=False)
+    realtime_cancel_not_active = Entry(400, "response_cancel_not_active", "Cancellation "
+                                       "failed: no active response found.", names_param=False)
+    realtime_commit_empty = Entry(400, "input_audio_buffer_commit_empty", "Error committing "
+                                  "input audio buffer: buffer too small. Expected at least "
+                                  "100ms of audio, but buffer only has {ms}ms of audio.",
+                                  names_param=False)
+    realtime_append_too_large = Entry(400, "request_too_large", "Invalid '{param}': {size} "
+                                      "bytes of base64 audio in one event, above the limit "
+                                      "of {cap} bytes. Send the audio in smaller appends.")
+    realtime_buffer_full = Entry(400, "input_audio_buffer_too_large", "The input audio buffer "
+                                 "would hold {ms} ms of audio, above this server's bound of "
+                                 "{cap} ms: commit or clear it (or turn server VAD on).",
+                                 names_param=False)
+    realtime_bad_base64 = Entry(400, "invalid_value", "Invalid '{param}': expected base64-"
+                                "encoded audio bytes.")
+    realtime_item_not_found = Entry(400, "item_not_found", "Error {what} item: the item with "
+                                    "id '{id}' does not exist.", clip=("id",))
+    realtime_truncate_invalid = Entry(400, "invalid_value", "Invalid '{param}': {reason}.")
+    realtime_session_expired = Entry(400, "session_expired", "Your session hit the maximum "
+                                     "duration of {span}.", names_param=False)
+    realtime_item_too_large = Entry(400, "request_too_large", "Invalid '{param}': {size} "
+                                    "characters, above this server's bound of {cap} per "
+                                    "conversation item.")
     shared_state_unavailable = Entry(503, "shared_state_unavailable", "Shared state is "
                                      "unavailable ({reason}); try again shortly.",
                                      type="server_error", names_param=False)

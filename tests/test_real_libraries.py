@@ -115,7 +115,7 @@ def _run_agent(srv: Any, api: str) -> Any:
     model_cls = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
     agent = Agent(name="weather", instructions="Answer weather questions with the tool.",
                   tools=[get_weather], model=model_cls(model="gpt-4o", openai_client=client),
-                  model_settings=ModelSettings(max_tokens=50))
+                  model_settings=ModelSettings(max_tokens=200))  # (natural answers fit)
 
     async def go() -> Any:
         try:

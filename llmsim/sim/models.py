@@ -105,6 +105,11 @@ BUILTIN: tuple[ModelProfile, ...] = (
     _p("gpt-4o", _FRONTIER, context_window=128_000, max_output_tokens=16_384, ttft_ms=450.0, itl_ms=12.0),
     _p("gpt-4o-mini", _MINI, context_window=128_000, max_output_tokens=16_384, ttft_ms=350.0,
        itl_ms=10.0, created=1721172741),
+    # the Realtime API's models (/v1/realtime)
+    _p("gpt-realtime", _FRONTIER, context_window=32_000, max_output_tokens=4_096, ttft_ms=500.0,
+       itl_ms=12.0, created=1756339200),
+    _p("gpt-realtime-mini", _MINI, context_window=32_000, max_output_tokens=4_096,
+       ttft_ms=350.0, itl_ms=9.0, created=1759708800),
     _p("gpt-4-turbo", _FRONTIER, context_window=128_000, max_output_tokens=4_096, ttft_ms=600.0,
        itl_ms=25.0, encoding="cl100k_base", created=1712361441),
     _p("gpt-4", _FRONTIER, context_window=8_192, max_output_tokens=8_192, ttft_ms=700.0, itl_ms=35.0,

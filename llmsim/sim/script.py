@@ -71,7 +71,7 @@ MATCH_CHARS = 64 * 1024
 # pattern the matcher caches searches all MATCH_CHARS with room to spare
 REGEX_WORK = 16 * MATCH_CHARS
 MAX_SESSIONS = 10_000
-ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages",
+ENDPOINTS = ("chat.completions", "responses", "completions", "anthropic.messages", "realtime",
              "gemini.generate", "ollama.chat", "ollama.generate", "bedrock.converse",
              "bedrock.invoke", "images", "audio.speech", "audio.transcriptions",
              "audio.translations", "moderations")
