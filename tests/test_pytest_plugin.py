@@ -73,9 +73,12 @@ def test_agent_project_with_script_fault_and_verdict(pytester: Any) -> None:
 
 
 def test_a_misbehaving_client_fails_the_verdict(pytester: Any) -> None:
+    # (a retry-after far longer than a busy machine can delay the retry: the client's
+    # immediate retry is early however slow the box is)
     pytester.makepyfile(test_bad='''
 import httpx
 
+@__import__("pytest").mark.llmsim(**{"faults.retry_after_ms": 30000})
 def test_retries_at_once(llmsim):
     llmsim.fault("429", count=1)
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
