@@ -148,3 +148,55 @@ def test_every_family_counts_as_running_while_in_flight(path: str, body: dict[st
             done.set()
             t.join()
         assert any(ln.endswith(" 1") for ln in seen), (path, stream, seen[:3])
+
+
+@pytest.mark.parametrize("path", [
+    "/v1beta/models/run-m:generateContent",
+    "/v1beta/models/run-m:streamGenerateContent?alt=sse",
+    "/model/run-m/converse",
+    "/model/run-m/converse-stream",
+])
+def test_path_streaming_families_count_as_running(path: str) -> None:
+    """The families whose path says whether they stream (Gemini, Bedrock) are counted too."""
+    gemini = path.startswith("/v1beta")
+    body: dict[str, Any] = ({"contents": [{"role": "user", "parts": [{"text": "x"}]}],
+                             "generationConfig": {"maxOutputTokens": 2}} if gemini else
+                            {"messages": [{"role": "user", "content": [{"text": "x"}]}],
+                             "inferenceConfig": {"maxTokens": 2}})
+    _assert_running(path, body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path,body", [
+    ("/api/chat", {"model": "run-m", "messages": [{"role": "user", "content": "x"}],
+                   "options": {"num_predict": 2}}),
+    ("/openai/deployments/run-m/chat/completions?api-version=2024-10-21",
+     {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
+])
+def test_provider_families_count_as_running(path: str, body: dict[str, Any],
+                                            stream: bool) -> None:
+    _assert_running(path, {**body, "stream": stream})
+
+
+def _assert_running(path: str, body: dict[str, Any]) -> None:
+    with ServerThread(Config(port=0, quiet=True, latency="realistic", ttft_ms=500,
+                             itl_ms=1, max_tokens_mode="exact")) as srv:
+        seen: list[str] = []
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                m = httpx.get(srv.url + "/metrics").text
+                seen.extend(ln for ln in m.splitlines()
+                            if ln.startswith('vllm:num_requests_running{model_name="run-m"}'))
+                time.sleep(0.02)
+
+        t = threading.Thread(target=poll)
+        t.start()
+        try:
+            r = httpx.post(srv.url + path, json=body, timeout=10)
+            assert r.status_code == 200, r.text
+        finally:
+            done.set()
+            t.join()
+        assert any(ln.endswith(" 1") for ln in seen), (path, seen[:3])
