@@ -567,9 +567,12 @@ def test_server_runs_on_a_read_only_root() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = ("mount -o remount,bind,ro / && mount -t tmpfs -o size=64m tmpfs /tmp && "
-              f"exec {shlex.quote(sys.executable)} -m llmsim --port {port} --workers 2 "
-              "--latency instant --quiet")
+    # the writable tmpfs on its own mount point, made before / goes read-only (not over /tmp:
+    # the checkout and its virtualenv may live there), and TMPDIR pointed at it
+    script = ("d=$(mktemp -d) && mount -t tmpfs -o size=64m tmpfs \"$d\" && "
+              "mount -o remount,bind,ro / && "
+              f"TMPDIR=\"$d\" exec {shlex.quote(sys.executable)} -m llmsim --port {port} "
+              "--workers 2 --latency instant --quiet")
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
