@@ -513,7 +513,8 @@ ANALYSIS_MARK = "## Targets"
 def has_module(name: str) -> bool:
     base = ROOT / "llmsim"
     return any(p.exists() for p in (base / f"{name}.py", base / "api" / f"{name}.py",
-                                     base / "api" / name / "__init__.py"))
+                                     base / "api" / name / "__init__.py",
+                                     base / "transport" / f"{name}.py"))
 
 
 def _seconds(text: str) -> float:
@@ -651,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stream" in only or "ws" in only:
         kinds = (["chat"] + (["responses"] if has_module("responses") else [])
                  if "stream" in only else [])
-        ws_too = "ws" in only and has_module("websocket")
+        ws_too = "ws" in only and has_module("ws")  # (the WebSocket transport)
         for loop in loops:
             # Every server of this loop's comparison runs at once (an idle one costs nothing)
             # and each round of a stream count drives them one after another, so the anchor
