@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import replace
@@ -16,15 +17,18 @@ from .messages import Key, RawResponse, Request, Result, StreamResponse, error_r
 from .routing import Route, Router
 from .sim import lengths, tokens
 from .sim import schema as sch
-from .sim.cache import PromptCache
+from .sim.cache import ENTRY_BYTES, OPENAI_TTL_24H_S, PromptCache
 from .sim.decide import Ask, Decision, decide
 from .sim.faults import fault_error
 from .sim.latency import Latency
 from .sim.models import DEFAULT_EMBEDDING, ModelProfile, Registry
 from .sim.script import Script, Turn, decision_of, load_script
 from .state.redis_limits import SharedCursors
+from .state.redis_store import RedisStore
 from .state.redisconn import SharedState, open_shared_state
+from .state.shared import SharedStore
 from .state.stats import Stats
+from .state.store import SnapshotStore
 from .streaming.clock import Clock, RealClock
 
 __all__ = ["App", "Key", "install_with", "start_handler", "Stepped"]
@@ -33,6 +37,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("llmsim")
 LATENCY_CACHE = 1024  # latency models kept (App.latency)
+PROMPT_CACHE_TTL_S = OPENAI_TTL_24H_S  # the shared table's bound; each entry has its own expiry
 
 # A hook runs before the handler; it may return a Result (e.g. an injected fault) or raise
 # APIError (auth, rate limit) to answer instead of the handler.
@@ -178,8 +183,6 @@ class App:
             log.warning("--max-tokens-mode cap is retired: lengths are 'natural' (an answer "
                         "longer than max_tokens is cut there, finish_reason 'length')")
         self.length_source = source
-        # the simulated prompt cache (sim.cache): prefixes' digests, bounded in bytes
-        self.prompt_cache = PromptCache(self.config.prompt_cache_bytes)
         self.router = Router()
         self._latency: dict[str, tuple[Config, Latency]] = {}  # App.latency's, by model id
         # validated request bodies by their bytes, one memo per API family that keeps them
@@ -194,6 +197,12 @@ class App:
         self.on_stop: list[LifecycleHook] = []  # awaited when it closes
         # shared state across replicas (--state redis://...): None = embedded (the default)
         self.shared_state: SharedState | None = open_shared_state(self.config.state)
+        # the simulated prompt cache (sim.cache): prefixes' digests, bounded in bytes; shared
+        # by --workers (sqlite) or replicas (--state: Redis), a table of the same bound
+        self.prompt_cache = PromptCache(self.config.prompt_cache_bytes,
+                                        self._shared_prompt_cache())
+        if self.prompt_cache.shared is not None:
+            self.on_stop.append(self._close_prompt_cache)
         # -- each feature's state, under a typed key owned by the feature's module ----------
         self.features: dict[Key[Any], Any] = {}
         # the API-key check a transport runs itself (WebSocket handshake); None = no keys
@@ -208,6 +217,23 @@ class App:
             self.script_cursors = SharedCursors(self.shared_state)
         for install in _INSTALL:
             install(self)
+
+    def _shared_prompt_cache(self) -> SnapshotStore[Any] | None:
+        entries = self.config.prompt_cache_bytes // ENTRY_BYTES
+        if entries <= 0:
+            return None
+        if self.shared_state is not None:
+            return RedisStore(self.shared_state, "prompt_cache", entries, PROMPT_CACHE_TTL_S)
+        if self.state_dir is not None:
+            # (a file of its own: its byte budget is not the stored responses')
+            return SharedStore(os.path.join(self.state_dir, "prompt_cache.sqlite3"),
+                               "prompt_cache", entries, PROMPT_CACHE_TTL_S)
+        return None
+
+    async def _close_prompt_cache(self, app: App) -> None:
+        shared = self.prompt_cache.shared
+        if shared is not None:
+            shared.close()
 
     # -- feature state ------------------------------------------------------------------------
     def feature(self, key: Key[T]) -> T | None:

@@ -24,6 +24,7 @@ from llmsim.sim import lengths
 from llmsim.sim import tokens as tok
 from llmsim.sim.latency import Latency
 from llmsim.sim.models import Registry
+from tests.test_workers import wait_for, workers2  # noqa: F401  (the fixture)
 
 TRACES = Path(__file__).parent / "data" / "azure-llm-inference-2023"
 STORY = "Write a long story about dragons"
@@ -473,3 +474,37 @@ def test_anthropic_first_text_arrives_at_the_ttft(make_server: Any) -> None:
         if etype == "content_block_delta":
             break
     assert t == pytest.approx(d.timing.first) and t == pytest.approx(0.2)
+
+
+def test_the_prompt_cache_is_shared_by_workers(workers2: Any) -> None:  # noqa: F811
+    """With --workers the prefixes one worker cached are hits on every worker (the shared
+    table beside the stored responses): every resend reports cached tokens, whichever worker
+    the kernel hands the connection to."""
+    proc, port, _lines = workers2
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, what="the workers")
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    seen = set()
+    for i in range(12):
+        with httpx.Client() as c:  # (a new connection each time: any worker may take it)
+            r = c.post(url, json={"model": "gpt-4o", "max_tokens": 2, "messages": [
+                {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"q{i}"}]})
+        u = r.json()["usage"]
+        seen.add(r.headers.get("x-llmsim-worker", ""))
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        if i == 0:
+            assert cached == 0
+        else:
+            assert cached >= 1024 and cached % 128 == 0, (i, u)
+
+
+def test_shared_marks_spread_and_end_at_the_last_segment() -> None:
+    assert pc._marks(0) == [] and pc._marks(1) == [0] and pc._marks(5) == [0, 1, 2, 3, 4]
+    m = pc._marks(1000)
+    assert len(m) <= pc.SHARED_MARKS + 1 and m[-1] == 999 and m == sorted(set(m))

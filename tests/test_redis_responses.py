@@ -316,3 +316,17 @@ def test_values_are_bounded_by_the_body_limit(make_server: Any, redis_url: str) 
     for c in (a, b):
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(r.id)
+
+
+def test_the_prompt_cache_is_shared_by_replicas(pair: Pair) -> None:
+    """A prefix replica a cached is read on replica b (the shared table in Redis)."""
+    a, b = (sdk(s) for s in pair)
+    system = " ".join(f"Rule {i}: say {i} politely." for i in range(400))
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "first"}]
+    r1 = a.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=2)
+    assert r1.usage is not None and r1.usage.prompt_tokens >= 2048
+    msgs[1]["content"] = "second"
+    r2 = b.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=2)
+    assert r2.usage is not None and r2.usage.prompt_tokens_details is not None
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached >= 1024 and cached % 128 == 0

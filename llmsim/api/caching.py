@@ -67,7 +67,8 @@ def openai_cached(app: App, seg: Segments | None, prompt_tokens: int,
     if seg is None:
         return 0
     ttl = OPENAI_TTL_24H_S if retention == "24h" else OPENAI_TTL_S
-    read = app.prompt_cache.openai(seg, prompt_tokens, app.clock.now(), ttl)
+    # (wall-clock time: the shared table's expiries are read by other processes and hosts)
+    read = app.prompt_cache.openai(seg, prompt_tokens, app.clock.time(), ttl)
     app.stats.prompt_cache(prompt_tokens, read)
     return read
 
@@ -103,7 +104,7 @@ def anthropic_cached(app: App, profile: ModelProfile, blocks: Sequence[object],
     if not marks or app.prompt_cache.max_entries <= 0:
         return CacheUse()
     seg = segments_of(f"anthropic\0{profile.id}", blocks, prompt_tokens, marks)
-    use = app.prompt_cache.anthropic(seg, prompt_tokens, app.clock.now(),
+    use = app.prompt_cache.anthropic(seg, prompt_tokens, app.clock.time(),
                                      profile.cache_min_tokens)
     app.stats.prompt_cache(prompt_tokens, use.read, use.written)
     return use

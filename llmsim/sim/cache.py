@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import Any
 
 import orjson
 
@@ -69,6 +70,19 @@ class CacheUse:
 
 
 NO_USE = CacheUse()
+SHARED_MARKS = 64  # segment boundaries of one prompt written to the shared store, at most
+
+
+def _marks(n: int) -> list[int]:
+    """The segment indexes a prompt of ``n`` segments shares with other processes: evenly
+    spread, the last always (a shared hit is as fine-grained as the spread)."""
+    if n <= 0:
+        return []
+    step = -(-n // SHARED_MARKS)
+    out = list(range(step - 1, n, step))
+    if not out or out[-1] != n - 1:
+        out.append(n - 1)
+    return out
 
 
 def _blocks_bytes(blocks: Iterable[object]) -> list[bytes]:
@@ -105,9 +119,13 @@ def segments_of(namespace: str, blocks: Sequence[object], prompt_tokens: int,
 class PromptCache:
     """The prefix cache of one server (all models: the model is in the namespace)."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, shared: Any = None) -> None:
         self.budget_bytes = budget_bytes
         self.max_entries = max(0, budget_bytes // ENTRY_BYTES)
+        # the prefixes other processes cached (--workers: sqlite; --state: Redis): a
+        # SnapshotStore of digest hex -> (expiry, tokens), read when this process misses and
+        # written at up to SHARED_MARKS boundaries a prompt (None: this process only)
+        self.shared = shared
         # digest -> (expiry, the prefix's tokens as counted when it was written: a read
         # reports what the write counted, however the rest of the prompt apportions)
         self._entries: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
@@ -142,6 +160,17 @@ class PromptCache:
             for _ in range(over):
                 entries.popitem(last=False)
 
+    def _shared_get(self, digest: bytes, now: float) -> int | None:
+        got = self.shared.get(digest.hex())
+        if not isinstance(got, tuple) or len(got) != 2 or got[0] <= now:
+            return None
+        self._put(((digest, int(got[1])),), float(got[0]))  # (kept here from now on)
+        return int(got[1])
+
+    def _shared_put(self, pairs: Sequence[tuple[bytes, int]], expiry: float) -> None:
+        for d, n in pairs:
+            self.shared.put(d.hex(), (expiry, n))
+
     def _count(self, prompt_tokens: int, read: int) -> None:
         self.requests += 1
         self.queries += prompt_tokens
@@ -157,15 +186,32 @@ class PromptCache:
         if prompt_tokens < OPENAI_MIN_TOKENS or not seg.digests:
             return 0
         hit = 0
+        found = -1
         for i in range(len(seg.digests) - 1, -1, -1):  # the longest cached prefix
             n = self._get(seg.digests[i], now)
             if n is not None:
-                hit = n
+                hit, found = n, i
                 break
+        marks = _marks(len(seg.digests)) if self.shared is not None else []
+        if marks and found < marks[-1]:  # other processes may hold a longer one
+            lo, hi = 0, len(marks) - 1  # (prefixes are cached whole: a binary search)
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                i = marks[mid]
+                if i <= found:
+                    lo = mid + 1
+                    continue
+                n = self._shared_get(seg.digests[i], now)
+                if n is None:
+                    hi = mid - 1
+                else:
+                    hit, found, lo = n, i, mid + 1
         read = min(hit, prompt_tokens) // OPENAI_BLOCK * OPENAI_BLOCK
         if read < OPENAI_MIN_TOKENS:
             read = 0
         self._put(zip(seg.digests, seg.tokens, strict=True), now + ttl)
+        if marks:
+            self._shared_put([(seg.digests[i], seg.tokens[i]) for i in marks], now + ttl)
         self._count(prompt_tokens, read)
         return read
 
@@ -184,6 +230,8 @@ class PromptCache:
                 if seg.tokens[s] <= read:
                     break
                 n = self._get(seg.digests[s], now)
+                if n is None and self.shared is not None:
+                    n = self._shared_get(seg.digests[s], now)
                 if n is not None:
                     read = min(n, prompt_tokens)
                     self._put(((seg.digests[s], n),), now + ttl)  # a read refreshes it
@@ -196,6 +244,8 @@ class PromptCache:
             if here < min_tokens:
                 continue  # below the model's minimum: silently not cached
             self._put(((seg.digests[s], here),), now + ttl)  # (breakpoints only)
+            if self.shared is not None:
+                self._shared_put(((seg.digests[s], here),), now + ttl)
             if here > read + written + written_1h:
                 grown = here - read - written - written_1h
                 if ttl > ANTHROPIC_TTL_S["5m"]:
