@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -548,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="length of each streaming round, 1-120 s (default 6, --quick 3); "
                          "e.g. --quick --stream-seconds 6: the quick stream counts, longer "
                          "rounds")
+    ap.add_argument("--llmsim-args", default="", metavar="ARGS",
+                    help="extra options for the streaming llmsim servers, e.g. "
+                         "\"--engine llama-3.1-8b-h100\" (compare a run with and one without)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds of each streaming run; the table shows per-metric medians "
                          "(default 3, --quick 1)")
@@ -641,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
                    "events/s ÷ anchor"], rows)
 
     timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+    extra = shlex.split(a.llmsim_args)  # (llmsim's servers only, never the anchor's)
 
     def pin(server: Child) -> None:
         if pinned:
@@ -670,13 +675,14 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in kinds:
                     for w in workers:
                         wargs = ["--workers", str(w)] if multi else []
-                        s = stack.enter_context(llmsim(*timing, *wargs, "--loop", loop))
+                        s = stack.enter_context(llmsim(*timing, *extra, *wargs, "--loop",
+                                                       loop))
                         if w == 1:
                             pin(s)
                         plan.append((kind, f"llmsim {kind} ({w}w, {loop})", w, s, kind,
                                      False))
                 if ws_too:
-                    s = stack.enter_context(llmsim(*timing, "--loop", loop))
+                    s = stack.enter_context(llmsim(*timing, *extra, "--loop", loop))
                     pin(s)
                     plan.append(("ws", f"llmsim responses WS ({loop})", 1, s, "responses",
                                  True))
