@@ -57,6 +57,19 @@ def test_chunked_prefill_under_the_token_budget() -> None:
     run(eng)
 
 
+def test_an_arrival_after_a_step_ended_unseen_forms_the_next_step_at_its_end() -> None:
+    """``add`` at a time past the step in flight (the server's timer was late) must process
+    that step and form the next at its end, as ``advance`` would: no free step."""
+    eng = Engine(small())
+    a = eng.add(100, 0, 3, 1.0)  # idle: an empty step ends at 1.0
+    b = eng.add(100, 0, 3, 1.005)  # the empty step ended unseen
+    assert a.admitted_at == 1.0 and eng.step_end == pytest.approx(1.01)
+    assert b.state == 0  # waits for the step in flight to end
+    run(eng)
+    assert a.first_at == pytest.approx(1.01)  # one 10 ms prefill step, not the next arrival
+    assert b.admitted_at == pytest.approx(1.01) and b.first_at == pytest.approx(1.02)
+
+
 def test_step_time_is_flat_then_linear() -> None:
     prof = replace(H100, d_ms=0.0)
     flat = prof.step_time(8) / prof.step_time(1)

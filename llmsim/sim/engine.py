@@ -241,8 +241,9 @@ class Engine:
         generates ``max_out`` tokens. The caller checked :meth:`full` first. An idle engine
         forms its next step at ``now`` (:meth:`advance`), with every request added by then."""
         while 0.0 <= self.step_end < now - _EPS:  # (steps over before it came)
-            self._end_step(self.step_end)
-            self._schedule(self.step_end)
+            end = self.step_end  # (_end_step clears it)
+            self._end_step(end)
+            self._schedule(end)
         self._ids += 1
         bs = self.profile.block_size
         # a request must fit the KV cache alone (vLLM refuses longer ones at max_model_len,
