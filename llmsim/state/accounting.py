@@ -15,6 +15,7 @@ pump completes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -184,6 +185,35 @@ def stream_ended(app: Host, req: Request, track: StreamTrack, reason: str,
         access(req.method, req.path, track.key or None, status, track.prompt, track.tokens,
                track.ttft, now - track.t0, track.transport, req.request_id, req.client,
                end=reason)
+
+
+
+class StreamJob(Protocol):
+    """A WebSocket job whose answer streams (the Responses and Realtime modes)."""
+
+    streaming: bool
+    track: Any  # the StreamTrack while streaming
+    res: StreamResponse | None
+
+    @property
+    def req(self) -> Request | None: ...
+
+
+def close_job_stream(app: Host, job: StreamJob, reason: str) -> None:
+    """A WebSocket job's stream ended: close its accounting, then release what its response
+    holds (``on_close``), each at most once."""
+    if job.streaming:
+        job.streaming = False
+        assert job.req is not None
+        stream_ended(app, job.req, job.track, reason)
+        job.track = None
+    res, job.res = job.res, None
+    cb = res.on_close if res is not None else None
+    if cb is not None:
+        try:
+            cb(reason)
+        except Exception:
+            logging.getLogger("llmsim").exception("stream close callback failed")
 
 
 def billed(app: Host, usage: Usage) -> None:

@@ -359,17 +359,7 @@ class ResponsesWS(WSMode):
         self._job_done(job, reason)
 
     def _close_stream(self, job: Job, reason: str) -> None:
-        if job.streaming:
-            job.streaming = False
-            accounting.stream_ended(self.app, job.req, job.track, reason)
-            job.track = None
-        res, job.res = job.res, None
-        cb = res.on_close if res is not None else None
-        if cb is not None:
-            try:
-                cb(reason)
-            except Exception:
-                log.exception("stream close callback failed")
+        accounting.close_job_stream(self.app, job, reason)
 
     def _job_done(self, job: Job, reason: str) -> None:
         if job.done:
