@@ -88,22 +88,8 @@ ENGINE_METRICS: dict[str, tuple[str, str]] = {
     "vllm:admission_rejections_total": ("counter", "Requests refused because the waiting queue "
                                   "was full."),
 }
+# the engine's histograms: vLLM's name → help (the engine's key is the name after "vllm:")
 ENGINE_HISTS: dict[str, str] = {
-    "vllm:iteration_tokens_total": "iteration_tokens_total",
-    "vllm:request_queue_time_seconds": "request_queue_time_seconds",
-    "vllm:request_inference_time_seconds": "request_inference_time_seconds",
-    "vllm:request_prefill_time_seconds": "request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds": "request_decode_time_seconds",
-    "vllm:request_time_per_output_token_seconds": "request_time_per_output_token_seconds",
-    "vllm:request_prompt_tokens": "request_prompt_tokens",
-    "vllm:request_generation_tokens": "request_generation_tokens",
-    "vllm:request_max_num_generation_tokens": "request_max_num_generation_tokens",
-    "vllm:request_params_n": "request_params_n",
-    "vllm:request_params_max_tokens": "request_params_max_tokens",
-    "vllm:request_num_preemptions": "request_num_preemptions",
-    "vllm:request_prefill_kv_computed_tokens": "request_prefill_kv_computed_tokens",
-}
-_ENGINE_HIST_HELP = {
     "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
     "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
     "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for "
@@ -123,7 +109,7 @@ _ENGINE_HIST_HELP = {
     "vllm:request_prefill_kv_computed_tokens": "Prompt tokens whose KV the engine computed "
                                                "(not read from the prefix cache).",
 }
-for _n, _h in _ENGINE_HIST_HELP.items():
+for _n, _h in ENGINE_HISTS.items():
     ENGINE_METRICS[_n] = ("histogram", _h)
 
 _HIST_NAMES = {"ttft": ("llmsim_time_to_first_token_seconds",
@@ -344,9 +330,9 @@ def _engine_metrics(o: _Out, engines: dict[tuple[str, str], dict[str, Any]]) -> 
         for reason in sorted(set(e["success"]) | {"stop", "length", "abort"}):
             o.sample("vllm:request_success_total",
                      labs(m, r) + (("finished_reason", reason),), e["success"].get(reason, 0))
-    for name, key in ENGINE_HISTS.items():
+    for name in ENGINE_HISTS:
         o.head(name)
-        _engine_hist(o, name, key, engines)
+        _engine_hist(o, name, name.removeprefix("vllm:"), engines)
 
 
 # the engine's own latency histograms behind the stats-based vLLM names (HISTS → engine key)
