@@ -127,27 +127,7 @@ def test_capacity_applies_to_the_family() -> None:
 def test_every_family_counts_as_running_while_in_flight(path: str, body: dict[str, Any],
                                                         stream: bool) -> None:
     """vllm:num_requests_running is 1 while a request of any family is generating."""
-    with ServerThread(Config(port=0, quiet=True, latency="realistic", ttft_ms=500,
-                             itl_ms=1, max_tokens_mode="exact")) as srv:
-        seen: list[str] = []
-        done = threading.Event()
-
-        def poll() -> None:
-            while not done.is_set():
-                m = httpx.get(srv.url + "/metrics").text
-                seen.extend(ln for ln in m.splitlines()
-                            if ln.startswith('vllm:num_requests_running{model_name="run-m"}'))
-                time.sleep(0.02)
-
-        t = threading.Thread(target=poll)
-        t.start()
-        try:
-            r = httpx.post(srv.url + path, json={**body, "stream": stream}, timeout=10)
-            assert r.status_code == 200, r.text
-        finally:
-            done.set()
-            t.join()
-        assert any(ln.endswith(" 1") for ln in seen), (path, stream, seen[:3])
+    _assert_running(path, {**body, "stream": stream})
 
 
 @pytest.mark.parametrize("path", [
