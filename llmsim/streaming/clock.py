@@ -305,17 +305,22 @@ class RealClock(Clock):
             self._handle.cancel()
         self._armed_at = when
         loop = self.loop
+        at = self._loop_at(when)
         # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
         # timer. uvloop (libuv) runs a timer re-armed for "now" again in the same timer
         # phase, so a clock that stays behind would never let the loop read a socket: new
         # requests waited seconds for their first token while tokens kept flowing.
-        self._handle = (loop.call_soon(self._fire) if when <= loop.time()
-                        else loop.call_at(when, self._fire))
+        self._handle = (loop.call_soon(self._fire) if at <= loop.time()
+                        else loop.call_at(at, self._fire))
+
+    def _loop_at(self, when: float) -> float:
+        """The loop's time at which this clock reads ``when``."""
+        return when
 
     def _fire(self) -> None:
         self._handle = None
         self._armed_at = float("inf")
-        self._run_due(self.loop.time(), time.monotonic() + self.pass_budget)
+        self._run_due(self.now(), time.monotonic() + self.pass_budget)
         self._arm()
 
 
