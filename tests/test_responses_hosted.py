@@ -15,8 +15,6 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 from llmsim.api.responses import hosted as api_hosted
 from llmsim.sim import hosted as sim_hosted
@@ -24,8 +22,8 @@ from llmsim.sim.latency import Latency
 from llmsim.sim.models import ModelProfile
 
 from . import rawhttp
+from .responses_sse import SSE_EVENT, strict_sse_events
 
-SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 INCLUDE = ["web_search_call.action.sources", "file_search_call.results",
            "code_interpreter_call.outputs"]
 WEB = {"type": "web_search"}
@@ -81,14 +79,7 @@ def hclient(hsrv: Any) -> Any:
 
 def sse(srv: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The raw SSE events of a streamed create, each validated strictly by the SDK."""
-    r = rawhttp.request(srv.url, "POST", "/v1/responses", {**body, "stream": True})
-    assert r.status == 200, r.body
-    out = []
-    for name, data in r.sse():
-        ev = json.loads(data)
-        SSE_EVENT.validate_python(ev, strict=True)
-        assert name == ev["type"]
-        out.append(ev)
+    out = strict_sse_events(srv, body)
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return out
 

@@ -16,14 +16,13 @@ from openai.lib.responses_websocket import (
     ResponsesWebSocketLimits,
     ResponsesWebSocketSession,
 )
-from openai.types.responses import ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
-from . import rawhttp, ws_fake
+from . import ws_fake
+from .responses_sse import SSE_EVENT, strict_sse_events
 
 WS_EVENT = TypeAdapter(ResponsesServerEvent)
-SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 LIMITS = ResponsesWebSocketLimits(max_lanes=8, max_events_per_lane=512, max_events=2048,
                                   max_bytes_per_lane=1 << 22, max_bytes=1 << 24)
@@ -246,16 +245,7 @@ async def test_async_create_chain_and_lanes(wsrv: Any) -> None:
                 assert ra.status == rb.status == "completed" and ra.id != rb.id
 
 
-def _sse_events(srv: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
-    r = rawhttp.request(srv.url, "POST", "/v1/responses", {**body, "stream": True})
-    assert r.status == 200, r.body
-    out = []
-    for name, data in r.sse():
-        ev = json.loads(data)
-        SSE_EVENT.validate_python(ev, strict=True)
-        assert name == ev["type"]
-        out.append(ev)
-    return out
+_sse_events = strict_sse_events
 
 
 _VOLATILE = {"id", "item_id", "created_at", "completed_at", "response_id", "previous_response_id"}

@@ -1,0 +1,27 @@
+"""Streamed Responses creates read over raw HTTP, each event validated strictly by the openai
+SDK's own event types."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from . import rawhttp
+
+SSE_EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+def strict_sse_events(srv: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The SSE events of ``body`` created with ``stream: true``; each event's name is its type."""
+    r = rawhttp.request(srv.url, "POST", "/v1/responses", {**body, "stream": True})
+    assert r.status == 200, r.body
+    out = []
+    for name, data in r.sse():
+        ev = json.loads(data)
+        SSE_EVENT.validate_python(ev, strict=True)
+        assert name == ev["type"]
+        out.append(ev)
+    return out
