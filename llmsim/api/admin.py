@@ -22,11 +22,11 @@ from ..state.stats import render
 from . import loopwatch
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host
 
 __all__ = ["register", "collect"]
 
-async def collect(app: App) -> dict[str, Any]:
+async def collect(app: Host) -> dict[str, Any]:
     """The raw snapshot to report: every worker's when a collector is installed."""
     fn = app.stats_collect
     if fn is not None:
@@ -34,7 +34,7 @@ async def collect(app: App) -> dict[str, Any]:
     return app.stats.raw()
 
 
-async def stats(req: Request, app: App) -> JSONResponse:
+async def stats(req: Request, app: Host) -> JSONResponse:
     raw = await collect(app)
     if req.query_one("raw") in ("1", "true"):
         return JSONResponse(raw)
@@ -47,7 +47,7 @@ async def stats(req: Request, app: App) -> JSONResponse:
     return JSONResponse(out)
 
 
-async def reset(req: Request, app: App) -> JSONResponse:
+async def reset(req: Request, app: Host) -> JSONResponse:
     fn = app.stats_reset
     if fn is not None:
         await fn(app)
@@ -56,7 +56,7 @@ async def reset(req: Request, app: App) -> JSONResponse:
     return JSONResponse({"reset": True})
 
 
-async def metrics(req: Request, app: App) -> RawResponse:
+async def metrics(req: Request, app: Host) -> RawResponse:
     raw = await collect(app)
     return RawResponse(prometheus_text(raw).encode(), content_type=CONTENT_TYPE)
 
@@ -71,16 +71,16 @@ def dashboard_html() -> bytes:
     return _PAGE[0]
 
 
-async def dashboard(req: Request, app: App) -> RawResponse:
+async def dashboard(req: Request, app: Host) -> RawResponse:
     return RawResponse(dashboard_html(), content_type="text/html; charset=utf-8",
                        headers=[("cache-control", "no-cache")])
 
 
-async def scripts_get(req: Request, app: App) -> JSONResponse:
+async def scripts_get(req: Request, app: Host) -> JSONResponse:
     return JSONResponse(app.script.view())
 
 
-async def scripts_put(req: Request, app: App) -> JSONResponse:
+async def scripts_put(req: Request, app: Host) -> JSONResponse:
     """Install a script (replacing the one running; cursors start over)."""
     if len(req.body) > MAX_SCRIPT_BYTES:
         raise E.script_too_large.at(limit=MAX_SCRIPT_BYTES)
@@ -94,12 +94,12 @@ async def scripts_put(req: Request, app: App) -> JSONResponse:
     return JSONResponse(app.script.view())
 
 
-async def scripts_delete(req: Request, app: App) -> JSONResponse:
+async def scripts_delete(req: Request, app: Host) -> JSONResponse:
     app.script.install([])
     return JSONResponse({"object": "llmsim.script", "deleted": True})
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     r = app.router
     r.add("GET", "/llmsim/stats", stats, "llmsim.stats")
     loopwatch.register(app)  # GET /llmsim/loop

@@ -42,7 +42,7 @@ from .pipeline import register as serve
 from .validate import V, check_request_work, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "ANTHROPIC", "anthropic_error"]
 
@@ -188,7 +188,7 @@ def _tool_choice(tc: Any, names: set[str]) -> tuple[ToolChoice, bool]:
     return TOOL_CHOICES[{"auto": "auto", "any": "required", "none": "none"}[t]], parallel
 
 
-async def _parse(req: Request, app: App, body: dict[str, Any], *, count_only: bool = False
+async def _parse(req: Request, app: Services, body: dict[str, Any], *, count_only: bool = False
                  ) -> tuple[Ask, dict[str, Any]]:
     """The Ask, and what rendering needs (model, thinking, ...)."""
     v = V(body)
@@ -434,7 +434,7 @@ class Messages(Family):
     id_prefix = "msg_"
     errors = staticmethod(anthropic_error)
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         body = req.json_object()
         ask, info = await _parse(req, app, body)
         return Parsed(ask, info["model"], info["stream"], body, info,
@@ -453,13 +453,13 @@ class Messages(Family):
 FAMILY = Messages()
 
 
-async def count_tokens(req: Request, app: App) -> JSONResponse:
+async def count_tokens(req: Request, app: Services) -> JSONResponse:
     ask, _ = await _parse(req, app, req.json_object(), count_only=True)
     return JSONResponse({"input_tokens": ask.prompt_tokens},
                         headers=[("request-id", req.request_id)])
 
 
-async def list_models(req: Request, app: App) -> JSONResponse:
+async def list_models(req: Request, app: Services) -> JSONResponse:
     data = [{"type": "model", "id": m.id, "display_name": m.id.replace("-", " ").title(),
              "created_at": "2025-01-01T00:00:00Z"}
             for m in app.registry.listed() if m.id.startswith("claude")]
@@ -468,7 +468,7 @@ async def list_models(req: Request, app: App) -> JSONResponse:
                          "last_id": data[-1]["id"] if data else None})
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     r = app.router
     for prefix in ("/anthropic/v1", "/v1"):
         serve(app, FAMILY, [("POST", f"{prefix}/messages")])

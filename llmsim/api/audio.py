@@ -49,8 +49,8 @@ from .media import form_floats, script_turn, upload, work_seconds
 from .validate import V, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..sim.models import ModelProfile
+    from .services import Host, Services
 
 __all__ = ["register", "MAX_AUDIO_BYTES", "MAX_INPUT_CHARS", "MAX_TRANSCRIPT_WORDS"]
 
@@ -103,7 +103,7 @@ TRANSCRIPT_SSE = Dialect("audio.transcriptions", numbered=False, sse=_sse,
                          terminals=frozenset({"transcript.text.done"}))
 
 
-def _model(app: App, body: dict[str, Any], kind: str) -> tuple[str, ModelProfile]:
+def _model(app: Services, body: dict[str, Any], kind: str) -> tuple[str, ModelProfile]:
     model = body.get("model")
     if model is None:
         raise E.missing.at("model")
@@ -112,7 +112,7 @@ def _model(app: App, body: dict[str, Any], kind: str) -> tuple[str, ModelProfile
 
 # -- speech ----------------------------------------------------------------------------------
 
-async def speech(req: Request, app: App) -> Result:
+async def speech(req: Request, app: Services) -> Result:
     body = req.json_object()
     v = V(body)
     for key in body:
@@ -219,7 +219,7 @@ def _segments(times: list[tuple[str, float, float]], enc: str) -> list[dict[str,
     return segs
 
 
-async def transcribe(task: str, req: Request, app: App) -> Result:
+async def transcribe(task: str, req: Request, app: Services) -> Result:
     body = req.json_object()
     form_floats(body, "temperature")
     known = ("file", "model", "language", "prompt", "response_format", "temperature",
@@ -355,13 +355,13 @@ def _transcript_plan(times: list[tuple[str, float, float]], text: str, first: fl
     yield first if not times else gap, "transcript.text.done", done
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.router.add("POST", "/v1/audio/speech", speech, "audio.speech", streaming=True)
 
-    async def transcriptions(req: Request, app: App) -> Result:
+    async def transcriptions(req: Request, app: Services) -> Result:
         return await transcribe("transcribe", req, app)
 
-    async def translations(req: Request, app: App) -> Result:
+    async def translations(req: Request, app: Services) -> Result:
         return await transcribe("translate", req, app)
 
     app.router.add("POST", "/v1/audio/transcriptions", transcriptions,

@@ -32,7 +32,7 @@ from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "azure_error", "is_entra_token"]
 
@@ -94,7 +94,7 @@ def check_version(req: Request) -> None:
         raise E.azure_api_version_unsupported.at("api-version")
 
 
-def deployment_model(app: App, deployment: str) -> str:
+def deployment_model(app: Services, deployment: str) -> str:
     for d in app.config.azure_deployments:
         name, _, model = d.partition("=")
         if name == deployment:
@@ -133,7 +133,7 @@ def _annotate(res: Result, choices: bool) -> Result:
 
 
 def _forward(target: str, annotate: bool) -> Any:
-    async def handler(req: Request, app: App) -> Result:
+    async def handler(req: Request, app: Host) -> Result:
         check_version(req)
         deployment = req.params.get("model")
         if deployment is None and req.method == "POST":  # /openai/responses: the body's
@@ -149,7 +149,7 @@ def _forward(target: str, annotate: bool) -> Any:
     return handler
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     r = app.router
     base = "/openai/deployments/{model}"
     for path, name, choices in (("/chat/completions", "chat.completions", True),
@@ -167,7 +167,7 @@ def register(app: App) -> None:
 
 
 def _forward_id(prefix: str, suffix: str) -> Any:
-    async def handler(req: Request, app: App) -> Result:
+    async def handler(req: Request, app: Host) -> Result:
         check_version(req)
         route, params = app.router.resolve(req.method, prefix + req.params["rid"] + suffix)
         object.__setattr__(req, "params", params)

@@ -57,7 +57,7 @@ from .pipeline import register as serve
 from .validate import check_request_work, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "bedrock_error", "frame", "CONVERSE_STREAM", "INVOKE_STREAM"]
 
@@ -288,7 +288,7 @@ def _thinking(extra: Any, limit: int | None) -> str | None:
     return "high" if share >= 0.75 else "medium" if share >= 0.5 else "low"
 
 
-async def _parse_converse(req: Request, app: App, stream: bool,
+async def _parse_converse(req: Request, app: Services, stream: bool,
                           body: dict[str, Any] | None = None) -> Parsed:
     body = req.json_object() if body is None else body
     for k in body:
@@ -412,7 +412,7 @@ class Converse(Family):
     def __init__(self, stream: bool) -> None:
         self.stream = stream
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         return await _parse_converse(req, app, self.stream)
 
     def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
@@ -494,7 +494,7 @@ class Invoke(Family):
     def __init__(self, stream: bool) -> None:
         self.stream = stream
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         body = req.json_object()
         model_id = _model(req)
         name = profile_name(model_id)
@@ -555,7 +555,7 @@ def _invocation_metrics(d: Decision, steps: int) -> dict[str, int]:
             "firstByteLatency": round(d.timing.first * 1000)}
 
 
-async def _parse_nova(req: Request, app: App, body: dict[str, Any], stream: bool) -> Parsed:
+async def _parse_nova(req: Request, app: Services, body: dict[str, Any], stream: bool) -> Parsed:
     """An Amazon Nova InvokeModel body: Converse's messages, system and toolConfig, with
     ``inferenceConfig`` in Nova's snake_case (``max_new_tokens``, ``top_p``, ``top_k``)."""
     for k in body:
@@ -626,7 +626,7 @@ def sigv4_error(req: Request, secrets: dict[str, str]) -> APIError | None:
 
 
 def _sigv4_hook(secrets: dict[str, str]) -> Any:
-    async def check(req: Request, route: Route, app: App) -> Result | None:
+    async def check(req: Request, route: Route, app: Services) -> Result | None:
         if route.name.startswith("bedrock."):
             err = sigv4_error(req, secrets)
             if err is not None:
@@ -635,7 +635,7 @@ def _sigv4_hook(secrets: dict[str, str]) -> Any:
     return check
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     if app.config.aws_keys:
         app.before.append(_sigv4_hook(dict(k.split(":", 1) for k in app.config.aws_keys)))
     base = "/model/{model}"

@@ -20,7 +20,7 @@ from ..sim.cache import (
 from ..sim.models import ModelProfile
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Services
 
 __all__ = ["openai_segments", "openai_cached", "check_retention", "anthropic_marks",
            "anthropic_cached", "MAX_CACHE_KEY"]
@@ -45,7 +45,7 @@ def check_retention(body: dict[str, Any]) -> str | None:
     return ret if isinstance(ret, str) else None
 
 
-def openai_segments(app: App, profile: ModelProfile, body: dict[str, Any],
+def openai_segments(app: Services, profile: ModelProfile, body: dict[str, Any],
                     blocks: Callable[[], Sequence[object]], prompt_tokens: int
                     ) -> Segments | None:
     """The prompt's segments for OpenAI's automatic caching (None: too short to be cached,
@@ -61,7 +61,7 @@ def openai_segments(app: App, profile: ModelProfile, body: dict[str, Any],
                        blocks(), prompt_tokens)
 
 
-def openai_cached(app: App, seg: Segments | None, prompt_tokens: int,
+def openai_cached(app: Services, seg: Segments | None, prompt_tokens: int,
                   retention: str | None) -> int:
     """Cached prompt tokens of this request (the cache then holds its prefix)."""
     if seg is None:
@@ -98,7 +98,7 @@ def anthropic_marks(block: dict[str, Any], where: str, marks: list[tuple[int, fl
         raise E.anthropic_too_many_breakpoints.at(f"{where}.cache_control", found=len(marks))
 
 
-def anthropic_cached(app: App, profile: ModelProfile, blocks: Sequence[object],
+def anthropic_cached(app: Services, profile: ModelProfile, blocks: Sequence[object],
                      marks: Sequence[tuple[int, float]], prompt_tokens: int) -> CacheUse:
     """What ``cache_control`` reads and writes for this request."""
     if not marks or app.prompt_cache.max_entries <= 0:

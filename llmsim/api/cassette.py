@@ -54,8 +54,8 @@ from ..streaming.stream import EventStream
 from .upstream import HOP_HEADERS, Exchange, Upstream
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..streaming.clock import Timer
+    from .services import Host, Services
 
 __all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
            "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
@@ -473,7 +473,7 @@ class _Departed:
     """While a recording waits on the upstream: every WATCH_S, close this client's connection
     if it sent EOF (``App.drop_departed``), which cancels the request and its upstream."""
 
-    def __init__(self, app: App, req: Request) -> None:
+    def __init__(self, app: Host, req: Request) -> None:
         self.app = app
         self.client = req.client
         self.timer: Timer | None = None
@@ -505,7 +505,7 @@ class _Live:
 class Recorder:
     """The record/replay handler of every cassette path."""
 
-    def __init__(self, app: App, directory: str, mode: str, store: Cassettes) -> None:
+    def __init__(self, app: Host, directory: str, mode: str, store: Cassettes) -> None:
         cfg = app.config
         self.app = app
         self.dir = directory
@@ -540,7 +540,7 @@ class Recorder:
             raise E.no_upstream.at(path=path)
         return self.default
 
-    async def handle(self, req: Request, app: App) -> RawResponse | StreamResponse:
+    async def handle(self, req: Request, app: Services) -> RawResponse | StreamResponse:
         key = self.store.key(req.method, matched_path(req), req.body)
         if self.replay_only:
             return await self._replay(self.store.find(req, key, fallback=self.mode == "none"))
@@ -748,7 +748,7 @@ def preflight(cfg: Any) -> None:
     _setup(cfg)
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     """Replace the generation endpoints with the recorder or the player, when configured."""
     got = _setup(app.config)
     if got is None:
@@ -765,7 +765,7 @@ def register(app: App) -> None:
         raise ConfigError(f"record: {exc}") from None
     from .anthropic import anthropic_error
 
-    async def stop(app_: App) -> None:  # idle upstream connections and unfinished readers
+    async def stop(app_: Host) -> None:  # idle upstream connections and unfinished readers
         for task in list(rec.tasks):
             task.cancel()
         for up in [rec.default, *(u for _, u in rec.routes)]:

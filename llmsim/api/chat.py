@@ -57,7 +57,7 @@ from .validate import (
 )
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "ChatRequest", "ChatOut", "parse", "ask", "completion_json",
            "stream_plan"]
@@ -328,7 +328,7 @@ PLAIN_FIELDS = frozenset(("model", "messages", "max_tokens", "max_completion_tok
                           "n", "temperature", "top_p", "seed", "user"))
 
 
-async def parse(req: Request, app: App) -> ChatRequest:
+async def parse(req: Request, app: Services) -> ChatRequest:
     """Validate a Chat Completions body; raise APIError naming the first bad parameter.
 
     Async only to count a long prompt in slices (``validate.paced``), never holding the loop."""
@@ -727,7 +727,7 @@ class Chat(Family):
     id_prefix = "chatcmpl-"
     memo = True
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         cr = await parse(req, app)
         retention = check_retention(cr.body)
         return Parsed(ask(cr, json_hint(req.body)), cr.model, cr.stream, cr.body, cr,
@@ -747,7 +747,7 @@ FAMILY = Chat()
 MEMO = FAMILY.endpoint  # this family's validated-body memo in App.memos
 
 
-async def create(req: Request, app: App) -> Result:
+async def create(req: Request, app: Services) -> Result:
     """``POST /v1/chat/completions`` (other routes may serve it too: Azure deployments)."""
     return await generate(req, app, FAMILY)
 
@@ -758,5 +758,5 @@ def _cache_blocks(cr: ChatRequest) -> list[object]:
     return [cr.tools, *cr.messages] if cr.tools else list(cr.messages)
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     serve(app, FAMILY, [("POST", "/v1/chat/completions")], aliases=True)

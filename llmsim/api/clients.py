@@ -34,7 +34,7 @@ from ..state.accounting import WATCH
 from .faults import FAULTS, _mask, is_api_path
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["Journal", "ClientWatch", "register", "CREDENTIAL_HEADERS"]
 
@@ -218,7 +218,7 @@ class Verdict:
 class ClientWatch:
     """The verdicts by API key, and the journal when enabled; fed by ``state.accounting``."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.keys: OrderedDict[str, Verdict] = OrderedDict()
         self.watched = 0  # keys with a pending failure: 0 → the hot path returns at once
@@ -359,25 +359,25 @@ class ClientWatch:
 # Routes
 # ------------------------------------------------------------------------------------------
 
-def _mask_keys(app: App) -> bool:
+def _mask_keys(app: Services) -> bool:
     faults = app.feature(FAULTS)
     return faults is not None and faults.mask_keys
 
 
-def _watch(app: App) -> ClientWatch:
+def _watch(app: Services) -> ClientWatch:
     w = app.feature(CLIENTS)
     assert w is not None
     return w
 
 
-async def clients_list(req: Request, app: App) -> JSONResponse:
+async def clients_list(req: Request, app: Services) -> JSONResponse:
     mask = _mask_keys(app)
     data = [{"api_key": _mask(k) if mask and k != ANON else k, **v.public()}
             for k, v in _watch(app).keys.items()]
     return JSONResponse({"object": "list", "data": data})
 
 
-async def clients_one(req: Request, app: App) -> JSONResponse:
+async def clients_one(req: Request, app: Services) -> JSONResponse:
     key = req.params["key"]
     v = _watch(app).keys.get(key)
     if v is None:
@@ -385,12 +385,12 @@ async def clients_one(req: Request, app: App) -> JSONResponse:
     return JSONResponse({"api_key": _mask(key) if _mask_keys(app) else key, **v.public()})
 
 
-async def clients_delete(req: Request, app: App) -> JSONResponse:
+async def clients_delete(req: Request, app: Services) -> JSONResponse:
     _watch(app).clear()
     return JSONResponse({"object": "llmsim.clients", "deleted": True})
 
 
-async def journal_get(req: Request, app: App) -> JSONResponse:
+async def journal_get(req: Request, app: Services) -> JSONResponse:
     j = _watch(app).journal
     if j is None:
         raise E.journal_off.at()
@@ -404,14 +404,14 @@ async def journal_get(req: Request, app: App) -> JSONResponse:
                          "data": [e.public(mask) for e in j.items if e.seq > after]})
 
 
-async def journal_delete(req: Request, app: App) -> JSONResponse:
+async def journal_delete(req: Request, app: Services) -> JSONResponse:
     j = _watch(app).journal
     if j is not None:
         j.clear()
     return JSONResponse({"object": "llmsim.journal", "deleted": True})
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.set_feature(CLIENTS, ClientWatch(app))
     r = app.router
     r.add("GET", "/llmsim/clients", clients_list, "llmsim.clients")

@@ -49,7 +49,7 @@ from .pipeline import register as serve
 from .validate import V, check_request_work, got, paced, stream_flags
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "COMPLETIONS", "CompletionRequest", "parse", "ask", "completion_json",
            "stream_plan"]
@@ -171,7 +171,7 @@ def text_or_tokens(body: dict[str, Any], key: str, limit_items: int, encoding: s
     return out
 
 
-async def parse(req: Request, app: App) -> CompletionRequest:
+async def parse(req: Request, app: Services) -> CompletionRequest:
     """Validate a legacy completions body; raise APIError naming the first bad parameter."""
     body = req.json_object()
     v = V(body)
@@ -245,7 +245,7 @@ def ask(cr: CompletionRequest) -> Ask:
                top_logprobs=cr.logprobs or 0, completion=True)
 
 
-def cached_tokens(cr: CompletionRequest, app: App, retention: str | None) -> int:
+def cached_tokens(cr: CompletionRequest, app: Services, retention: str | None) -> int:
     """Prompt tokens read from the prompt cache (OpenAI's automatic rule), each prompt of
     the batch its own prefix."""
     raw = cr.body.get("prompt")
@@ -395,7 +395,7 @@ class Completions(Family):
     dialect = COMPLETIONS
     id_prefix = "cmpl-"
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         cr = await parse(req, app)
         return Parsed(ask(cr), cr.model, cr.stream, cr.body, cr,
                       retention=check_retention(cr.body))
@@ -409,17 +409,17 @@ class Completions(Family):
     def steps(self, d: Decision) -> int:
         return _steps(d)
 
-    def cached(self, app: App, p: Parsed, seg: Segments | None) -> int:
+    def cached(self, app: Services, p: Parsed, seg: Segments | None) -> int:
         return cached_tokens(p.info, app, p.retention)
 
 
 FAMILY = Completions()
 
 
-async def create(req: Request, app: App) -> Result:
+async def create(req: Request, app: Services) -> Result:
     """``POST /v1/completions`` (other routes may serve it too: Azure deployments)."""
     return await generate(req, app, FAMILY)
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     serve(app, FAMILY, [("POST", "/v1/completions")], aliases=True)

@@ -24,7 +24,7 @@ from .completions import decode_tokens, text_or_tokens
 from .validate import V, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "create", "MAX_INPUTS", "MAX_TOTAL_TOKENS"]
 
@@ -38,7 +38,7 @@ def _invalid_input() -> APIError:
     return E.embeddings_invalid_input.at("input")
 
 
-async def create(req: Request, app: App) -> JSONResponse:
+async def create(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     v = V(body)
     profile = app.model(body.get("model"), kind="embedding")
@@ -88,5 +88,5 @@ async def create(req: Request, app: App) -> JSONResponse:
                         model=model, usage=Usage(total))
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.router.add("POST", "/v1/embeddings", create, "embeddings")

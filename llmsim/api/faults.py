@@ -60,10 +60,10 @@ from .azure import is_entra_token
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..app import App
     from ..sim.decide import Usage
     from ..streaming.clock import Timer
     from ..streaming.stream import PlanItem
+    from .services import Host, Services
 
 __all__ = ["register", "FAULT_HEADER", "is_api_path"]
 
@@ -132,7 +132,7 @@ def check_api_key(keys: frozenset[str], req: Request) -> None:
 
 
 def _auth_hook(keys: frozenset[str]) -> Any:
-    async def auth(req: Request, route: Route, app: App) -> Result | None:
+    async def auth(req: Request, route: Route, app: Services) -> Result | None:
         check_api_key(keys, req)
         return None
 
@@ -159,7 +159,7 @@ def check_admin_key(keys: frozenset[str], admin: bool, req: Request) -> None:
 
 
 def _admin_hook(keys: frozenset[str], admin: bool) -> Any:
-    async def admin_auth(req: Request, route: Route, app: App) -> Result | None:
+    async def admin_auth(req: Request, route: Route, app: Services) -> Result | None:
         check_admin_key(keys, admin, req)
         return None
 
@@ -180,7 +180,7 @@ def _reset_result() -> RawResponse:
 class Faults:
     """The fault engine bound to an app: the before hook, the stream hook and the routes."""
 
-    def __init__(self, app: App, mask_keys: bool = False) -> None:
+    def __init__(self, app: Host, mask_keys: bool = False) -> None:
         self.app = app
         self.engine = FaultEngine(app.config.faults, app.config.seed)
         # --state: the scenario rules and their counters live in Redis (shared by replicas)
@@ -200,7 +200,7 @@ class Faults:
         h.update(req.body)
         return h.digest()
 
-    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+    async def before(self, req: Request, route: Route, app: Services) -> Result | None:
         if not is_api_path(req.path):
             return None
         header = req.headers.get(FAULT_HEADER)
@@ -237,7 +237,7 @@ class Faults:
                 return _reset_result()
         return await self.apply(req, fault, app)
 
-    async def apply(self, req: Request, fault: Fault, app: App) -> Result | None:
+    async def apply(self, req: Request, fault: Fault, app: Services) -> Result | None:
         k = fault.kind
         cfg = app.config.faults
         if k == "status":
@@ -276,7 +276,7 @@ class Faults:
             raise E.fault_rule_invalid.at(getattr(exc, "param", None), reason=exc) from None
         return self._view(rule)
 
-    async def post(self, req: Request, app: App) -> JSONResponse:
+    async def post(self, req: Request, app: Services) -> JSONResponse:
         body = req.json()
         if isinstance(body, dict) and "rules" in body and "fault" not in body:
             body = body["rules"]
@@ -291,7 +291,7 @@ class Faults:
         self.engine.expire(now)
         return self.engine.rules
 
-    async def list(self, req: Request, app: App) -> JSONResponse:
+    async def list(self, req: Request, app: Services) -> JSONResponse:
         rules = await self._rules()
         return JSONResponse({"object": "list", "data": [self._view(r) for r in rules],
                              "fired": dict(self.engine.fired)})
@@ -302,14 +302,14 @@ class Faults:
                 return r
         raise E.fault_rule_not_found.at("id", id=rid)
 
-    async def get_one(self, req: Request, app: App) -> JSONResponse:
+    async def get_one(self, req: Request, app: Services) -> JSONResponse:
         return JSONResponse(self._view(await self._find(req.params["id"])))
 
-    async def delete_all(self, req: Request, app: App) -> JSONResponse:
+    async def delete_all(self, req: Request, app: Services) -> JSONResponse:
         n = self.engine.clear() if self.shared is None else await self.shared.clear()
         return JSONResponse({"object": "list", "deleted": n})
 
-    async def delete_one(self, req: Request, app: App) -> JSONResponse:
+    async def delete_one(self, req: Request, app: Services) -> JSONResponse:
         rid = req.params["id"]
         await self._find(rid)
         if self.shared is None:
@@ -330,7 +330,7 @@ def _output_tokens(usage: Usage | None) -> int:
 class Limits:
     """Rate-limit hooks: admit in ``before``, headers in ``after``, late charges on close."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.limiter = RateLimiter(app.config.ratelimit)
         # --state: the buckets live in Redis (one atomic take across replicas)
@@ -343,7 +343,7 @@ class Limits:
         else:
             self.shared.charge(key, model, tokens)
 
-    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+    async def before(self, req: Request, route: Route, app: Services) -> Result | None:
         if not is_api_path(req.path):
             return None
         model = _model(req)
@@ -427,7 +427,7 @@ class Capacity:
     ``queue_depth`` gauge are freed within one watch period.
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
@@ -465,7 +465,7 @@ class Capacity:
             # that waiter's client left after being handed the sequence: pass it on
         self._gauge(eng)
 
-    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+    async def before(self, req: Request, route: Route, app: Services) -> Result | None:
         if not is_api_path(req.path):
             return None
         model = _model(req)
@@ -536,7 +536,7 @@ class Capacity:
         if slot is not None:
             slot.release()
 
-    async def status(self, req: Request, app: App) -> JSONResponse:
+    async def status(self, req: Request, app: Services) -> JSONResponse:
         return JSONResponse({"object": "list",
                              "data": [e.public() for e in self.engines.values()]})
 
@@ -567,7 +567,7 @@ def _keys(value: str | tuple[str, ...]) -> frozenset[str]:
     return frozenset((value,) if isinstance(value, str) else value)
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     cfg = app.config
     admin_keys = _keys(cfg.admin_key) or _keys(cfg.api_key)
     if admin_keys:  # first: a refused change runs no other hook

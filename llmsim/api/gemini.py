@@ -47,7 +47,7 @@ from .pipeline import register as serve
 from .validate import check_request_work, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "GEMINI_SSE", "GEMINI_ARRAY", "gemini_error"]
 
@@ -340,7 +340,7 @@ def _effort(profile_reasoning: bool, thinking: Any, limit: int | None) -> str | 
     return "low" if budget <= 1024 else "medium" if budget <= 8192 else "high"
 
 
-async def _parse(req: Request, app: App, body: dict[str, Any], model: str,
+async def _parse(req: Request, app: Services, body: dict[str, Any], model: str,
                  stream: bool) -> Parsed:
     profile = app.model(model)
     for key in body:
@@ -507,7 +507,7 @@ class Gemini(Family):
     def __init__(self, stream: bool) -> None:
         self.stream = stream
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         body = req.json_object()
         return await _parse(req, app, body, _model_of(req), self.stream)
 
@@ -578,7 +578,7 @@ def _model_of(req: Request) -> str:
 # countTokens, embeddings, models
 # ------------------------------------------------------------------------------------------
 
-async def count_tokens(req: Request, app: App) -> JSONResponse:
+async def count_tokens(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     inner = _get(body, "generateContentRequest")
     if isinstance(inner, dict):
@@ -590,7 +590,7 @@ async def count_tokens(req: Request, app: App) -> JSONResponse:
                          "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]})
 
 
-def _embed_one(app: App, model: str, req_body: dict[str, Any], where: str,
+def _embed_one(app: Services, model: str, req_body: dict[str, Any], where: str,
                seed: int) -> dict[str, Any]:
     profile = app.model(model, kind="embedding")
     content = req_body.get("content")
@@ -606,7 +606,7 @@ def _embed_one(app: App, model: str, req_body: dict[str, Any], where: str,
     return {"values": embed(pieces, profile.dimensions, dims, seed)}
 
 
-async def embed_content(req: Request, app: App) -> JSONResponse:
+async def embed_content(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     model = _model_of(req)
     seed = request_rng(app.config.seed, "/v1beta:embedContent", body).getrandbits(32)
@@ -616,7 +616,7 @@ async def embed_content(req: Request, app: App) -> JSONResponse:
     return JSONResponse({"embedding": out}, model=model)
 
 
-async def batch_embed(req: Request, app: App) -> JSONResponse:
+async def batch_embed(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     model = _model_of(req)
     reqs = body.get("requests")
@@ -646,7 +646,7 @@ def _model_json(p: Any) -> dict[str, Any]:
                                "topK": 64, "thinking": p.reasoning})}
 
 
-async def list_models(req: Request, app: App) -> JSONResponse:
+async def list_models(req: Request, app: Services) -> JSONResponse:
     models = [_model_json(m) for m in app.registry.listed() if m.id.startswith(("gemini",
                                                                                "text-embedding-004"))]
     size = req.query_one("pageSize")
@@ -660,7 +660,7 @@ async def list_models(req: Request, app: App) -> JSONResponse:
     return JSONResponse(out)
 
 
-async def get_model(req: Request, app: App) -> JSONResponse:
+async def get_model(req: Request, app: Services) -> JSONResponse:
     model = _model_of(req)
     prof = app.registry.get(model)
     if prof is None:
@@ -668,7 +668,7 @@ async def get_model(req: Request, app: App) -> JSONResponse:
     return JSONResponse(_model_json(prof))
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     for prefix in PREFIXES:
         base = f"{prefix}/models/{{model}}"
         serve(app, Gemini(False), [("POST", f"{base}:generateContent")], streaming=False)
@@ -692,7 +692,7 @@ def register(app: App) -> None:
 
 
 def _either(mine: Any, theirs: Any) -> Any:
-    async def handler(req: Request, app: App) -> Any:
+    async def handler(req: Request, app: Services) -> Any:
         if req.headers.get("x-goog-api-key") is not None or req.query_one("key") is not None:
             if "id" in req.params:
                 object.__setattr__(req, "params", {"model": req.params["id"]})

@@ -49,7 +49,7 @@ from .media import file_url, files_of, form_ints, script_turn, upload, work_seco
 from .validate import V, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "IMAGE_TOKENS", "MAX_EDIT_IMAGES"]
 
@@ -163,7 +163,7 @@ def _check_image(f: Upload, param: str, rules: Rules) -> None:
         raise E.image_too_large.at(param, size=len(f.data), max=GPT_MAX_BYTES)
 
 
-def _parse(kind: str, body: dict[str, Any], app: App) -> Job:
+def _parse(kind: str, body: dict[str, Any], app: Services) -> Job:
     form_ints(body, "n", "output_compression", "partial_images")
     for key in body:
         if key not in KNOWN[kind]:
@@ -274,7 +274,7 @@ async def _encode(job: Job, i: int, coarser: int = 0) -> bytes:
     return await paced(imaging.encode(pic, job.fmt))
 
 
-async def handle(kind: str, req: Request, app: App) -> Result:
+async def handle(kind: str, req: Request, app: Services) -> Result:
     job = _parse(kind, req.json_object(), app)
     profile = app.model(job.model, kind="image")
     await script_turn(app, req, "images", profile, job.prompt)
@@ -326,9 +326,9 @@ def _plan(job: Job, frames: list[list[bytes]], seconds: float, created: int,
                                 if k != "output_tokens_details"}}
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     for kind in ("generations", "edits", "variations"):
-        async def handler(req: Request, app: App, kind: str = kind) -> Result:
+        async def handler(req: Request, app: Services, kind: str = kind) -> Result:
             return await handle(kind, req, app)
         app.router.add("POST", f"/v1/images/{kind}", handler, f"images.{kind}",
                        stream_capable=kind != "variations")

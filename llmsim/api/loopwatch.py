@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..messages import JSONResponse, Request
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host
 
 __all__ = ["LoopWatch", "register", "KEEP"]
 
@@ -75,21 +75,21 @@ class LoopWatch:
                 "longest_lag_s": self.longest_lag, "stalls": [list(s) for s in self.stalls]}
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     ms = app.config.loop_watch_ms
     watch = LoopWatch(ms / 1000.0) if ms > 0 else None
 
-    async def view(req: Request, app_: App) -> JSONResponse:
+    async def view(req: Request, app_: Host) -> JSONResponse:
         if watch is None:
             return JSONResponse({"object": "llmsim.loop", "enabled": False})
         return JSONResponse(watch.view())
 
     app.router.add("GET", "/llmsim/loop", view, "llmsim.loop")
     if watch is not None:
-        async def start(app_: App) -> None:
+        async def start(app_: Host) -> None:
             watch.start()
 
-        async def stop(app_: App) -> None:
+        async def stop(app_: Host) -> None:
             watch.stop()
 
         app.on_start.append(start)

@@ -25,7 +25,7 @@ from ..sim.rng import new_id
 from ..sim.script import Turn
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["form_ints", "form_floats", "work_seconds", "script_turn", "upload", "FileStore",
            "files_of", "MAX_STORE_BYTES", "STORE_TTL_S"]
@@ -56,7 +56,7 @@ def form_floats(body: dict[str, Any], *keys: str) -> None:
                 body[k] = f
 
 
-def work_seconds(app: App, profile: ModelProfile, seconds: float, rng: random.Random) -> float:
+def work_seconds(app: Services, profile: ModelProfile, seconds: float, rng: random.Random) -> float:
     """``seconds`` of ``profile``'s work, jittered like its TTFT (log-normal); 0 under
     ``--latency instant``."""
     if app.config.latency == "instant" or seconds <= 0:
@@ -64,7 +64,7 @@ def work_seconds(app: App, profile: ModelProfile, seconds: float, rng: random.Ra
     return seconds * math.exp(rng.gauss(0.0, profile.ttft_jitter))
 
 
-async def script_turn(app: App, req: Request, endpoint: str, profile: ModelProfile,
+async def script_turn(app: Services, req: Request, endpoint: str, profile: ModelProfile,
                       text: str) -> Turn | None:
     """The scripted turn matching ``text`` on ``endpoint`` (errors and status faults raised,
     a mid-stream fault left for the stream hook), or None."""
@@ -126,7 +126,7 @@ class FileStore:
 _STORES: weakref.WeakKeyDictionary[Any, FileStore] = weakref.WeakKeyDictionary()
 
 
-def files_of(app: App) -> FileStore:
+def files_of(app: Services) -> FileStore:
     store = _STORES.get(app)
     if store is None:
         store = _STORES[app] = FileStore()
@@ -138,7 +138,7 @@ def file_url(req: Request, name: str) -> str:
     return f"http://{host}/llmsim/files/{name}"
 
 
-async def get_file(req: Request, app: App) -> RawResponse:
+async def get_file(req: Request, app: Services) -> RawResponse:
     hit = files_of(app).get(app.clock.time(), req.params.get("name", ""))
     if hit is None:
         raise E.file_not_found.at(name=req.params.get("name", ""))
@@ -146,5 +146,5 @@ async def get_file(req: Request, app: App) -> RawResponse:
                        headers=[("cache-control", "private, max-age=3600")])
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.router.add("GET", "/llmsim/files/{name}", get_file, "files", aliases=False)

@@ -16,18 +16,18 @@ from .completions import decode_tokens, token_array, vocab_size
 from .validate import V, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 
-async def health(req: Request, app: App) -> JSONResponse:
+async def health(req: Request, app: Services) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-async def list_models(req: Request, app: App) -> JSONResponse:
+async def list_models(req: Request, app: Services) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [m.public() for m in app.registry.listed()]})
 
 
-async def get_model(req: Request, app: App) -> JSONResponse:
+async def get_model(req: Request, app: Services) -> JSONResponse:
     mid = req.params["id"]
     prof = app.registry.get(mid)
     if prof is None:
@@ -38,7 +38,7 @@ async def get_model(req: Request, app: App) -> JSONResponse:
 MAX_DETOKENIZE = 1 << 20  # token ids one /detokenize may carry
 
 
-async def tokenize(req: Request, app: App) -> JSONResponse:
+async def tokenize(req: Request, app: Services) -> JSONResponse:
     """vLLM ``POST /tokenize``: ``{model, prompt}`` or ``{model, messages}`` →
     ``{count, max_model_len, tokens, token_strs}``."""
     body = req.json_object()
@@ -67,7 +67,7 @@ async def tokenize(req: Request, app: App) -> JSONResponse:
                          "tokens": ids, "token_strs": None})
 
 
-async def detokenize(req: Request, app: App) -> JSONResponse:
+async def detokenize(req: Request, app: Services) -> JSONResponse:
     """vLLM ``POST /detokenize``: ``{model, tokens}`` → ``{prompt}``."""
     body = req.json_object()
     profile = app.model(body.get("model"))
@@ -80,7 +80,7 @@ async def detokenize(req: Request, app: App) -> JSONResponse:
     return JSONResponse({"prompt": decode_tokens(ids, profile.encoding)})
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     r = app.router
     r.add("GET", "/health", health, "health")
     r.add("GET", "/v1/models", list_models, "models")

@@ -25,7 +25,7 @@ from .media import script_turn
 from .validate import V, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "create", "MAX_INPUTS", "MAX_IMAGES"]
 
@@ -64,7 +64,7 @@ def _items(raw: list[Any]) -> tuple[str, int]:
     return "\n".join(texts), images
 
 
-async def create(req: Request, app: App) -> JSONResponse:
+async def create(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     for key in body:
         if key not in ("input", "model"):
@@ -112,5 +112,5 @@ async def create(req: Request, app: App) -> JSONResponse:
                         model=model, usage=Usage(total))
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.router.add("POST", "/v1/moderations", create, "moderations")

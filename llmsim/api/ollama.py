@@ -45,7 +45,7 @@ from .pipeline import Family, Meta, Parsed, Plan, generate
 from .validate import check_request_work, deliver_after, paced
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["register", "OLLAMA", "OLLAMA_GENERATE", "ollama_error"]
 
@@ -113,7 +113,7 @@ def _bad(param: str, what: str) -> APIError:
 # Parsing
 # ------------------------------------------------------------------------------------------
 
-def _profile(app: App, model: Any, kind: str = "chat") -> Any:
+def _profile(app: Services, model: Any, kind: str = "chat") -> Any:
     if not isinstance(model, str) or not model:
         raise _bad("model", "model is required")
     if len(model) > 256:
@@ -223,7 +223,7 @@ class _Info:
         self.think = think
 
 
-async def _parse(req: Request, app: App, chat: bool) -> Parsed:
+async def _parse(req: Request, app: Services, chat: bool) -> Parsed:
     body = req.json_object()
     _unknown(body, CHAT_FIELDS if chat else GENERATE_FIELDS)
     profile = _profile(app, body.get("model"))
@@ -348,7 +348,7 @@ class Ollama(Family):
         self.seed_path = "/api/chat" if chat else "/api/generate"
         self.dialect = OLLAMA if chat else OLLAMA_GENERATE
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         return await _parse(req, app, self.chat)
 
     def _body(self, p: Parsed, meta: Meta, text: str, thinking: str,
@@ -411,7 +411,7 @@ class Ollama(Family):
 # ------------------------------------------------------------------------------------------
 
 def _handler(fam: Ollama) -> Any:
-    async def handler(req: Request, app: App) -> Result:
+    async def handler(req: Request, app: Services) -> Result:
         body = req.json_object()
         empty = body.get("messages") in (None, []) if fam.chat else (
             body.get("prompt") in (None, "") and not body.get("images"))
@@ -442,7 +442,7 @@ def _embed_inputs(body: dict[str, Any], key: str) -> list[str]:
     return inputs
 
 
-async def _embed(req: Request, app: App, legacy: bool) -> JSONResponse:
+async def _embed(req: Request, app: Services, legacy: bool) -> JSONResponse:
     body = req.json_object()
     prof = _profile(app, body.get("model"), kind="embedding")
     key = "prompt" if legacy else "input"
@@ -474,11 +474,11 @@ async def _embed(req: Request, app: App, legacy: bool) -> JSONResponse:
                          "load_duration": 0, "prompt_eval_count": total}, model=body["model"])
 
 
-async def embed_new(req: Request, app: App) -> JSONResponse:
+async def embed_new(req: Request, app: Services) -> JSONResponse:
     return await _embed(req, app, False)
 
 
-async def embed_legacy(req: Request, app: App) -> JSONResponse:
+async def embed_legacy(req: Request, app: Services) -> JSONResponse:
     return await _embed(req, app, True)
 
 
@@ -494,18 +494,18 @@ def _entry(p: Any) -> dict[str, Any]:
             "size": 4_920_753_328, "digest": DIGEST, "details": _details(p)}
 
 
-async def tags(req: Request, app: App) -> JSONResponse:
+async def tags(req: Request, app: Services) -> JSONResponse:
     return JSONResponse({"models": [_entry(p) for p in app.registry.listed()]})
 
 
-async def ps(req: Request, app: App) -> JSONResponse:
+async def ps(req: Request, app: Services) -> JSONResponse:
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(app.clock.time() + 300))
     return JSONResponse({"models": [{**_entry(p), "expires_at": expires,
                                      "size_vram": 4_920_753_328, "context_length":
                                      p.context_window} for p in app.registry.listed()]})
 
 
-async def show(req: Request, app: App) -> JSONResponse:
+async def show(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     model = body.get("model") or body.get("name")
     name = model.removesuffix(":latest") if isinstance(model, str) else model
@@ -523,11 +523,11 @@ async def show(req: Request, app: App) -> JSONResponse:
         "modified_at": "2025-01-01T00:00:00Z"})
 
 
-async def version(req: Request, app: App) -> JSONResponse:
+async def version(req: Request, app: Services) -> JSONResponse:
     return JSONResponse({"version": VERSION})
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     r = app.router
     for fam, path in ((Ollama(True), "/api/chat"), (Ollama(False), "/api/generate")):
         r.add("POST", path, _handler(fam), fam.endpoint, aliases=False, stream_capable=True,

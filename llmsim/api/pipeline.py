@@ -34,7 +34,7 @@ from .caching import openai_cached, openai_segments
 from .validate import SERVING, BodyMemo, deliver_after
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .services import Host, Services
 
 __all__ = ["Family", "Parsed", "Meta", "generate", "register", "steps_of"]
 
@@ -94,7 +94,7 @@ class Family:
     # hashed again); only for a parse that reads nothing but the body and the config
     memo: bool = False
 
-    async def parse(self, req: Request, app: App) -> Parsed:
+    async def parse(self, req: Request, app: Services) -> Parsed:
         raise NotImplementedError
 
     def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
@@ -109,13 +109,13 @@ class Family:
     def steps(self, d: Decision) -> int:
         return steps_of(d)
 
-    def cached(self, app: App, p: Parsed, seg: Segments | None) -> int:
+    def cached(self, app: Services, p: Parsed, seg: Segments | None) -> int:
         """Prompt tokens this request reads from the prompt cache (OpenAI's automatic
         rule over ``seg``, the segments of ``p.cache_blocks``)."""
         return openai_cached(app, seg, p.ask.prompt_tokens, p.retention)
 
 
-async def _prepare(req: Request, app: App, fam: Family
+async def _prepare(req: Request, app: Services, fam: Family
                    ) -> tuple[Parsed, int | None, Segments | None]:
     """The request parsed, its seed and its prompt-cache segments: values of the body
     (with ``fam.memo``, kept by its bytes)."""
@@ -135,7 +135,7 @@ async def _prepare(req: Request, app: App, fam: Family
     return p, seed, seg
 
 
-async def generate(req: Request, app: App, fam: Family) -> Result:
+async def generate(req: Request, app: Services, fam: Family) -> Result:
     """Parse, decide and deliver one request of ``fam`` (see the module doc)."""
     p, seed, seg = await _prepare(req, app, fam)
     a = p.ask
@@ -152,18 +152,18 @@ async def generate(req: Request, app: App, fam: Family) -> Result:
                              usage=d.usage)
         return StreamResponse(stream, headers=list(p.headers), usage=d.usage)
     wait = d.timing.duration(fam.steps(d))
-    if wait > 0 or SERVING in app.features:  # (instant, no engine: no coroutine to run)
+    if wait > 0 or app.feature(SERVING) is not None:  # (instant, no engine: no coroutine to run)
         await deliver_after(app, p.model, wait, d.usage, req)
     return JSONResponse(fam.render(p, d, meta), 200, list(p.headers), p.model, d.usage)
 
 
-def register(app: App, fam: Family, routes: Sequence[tuple[str, str]], *,
+def register(app: Host, fam: Family, routes: Sequence[tuple[str, str]], *,
              streaming: bool | None = None, aliases: bool = False) -> None:
     """Serve ``fam`` at ``routes`` (``(method, pattern)``; a ``{model}`` path parameter names
     the model for the generic hooks). ``streaming``: these paths always (True) or never
     (False) stream; None: the body's ``stream`` field says."""
 
-    async def handler(req: Request, app: App) -> Result:
+    async def handler(req: Request, app: Services) -> Result:
         return await generate(req, app, fam)
 
     if fam.memo and fam.endpoint not in app.memos:

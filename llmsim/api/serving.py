@@ -39,10 +39,10 @@ from .faults import _body
 from .validate import SERVING
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..sim.decide import Usage
     from ..streaming.clock import Timer
     from ..streaming.stream import EventStream, PlanItem
+    from .services import Host, Services
 
 __all__ = ["SERVING", "Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
 
@@ -65,7 +65,7 @@ def max_tokens_of(body: Any) -> int | None:
 class Serving:
     """The engines of one app and the hooks that put requests through them."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         cfg = app.config
         self.default = cfg.engine
@@ -166,7 +166,7 @@ class Serving:
         model = body.get("model") if isinstance(body, dict) else None
         return self.engine(model, req) if isinstance(model, str) else None
 
-    async def before(self, req: Request, route: Route, app: App) -> Result | None:
+    async def before(self, req: Request, route: Route, app: Services) -> Result | None:
         eng = self._route_engine(req, route)
         if eng is not None:
             eng.advance(app.clock.now())
@@ -239,7 +239,7 @@ class Serving:
     def _all(self) -> list[Engine]:
         return [e for engs in self.engines.values() for e in engs]
 
-    async def status(self, req: Request, app: App) -> JSONResponse:
+    async def status(self, req: Request, app: Services) -> JSONResponse:
         for eng in self._all():
             eng.advance(app.clock.now())
         return JSONResponse({"object": "list", "data": [e.public() for e in self._all()]})
@@ -278,7 +278,7 @@ def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
         serving.end(eng, seq)
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     if not app.config.engine and not any(s.engine for s in app.config.capacity.models.values()):
         return
     serving = Serving(app)

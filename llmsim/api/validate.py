@@ -13,9 +13,9 @@ from ..errors import APIError, E, quoted
 from ..messages import Key
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..messages import Request
     from ..sim.decide import Usage
+    from .services import Services
 
 __all__ = ["V", "got", "BodyMemo"]
 
@@ -290,12 +290,12 @@ class EngineWait(Protocol):
 SERVING: Key[EngineWait] = Key("serving")
 
 
-async def deliver_after(app: App, model: str, seconds: float, usage: Usage | None = None,
+async def deliver_after(app: Services, model: str, seconds: float, usage: Usage | None = None,
                         req: Request | None = None) -> None:
     """Hold a non-streamed answer until its generation would have finished, counted as a
     running request of ``model`` meanwhile (``vllm:num_requests_running``): ``seconds``, or,
     with ``--engine`` and the answer's ``usage``, until the engine has generated it."""
-    serving = app.features.get(SERVING)
+    serving = app.feature(SERVING)
     if serving is not None and usage is not None:
         key = app.stats.running_open(model)
         try:

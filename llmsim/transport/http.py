@@ -68,13 +68,14 @@ from urllib.parse import parse_qs
 
 import h11
 
-from ..app import App, start_handler
+from ..app import App
 from ..errors import APIError, E, server_error
 from ..messages import JSONResponse, RawResponse, Request, Result, StreamResponse, error_result
 from ..sim.rng import new_request_id
 from ..state import accounting
 from ..streaming import encode
 from ..streaming.flow import Pump, Sink
+from ..streaming.start import start_handler
 from ..streaming.wire import HTTPWire
 
 

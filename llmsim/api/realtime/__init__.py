@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ...app import start_handler
 from ...errors import APIError, E, missing, server_error
 from ...messages import RawResponse, Request, Result, StreamResponse, check_json_depth
 from ...routing import Route, WSMode
@@ -42,6 +41,7 @@ from ...sim.rng import derive, new_id, request_seed, rng_of
 from ...state import accounting
 from ...streaming.dialect import Dialect
 from ...streaming.flow import Pump
+from ...streaming.start import start_handler
 from ...streaming.stream import EventStream
 from .audio import (
     AUDIO_TOKENS_IN_PER_S,
@@ -64,7 +64,7 @@ from .session import (
 )
 
 if TYPE_CHECKING:
-    from ...app import App
+    from ..services import Host, Services
 
 __all__ = ["RealtimeWS", "PATHS", "register", "DIALECT"]
 
@@ -344,7 +344,7 @@ class Job:
                 "usage": self.usage, "metadata": self.metadata}
 
 
-async def _generate(req: Request, app: App) -> Result:
+async def _generate(req: Request, app: Services) -> Result:
     """The route's handler: decide and plan the response of ``req.context`` (a Job)."""
     job: Job = req.context
     profile = app.model(job.model)
@@ -401,7 +401,7 @@ def _fail(job: Job, err: APIError) -> list[tuple[str, Any]]:
         job.output)})]
 
 
-def _plan(app: App, job: Job, d: Decision, sp: Speech | None,
+def _plan(app: Services, job: Job, d: Decision, sp: Speech | None,
           req: Request) -> Iterator[tuple[float, str, Any]]:
     """The response's events: ``(delay after the previous, type, data)``."""
     rid = job.id
@@ -548,7 +548,7 @@ ROUTE = Route("POST", "/v1/realtime", _generate, ENDPOINT, stream_capable=True, 
 class RealtimeWS(WSMode):
     """The Realtime mode of one connection: session, conversation, audio buffer, response."""
 
-    def __init__(self, app: App, handshake: Request) -> None:
+    def __init__(self, app: Host, handshake: Request) -> None:
         self.app = app
         q = handshake.query.get("model") or [""]
         self.session = Session(q[0][:256] or DEFAULT_MODEL)
@@ -1064,5 +1064,5 @@ _HANDLERS = {
 }
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     app.router.add_ws(PATHS, RealtimeWS)

@@ -5,7 +5,7 @@ connection (:mod:`llmsim.transport.ws`, which owns the socket, the framing and t
 Each ``response.create`` becomes ``Request(method="POST", path="/v1/responses",
 transport="ws", ...)`` and goes through ``app.dispatch`` exactly like HTTP (auth, rate-limit,
 fault and capacity hooks apply), started as HTTP starts a handler
-(:func:`~llmsim.transport.http.start_handler`, on the loop pass after the read); there is no second
+(:func:`~llmsim.streaming.start.start_handler`, on the loop pass after the read); there is no second
 implementation of the Responses logic here. The resulting ``EventStream`` is paced by a
 :class:`~llmsim.streaming.flow.Pump` writing through the connection's wire, with ``stream_id`` appended
 when the create named a lane. Errors decided before the first event (a ``RawResponse``) become
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ...app import start_handler
 from ...errors import APIError, E, server_error
 from ...messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from ...routing import WSMode
 from ...sim.rng import new_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from ...streaming.flow import Pump
+from ...streaming.start import start_handler
 from .ws_cache import ConnectionCache
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_lanes import LaneLimitError, LaneScheduler
