@@ -5,9 +5,11 @@ family counts as running while in flight, streamed or not."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
+import wave
 from typing import Any
 
 import httpx
@@ -158,7 +160,16 @@ def test_provider_families_count_as_running(path: str, body: dict[str, Any],
     _assert_running(path, {**body, "stream": stream})
 
 
-def _assert_running(path: str, body: dict[str, Any]) -> None:
+def _assert_running(path: str, body: dict[str, Any], model: str = "run-m",
+                    **post: Any) -> None:
+    """POST ``body`` (or ``post``: httpx's files/data) and see ``model`` running."""
+    _assert_running_with(lambda url: httpx.post(url + path, json=body if not post else None,
+                                                timeout=60, **post), model)
+
+
+def _assert_running_with(send: Any, model: str = "run-m") -> None:
+    """``send(url)`` makes one request (returning its response, status 200 expected, or None)
+    while the server's /metrics is polled: the model is seen running."""
     with ServerThread(Config(port=0, quiet=True, latency="realistic", ttft_ms=500,
                              itl_ms=1, max_tokens_mode="exact")) as srv:
         seen: list[str] = []
@@ -168,15 +179,58 @@ def _assert_running(path: str, body: dict[str, Any]) -> None:
             while not done.is_set():
                 m = httpx.get(srv.url + "/metrics").text
                 seen.extend(ln for ln in m.splitlines()
-                            if ln.startswith('vllm:num_requests_running{model_name="run-m"}'))
+                            if ln.startswith(f'vllm:num_requests_running{{model_name="{model}"}}'))
                 time.sleep(0.02)
 
         t = threading.Thread(target=poll)
         t.start()
         try:
-            r = httpx.post(srv.url + path, json=body, timeout=10)
-            assert r.status_code == 200, r.text
+            r = send(srv.url)
+            assert r is None or r.status_code == 200, r.text
         finally:
             done.set()
             t.join()
-        assert any(ln.endswith(" 1") for ln in seen), (path, seen[:3])
+        assert any(ln.endswith(" 1") for ln in seen), (model, seen[:3])
+
+
+def _wav(seconds: float) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\x00\x10" * int(16000 * seconds))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", {"model": "run-m", "input": "x"}),
+    ("/v1/moderations", {"model": "omni-moderation-latest", "input": "x"}),
+    ("/v1/images/generations", {"model": "dall-e-2", "prompt": "x", "size": "256x256"}),
+    ("/v1/audio/speech", {"model": "tts-1", "input": "hello there", "voice": "alloy"}),
+])
+def test_media_families_count_as_running(path: str, body: dict[str, Any]) -> None:
+    """Embeddings, moderations, images and speech are counted while in flight too."""
+    _assert_running(path, body, body["model"])
+
+
+def test_transcription_counts_as_running() -> None:
+    _assert_running("/v1/audio/transcriptions", {}, "whisper-1", data={"model": "whisper-1"},
+                    files={"file": ("a.wav", _wav(1.0), "audio/wav")})
+
+
+def test_realtime_response_counts_as_running() -> None:
+    """A Realtime ``response.create`` is counted while it generates (over the WebSocket)."""
+    from openai import OpenAI
+
+    def send(url: str) -> None:
+        with OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0) as c, \
+                c.realtime.connect(model="run-m") as conn:
+            conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            conn.response.create()
+            for ev in conn:
+                if ev.type == "response.done":
+                    return None
+        return None
+
+    _assert_running_with(send)
