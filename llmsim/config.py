@@ -417,7 +417,9 @@ class Config(_Checked):
     aws_keys: tuple[str, ...] = opt(
         (), "Bedrock: verify SigV4 signatures against these key pairs, ACCESS_KEY_ID:SECRET "
         "(repeatable): a request signed with another key id, or whose signature does not "
-        "match, is a 403. Unset: any SigV4 header is accepted unverified.",
+        "match, is a 403. Unset: any SigV4 header is accepted unverified. When recording, "
+        "Bedrock requests signed with one of these keys are signed again for the upstream's "
+        "host.",
         metavar="ID:SECRET")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
