@@ -148,6 +148,13 @@ async def test_bedrock_recorded_then_replayed_with_boto3(make_server: Any,
     assert [(h, json.loads(p)) for h, p in got] == [(ev["headers"], ev["payload"])
                                                     for _t, ev in events]
     _check_paced(ex, offsets, 2.0)
+    # a fault mid-replay ends the stream with Bedrock's exception message, CRCs right
+    ex = await faultkit.exchange(
+        faultkit.server(replay=str(tmp_path), replay_speed=0), body,
+        path=f"/model/{MODEL.replace(':', '%3A')}/converse-stream",
+        headers=[("x-llmsim-fault", "error-after:2")])
+    got = parse_frames(ex.body)
+    assert len(got) == 3 and got[-1][0][":message-type"] == "exception"
 
 
 def test_bedrock_replay_is_byte_identical_and_sigv4_resigned(make_server: Any,
@@ -363,6 +370,26 @@ async def test_gemini_json_array_recorded_and_replayed_frame_by_frame(make_serve
     assert ex.headers["content-type"].startswith("application/json")
     assert [c.decode() for c in ex.chunks] == [f for _t, f in events]
     _check_paced(ex, offsets, 2.0)
+    # a fault mid-replay: still one JSON array, Google's error its last element
+    ex = await faultkit.exchange(faultkit.server(replay=str(tmp_path), replay_speed=0), body,
+                                 path=path, headers=[("x-llmsim-fault", "error-after:2")])
+    arr = json.loads(ex.body)
+    assert len(arr) == 3 and arr[-1]["error"]["status"] == "INTERNAL"
+
+
+async def test_gemini_sse_replay_fails_in_googles_shape(make_server: Any,
+                                                        tmp_path: Path) -> None:
+    up = make_server(seed=2)
+    rec = make_server(record_route=(f"gemini={up.url}",), cassettes=str(tmp_path))
+    path = "/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse"
+    body = {"contents": [{"parts": [{"text": "Explain TCP"}]}],
+            "generationConfig": {"maxOutputTokens": 8}}
+    assert httpx.post(rec.url + path, json=body).status_code == 200
+    assert _cassette(tmp_path, "stream")["response"]["framing"] == "sse"
+    ex = await faultkit.exchange(faultkit.server(replay=str(tmp_path), replay_speed=0), body,
+                                 path=path, headers=[("x-llmsim-fault", "error-after:2")])
+    last = rawhttp.parse_sse(ex.body)[-1][1]
+    assert json.loads(last)["error"]["status"] == "INTERNAL"
 
 
 def test_gemini_array_upstream_that_is_not_an_array_fails_cleanly(make_server: Any,
@@ -403,5 +430,10 @@ def test_framers_cut_wherever_the_pieces_end() -> None:
         n = NDJSONFramer()
         got = [x for i in range(0, len(lines), size) for x in n.feed(lines[i:i + size])]
         assert got + n.flush() == [b'{"a":1}\n', b'\n{"b":2}\n', b'{"c":3}'], size
+    # each byte is looked at once: blank lines and empty separators are not scanned again
+    # (quadratic, these would not finish)
+    assert NDJSONFramer().feed(b"\n" * (1 << 20)) == []
+    commas = ArrayFramer()
+    assert commas.feed(b"[" + b" ," * (1 << 17)) == []
     assert orjson.loads(b"".join(want)) == [{"a": 'x]},"{'}, {"b": [1, {"c": 2}]}, "s,]", 12,
                                             True]

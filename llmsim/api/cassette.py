@@ -144,8 +144,11 @@ def cassette_key(method: str, path: str, body: bytes | str,
 
 
 def _endpoint(path: str) -> str:
-    if path.startswith("/model/"):  # Bedrock: the model is the file name's next part
-        return "bedrock." + _slug(path.rpartition("/")[2])
+    last = path.rpartition("/")[2]
+    if path.startswith("/model/"):  # Bedrock and Gemini: the model is the name's next part
+        return "bedrock." + _slug(last)
+    if ":" in last:
+        return "gemini." + _slug(last.partition(":")[2])
     fam = "anthropic." if path.startswith("/anthropic/") else (
         "openai." if path.startswith("/openai/") else "")
     return fam + _slug(path.rsplit("/v1/", 1)[-1].lstrip("/").replace("/", "."))

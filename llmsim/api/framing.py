@@ -69,8 +69,8 @@ class NDJSONFramer:
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._start = 0
-        self._scan = 0
+        self._start = 0  # where the frame being collected begins
+        self._scan = 0  # where the line being read begins (each byte looked at once)
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf
@@ -79,10 +79,10 @@ class NDJSONFramer:
         while True:
             i = buf.find(b"\n", self._scan)
             if i < 0:
-                self._scan = len(buf)
                 break
+            blank = not buf[self._scan:i].strip(_WS)
             self._scan = i + 1
-            if buf[self._start:i].strip(_WS):
+            if not blank:
                 out.append(bytes(buf[self._start:i + 1]))
                 self._start = i + 1
         start = _compact(buf, self._start)
@@ -133,6 +133,7 @@ class ArrayFramer:
         self._buf = bytearray()
         self._start = 0  # where the frame being collected begins
         self._scan = 0
+        self._mark = 0  # after the last bracket, comma or element at the top level
         self._depth = 0
         self._string = False
         self._escape = False
@@ -141,7 +142,7 @@ class ArrayFramer:
 
     def _cut(self, end: int, out: list[bytes]) -> None:
         out.append(bytes(self._buf[self._start:end]))
-        self._start = end
+        self._start = self._mark = end
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf
@@ -179,7 +180,7 @@ class ArrayFramer:
                     break
                 if lead[:1] != b"[":
                     raise FrameError("a stream that is not a JSON array")
-                i = n - len(lead) + 1
+                i = self._mark = n - len(lead) + 1
                 self.opened = True
                 self._depth = 1
                 continue
@@ -203,21 +204,27 @@ class ArrayFramer:
                         raise FrameError("bytes after the end of the JSON array")
                     i = n
                     break
+                if self._depth == 1:
+                    raise FrameError("a '}' that closes no object in the JSON array")
                 self._depth -= 1
                 if self._depth == 1:  # an object or array element ended
                     self._cut(i + 1, out)
             elif self._depth == 1:  # a comma between elements
                 self._scalar(i, out)
+                self._mark = i + 1
             i += 1
         self._scan = i
         start = _compact(buf, self._start)
-        self._scan -= self._start - start
+        shift = self._start - start
+        self._scan -= shift
+        self._mark -= shift
         self._start = start
         return out
 
     def _scalar(self, i: int, out: list[bytes]) -> None:
-        """A number or literal element ends at the comma or bracket after it."""
-        if self._buf[self._start:i].strip(_WS + b",["):
+        """A number or literal element ends at the comma or bracket after it (the bytes
+        since the last mark: each looked at once)."""
+        if self._buf[self._mark:i].strip(_WS):
             self._cut(i, out)
 
     def flush(self) -> list[bytes]:
