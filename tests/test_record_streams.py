@@ -245,6 +245,28 @@ def test_event_stream_recording_is_bounded(make_server: Any, tmp_path: Path) -> 
     assert list(tmp_path.glob("*.json")) == []
 
 
+def test_recorded_frames_are_bounded_in_count(make_server: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frame count bound of every recording (MAX_EVENTS, lowered here) applies to event
+    streams and NDJSON alike: the stream ends with the family's error, nothing is stored."""
+    import llmsim.api.cassette as cassette
+
+    monkeypatch.setattr(cassette, "MAX_EVENTS", 5)
+    up = make_server(seed=4)
+    rec = make_server(record_route=(f"bedrock={up.url}", f"ollama={up.url}"),
+                      cassettes=str(tmp_path))
+    r = rawhttp.request(rec.url, "POST", f"/model/{MODEL}/converse-stream",
+                        {"messages": HI, "inferenceConfig": {"maxTokens": 20}})
+    got = parse_frames(r.body)
+    assert len(got) == 6 and got[-1][0][":message-type"] == "exception"
+    r = rawhttp.request(rec.url, "POST", "/api/chat", {
+        "model": "llama3.2", "messages": [{"role": "user", "content": "x"}],
+        "options": {"num_predict": 20}})
+    lines = [json.loads(x) for x in r.body.decode().splitlines()]
+    assert len(lines) == 6 and set(lines[-1]) == {"error"}
+    assert list(tmp_path.glob("*.json")) == []
+
+
 def _bedrock_entry(events: Any, framing: str = "eventstream") -> dict[str, Any]:
     return {"request": {"method": "POST", "path": f"/model/{MODEL}/converse-stream",
                         "body": json.dumps({"messages": HI})},
