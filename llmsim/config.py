@@ -417,7 +417,9 @@ class Config(_Checked):
     aws_keys: tuple[str, ...] = opt(
         (), "Bedrock: verify SigV4 signatures against these key pairs, ACCESS_KEY_ID:SECRET "
         "(repeatable): a request signed with another key id, or whose signature does not "
-        "match, is a 403. Unset: any SigV4 header is accepted unverified.",
+        "match, is a 403. Unset: any SigV4 header is accepted unverified. When recording, "
+        "Bedrock requests signed with one of these keys are signed again for the upstream's "
+        "host.",
         metavar="ID:SECRET")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
@@ -433,7 +435,7 @@ class Config(_Checked):
                                       "exchange to --cassettes.", metavar="URL")
     record_route: tuple[str, ...] = opt((), "Record: send one family's requests to its own "
                                         "upstream, NAME=URL with NAME openai, anthropic, "
-                                        "gemini, ollama or a path prefix such as "
+                                        "gemini, ollama, bedrock or a path prefix such as "
                                         "/v1/embeddings (`llmsim record "
                                         "--upstream anthropic=https://api.anthropic.com`).",
                                         metavar="NAME=URL")
@@ -825,10 +827,10 @@ def _check_record(cfg: Config) -> None:
         url(cfg.record_upstream, "record_upstream")
     for r in cfg.record_route:
         name, eq, u = r.partition("=")
-        if not eq or not (name in ("openai", "anthropic", "gemini", "ollama")
+        if not eq or not (name in ("openai", "anthropic", "gemini", "ollama", "bedrock")
                           or name.startswith("/")):
             raise ConfigError(f"record_route: NAME=URL with NAME openai, anthropic, gemini, "
-                              f"ollama or a path prefix, got {r[:100]!r}")
+                              f"ollama, bedrock or a path prefix, got {r[:100]!r}")
         url(u, "record_route")
     recording = cfg.record_upstream is not None or bool(cfg.record_route)
     if cfg.replay is not None and recording:

@@ -130,6 +130,39 @@ def test_errors_in_googles_envelope(client: genai.Client, srv: Any) -> None:
             model=MODEL, contents=[{"role": "wizard", "parts": [{"text": "x"}]}])
 
 
+def test_faults_and_scripts(make_server: Any) -> None:
+    """The generic hooks on Gemini, through the SDK: a fault before the answer (Google's
+    envelope), one mid-stream (the stream's own error chunk, SSE and the JSON array), and a
+    script (matched by endpoint and by the model in the path)."""
+    s = make_server()
+    c = genai.Client(api_key="k", http_options=types.HttpOptions(
+        base_url=s.url, headers={"x-llmsim-fault": "503"}))
+    with pytest.raises(gerrors.ServerError) as ei:
+        c.models.generate_content(model=MODEL, contents="x")
+    assert ei.value.code == 503 and ei.value.status == "UNAVAILABLE"
+    mid = genai.Client(api_key="k", http_options=types.HttpOptions(
+        base_url=s.url, headers={"x-llmsim-fault": "error-after:2"}))
+    with pytest.raises(gerrors.APIError):
+        list(mid.models.generate_content_stream(
+            model=MODEL, contents="Explain TCP",
+            config=types.GenerateContentConfig(max_output_tokens=20)))
+    with httpx.stream("POST", s.url + f"/v1beta/models/{MODEL}:streamGenerateContent",
+                      json={"contents": [{"parts": [{"text": "Explain TCP"}]}],
+                            "generationConfig": {"maxOutputTokens": 20}},
+                      headers={"x-llmsim-fault": "error-after:2"}) as r:
+        arr = json.loads(r.read())  # still one JSON array, the error its last element
+    assert "candidates" in arr[0] and arr[-1]["error"]["code"] == 500
+    httpx.post(s.url + "/llmsim/scripts", json={"rules": [
+        {"match": {"endpoint": "gemini.generate", "model": "gemini-2.0-flash"},
+         "reply": [{"text": "Scripted."}]}]})
+    plain = genai.Client(api_key="k", http_options=types.HttpOptions(base_url=s.url))
+    assert plain.models.generate_content(model="gemini-2.0-flash", contents="x").text == \
+        "Scripted."
+    assert "".join(x.text or "" for x in plain.models.generate_content_stream(
+        model="gemini-2.0-flash", contents="x")) == "Scripted."
+    assert plain.models.generate_content(model=MODEL, contents="x").text != "Scripted."
+
+
 def test_json_array_stream_and_snake_case(srv: Any) -> None:
     """Without alt=sse the REST API streams one JSON array; snake_case fields work."""
     with httpx.stream("POST", srv.url + "/v1beta/models/gemini-2.0-flash:streamGenerateContent",

@@ -171,7 +171,7 @@ def test_langchain_chat_ollama(srv: Any) -> None:
 
 def test_record_and_replay(tmp_path: Any) -> None:
     """Recorded through llmsim from an upstream Ollama (here another llmsim), replayed
-    offline: the same answers, streamed (NDJSON, recorded whole) or not."""
+    offline: the same answers, streamed (NDJSON, frame by frame) or not."""
     def run(url: str) -> tuple[Any, ...]:
         c = ollama.Client(host=url)
         msgs = [{"role": "user", "content": "hi"}]

@@ -37,6 +37,7 @@ import hmac
 import re
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -59,7 +60,8 @@ from .validate import check_request_work, paced
 if TYPE_CHECKING:
     from .services import Host, Services
 
-__all__ = ["register", "bedrock_error", "frame", "CONVERSE_STREAM", "INVOKE_STREAM"]
+__all__ = ["register", "bedrock_error", "frame", "resigned", "aws_secrets", "CONVERSE_STREAM",
+           "INVOKE_STREAM"]
 
 _dumps = orjson.dumps
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
@@ -591,38 +593,80 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-def sigv4_error(req: Request, secrets: dict[str, str]) -> APIError | None:
-    """Why ``req``'s SigV4 signature does not hold for ``secrets`` (key id → secret), or
-    None: the canonical request (the path percent-encoded again, as AWS does for every
-    service but S3), the string to sign and the derived signing key, as the SDKs compute
-    them. The request date is not compared with the clock."""
-    auth = req.headers.get("authorization", "")
-    if not auth.startswith("AWS4-HMAC-SHA256 "):
-        return E.bedrock_missing_auth.at()
-    fields = dict(p.strip().partition("=")[::2] for p in auth[17:].split(","))
+def _signature(method: str, path: str, query: Mapping[str, list[str]],
+               headers: Mapping[str, str], body: bytes, fields: dict[str, str],
+               secret: str) -> str:
+    """The SigV4 signature of a request, for the credential scope and signed headers of its
+    ``Authorization`` fields: the canonical request (the path percent-encoded again, as AWS
+    does for every service but S3), the string to sign and the derived signing key, as the
+    SDKs compute them."""
     cred = fields.get("Credential", "").split("/")
-    signed = fields.get("SignedHeaders", "")
-    if len(cred) != 5 or cred[0] not in secrets:
-        return E.bedrock_unknown_key.at()
-    names = signed.split(";")
-    if len(names) > 64 or "host" not in names:
-        return E.bedrock_bad_signature.at()
-    query = sorted((quote(k, safe="-_.~"), quote(v, safe="-_.~"))
-                   for k, vs in req.query.items() for v in vs)
+    names = fields.get("SignedHeaders", "").split(";")
+    pairs = sorted((quote(k, safe="-_.~"), quote(v, safe="-_.~"))
+                   for k, vs in query.items() for v in vs)
     canonical = "\n".join([
-        req.method, quote(req.path or "/", safe="/~"), "&".join(f"{k}={v}" for k, v in query),
-        "".join(f"{n}:{' '.join(req.headers.get(n, '').split())}\n" for n in names), signed,
-        req.headers.get("x-amz-content-sha256") or hashlib.sha256(req.body).hexdigest()])
-    date = req.headers.get("x-amz-date", "")
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", date, "/".join(cred[1:]),
+        method, quote(path or "/", safe="/~"), "&".join(f"{k}={v}" for k, v in pairs),
+        "".join(f"{n}:{' '.join(headers.get(n, '').split())}\n" for n in names),
+        fields.get("SignedHeaders", ""),
+        headers.get("x-amz-content-sha256") or hashlib.sha256(body).hexdigest()])
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", headers.get("x-amz-date", ""), "/".join(cred[1:]),
                          hashlib.sha256(canonical.encode()).hexdigest()])
-    key = _hmac(("AWS4" + secrets[cred[0]]).encode(), cred[1])
+    key = _hmac(("AWS4" + secret).encode(), cred[1])
     for part in cred[2:]:
         key = _hmac(key, part)
-    want = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+def _fields(auth: str) -> dict[str, str] | None:
+    """The fields of a SigV4 ``Authorization`` value (None: not SigV4)."""
+    if not auth.startswith("AWS4-HMAC-SHA256 "):
+        return None
+    return dict(p.strip().partition("=")[::2] for p in auth[17:].split(",")[:16])
+
+
+def sigv4_error(req: Request, secrets: dict[str, str]) -> APIError | None:
+    """Why ``req``'s SigV4 signature does not hold for ``secrets`` (key id → secret), or
+    None. The request date is not compared with the clock."""
+    fields = _fields(req.headers.get("authorization", ""))
+    if fields is None:
+        return E.bedrock_missing_auth.at()
+    cred = fields.get("Credential", "").split("/")
+    if len(cred) != 5 or cred[0] not in secrets:
+        return E.bedrock_unknown_key.at()
+    names = fields.get("SignedHeaders", "").split(";")
+    if len(names) > 64 or "host" not in names:
+        return E.bedrock_bad_signature.at()
+    want = _signature(req.method, req.path, req.query, req.headers, req.body, fields,
+                      secrets[cred[0]])
     if not hmac.compare_digest(want, fields.get("Signature", "")):
         return E.bedrock_bad_signature.at()
     return None
+
+
+def resigned(method: str, path: str, query: Mapping[str, list[str]],
+             headers: list[tuple[str, str]], body: bytes,
+             secrets: dict[str, str]) -> list[tuple[str, str]]:
+    """``headers`` (the ``host`` among them: where they go) with the SigV4 signature made
+    again for that host and ``path``, when the request's key id has a secret in
+    ``secrets``; else as they are. (The recorder forwards a request signed for llmsim's
+    own address: the upstream checks the host it signed.)"""
+    hs = dict(headers)
+    fields = _fields(hs.get("authorization", ""))
+    if fields is None:
+        return headers
+    cred = fields.get("Credential", "").split("/")
+    names = fields.get("SignedHeaders", "").split(";")
+    if len(cred) != 5 or cred[0] not in secrets or len(names) > 64:
+        return headers
+    sig = _signature(method, path, query, hs, body, fields, secrets[cred[0]])
+    auth = (f"AWS4-HMAC-SHA256 Credential={fields['Credential']}, "
+            f"SignedHeaders={fields['SignedHeaders']}, Signature={sig}")
+    return [(k, auth if k == "authorization" else v) for k, v in headers]
+
+
+def aws_secrets(app: App) -> dict[str, str]:
+    """``--aws-keys`` as key id → secret."""
+    return dict(k.split(":", 1) for k in app.config.aws_keys)
 
 
 def _sigv4_hook(secrets: dict[str, str]) -> Any:
@@ -637,7 +681,7 @@ def _sigv4_hook(secrets: dict[str, str]) -> Any:
 
 def register(app: Host) -> None:
     if app.config.aws_keys:
-        app.before.append(_sigv4_hook(dict(k.split(":", 1) for k in app.config.aws_keys)))
+        app.before.append(_sigv4_hook(aws_secrets(app)))
     base = "/model/{model}"
     serve(app, Converse(False), [("POST", f"{base}/converse")], streaming=False)
     serve(app, Converse(True), [("POST", f"{base}/converse-stream")], streaming=True)

@@ -4,8 +4,12 @@
 (:data:`PATHS`) forward each request to its upstream (:class:`~.upstream.Upstream`: http or
 https, kept-alive, deadlines on every read; ``--record-route NAME=URL`` gives a family or a
 path prefix its own) with the client's headers, credentials included, and stream the answer
-through as it arrives: the client sees the upstream's pacing live while each SSE frame is
-stored with its offset from the request. An exchange read to its end becomes one file,
+through as it arrives: the client sees the upstream's pacing live while each frame is stored
+with its offset from the request (:data:`FRAMINGS`: SSE frames, Ollama's NDJSON lines,
+Gemini's JSON array elements, and the AWS event stream's messages, kept decoded as their
+headers and JSON payload; each checked before it is passed on, see :mod:`.framing`). Bedrock
+requests signed with SigV4 are signed again for the upstream's host when ``--aws-keys`` holds
+their key's secret. An exchange read to its end becomes one file,
 ``DIR/<endpoint>-<model>-<stream|json>-<key>.json``, holding only the headers of
 :data:`KEEP_REQUEST` and :data:`KEEP_RESPONSE` (an allow-list: no credential reaches a
 cassette). An upstream error status (>= 400) is passed to the client and saved only with
@@ -18,7 +22,8 @@ that do not select an answer (:data:`VOLATILE` plus ``--match-ignore``); ``strea
 of the body, so a stream never gets a JSON answer or the reverse. Mode ``none`` falls back to
 the first cassette of the same path, model and ``stream``; else a 404
 ``cassette_not_found`` in the family's error shape names the nearest cassette and how it
-differs. Streams are paced at the recorded offsets divided by ``--replay-speed`` (0: at once),
+differs. Streams are replayed frame by frame (an event-stream message framed again with its
+CRCs) at the recorded offsets divided by ``--replay-speed`` (0: at once),
 JSON answers wait their recorded duration likewise. Modes (VCR's): ``none`` replays only;
 ``once`` replays when the directory held cassettes at start-up, else records everything;
 ``new_episodes`` replays what matches and records the rest; ``all`` always records.
@@ -26,8 +31,9 @@ JSON answers wait their recorded duration likewise. Modes (VCR's): ``none`` repl
 Bounds: every cassette is validated at load (file and field named in the error) with its
 status, headers, offsets and sizes bounded; :data:`MAX_CASSETTES` files of at most
 :data:`MAX_CASSETTE_BYTES`, :data:`MAX_REPLAY_BYTES` in all; a recording reads at most
-``--record-max-bytes`` per answer and writes ``--record-budget-bytes`` per session; SSE
-framing is incremental (each byte scanned once, :class:`SSEFramer`).
+``--record-max-bytes`` per answer (an event-stream message announcing more is refused from
+its prelude) and writes ``--record-budget-bytes`` per session; framing is incremental
+(each byte scanned once, :class:`SSEFramer` and :mod:`.framing`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ import os
 import re
 import ssl
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from urllib.parse import unquote
 
 import orjson
 
@@ -51,6 +58,17 @@ from ..errors import APIError, E, bounded
 from ..messages import RawResponse, Request, StreamResponse
 from ..streaming.dialect import Dialect
 from ..streaming.stream import EventStream
+from . import bedrock, gemini, ollama
+from .framing import (
+    MAX_EVENT_HEADERS,
+    ArrayFramer,
+    EventStreamFramer,
+    FrameError,
+    NDJSONFramer,
+    array_piece,
+    decode_message,
+    ndjson_line,
+)
 from .upstream import HOP_HEADERS, Exchange, Upstream
 
 if TYPE_CHECKING:
@@ -65,18 +83,22 @@ log = logging.getLogger("llmsim.cassette")
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
          "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations")
 ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
-# the other families' generation paths (a stream that is not SSE is recorded whole)
+# the other families' generation paths (their streams framed by FRAMINGS)
 GEMINI_PATHS = tuple(f"{v}/models/{{model}}:{m}" for v in ("/v1beta", "/v1") for m in (
     "generateContent", "streamGenerateContent", "embedContent"))
 OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed")
+BEDROCK_PATHS = tuple(f"/model/{{model}}/{m}" for m in (
+    "converse", "converse-stream", "invoke", "invoke-with-response-stream"))
+BEDROCK_STREAMS = ("/converse-stream", "/invoke-with-response-stream")
 VOLATILE = frozenset(("user", "metadata", "safety_identifier", "prompt_cache_key",
                       "stream_options"))
 # the headers a cassette keeps (an allow-list: anything else, credentials included, is dropped)
 KEEP_REQUEST = frozenset(("content-type", "accept", "anthropic-version", "anthropic-beta",
                           "openai-beta"))
 KEEP_RESPONSE = frozenset(("openai-model", "openai-version", "openai-processing-ms",
-                           "x-request-id", "request-id", "retry-after", "retry-after-ms"))
-KEEP_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+                           "x-request-id", "request-id", "retry-after", "retry-after-ms",
+                           "x-amzn-requestid", "x-amzn-errortype"))
+KEEP_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "x-amzn-bedrock-")
 # kept in the cassette but not sent again: the transport sets its own
 SERVER_SET = frozenset(("x-request-id", "openai-version", "openai-processing-ms"))
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024
@@ -122,6 +144,11 @@ def cassette_key(method: str, path: str, body: bytes | str,
 
 
 def _endpoint(path: str) -> str:
+    last = path.rpartition("/")[2]
+    if path.startswith("/model/"):  # Bedrock and Gemini: the model is the name's next part
+        return "bedrock." + _slug(last)
+    if ":" in last:
+        return "gemini." + _slug(last.partition(":")[2])
     fam = "anthropic." if path.startswith("/anthropic/") else (
         "openai." if path.startswith("/openai/") else "")
     return fam + _slug(path.rsplit("/v1/", 1)[-1].lstrip("/").replace("/", "."))
@@ -169,6 +196,128 @@ def _seconds(v: Any, name: str, where: str) -> float:
     return float(v)
 
 
+class Framer(Protocol):
+    def feed(self, data: bytes) -> list[bytes]: ...
+
+    def flush(self) -> bytes | list[bytes]: ...
+
+
+class Framing(NamedTuple):
+    """How a recorded stream is cut into frames, kept in a cassette and sent again."""
+
+    name: str
+    framer: Callable[[int], Framer]  # (the most bytes one frame may hold)
+    keep: Callable[[bytes], Any]  # a frame as received → its cassette form (or FrameError)
+    wire: Callable[[Any], bytes]  # its cassette form → the bytes a replay sends
+
+
+def _rest(framer: Framer) -> list[bytes]:
+    """What a framer holds when its stream ends (a FrameError when that is malformed)."""
+    rest = framer.flush()
+    return ([rest] if rest else []) if isinstance(rest, bytes) else list(rest)
+
+
+def _event_kept(raw: bytes) -> dict[str, Any]:
+    headers, payload = decode_message(raw)
+    out: dict[str, Any] = {"headers": headers}
+    if payload:
+        try:
+            out["payload"] = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise FrameError("an event-stream payload that is not JSON") from None
+    return out
+
+
+def _event_wire(ev: dict[str, Any]) -> bytes:
+    payload = orjson.dumps(ev["payload"]) if "payload" in ev else b""
+    return bedrock.frame(list(ev["headers"].items()), payload)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _encoded(text: str) -> bytes:
+    return text.encode()
+
+
+SSE = Framing("sse", lambda limit: SSEFramer(), _text, _encoded)
+FRAMINGS = {f.name: f for f in (
+    SSE,
+    Framing("ndjson", lambda limit: NDJSONFramer(), ndjson_line, _encoded),
+    Framing("json-array", lambda limit: ArrayFramer(), array_piece, _encoded),
+    Framing("eventstream", EventStreamFramer, _event_kept, _event_wire))}
+
+
+def framing_of(content_type: str, path: str, status: int) -> Framing | None:
+    """The framing of an upstream answer that is a stream (None: a body kept whole): by its
+    media type, and Gemini's JSON array by its path (``alt=sse`` is SSE's media type)."""
+    ctype = content_type.partition(";")[0].strip().lower()
+    if ctype == "text/event-stream":
+        return SSE
+    if ctype == "application/x-ndjson":
+        return FRAMINGS["ndjson"]
+    if ctype == "application/vnd.amazon.eventstream":
+        return FRAMINGS["eventstream"]
+    if ctype == "application/json" and status < 400 and path.endswith(
+            ":streamGenerateContent"):
+        return FRAMINGS["json-array"]
+    return None
+
+
+def _event_frame(ev: Any, name: str, where: str) -> dict[str, Any]:
+    """An event-stream frame of a cassette: its string headers (``:message-type`` among
+    them) and its JSON payload, which must encode within the format's limits."""
+    if not isinstance(ev, dict) or not set(ev) <= {"headers", "payload"}:
+        raise _fail(name, where, "an object with headers and payload (an event-stream frame)")
+    hs = ev.get("headers")
+    if not isinstance(hs, dict) or not 0 < len(hs) <= MAX_EVENT_HEADERS:
+        raise _fail(name, f"{where}.headers", f"an object of 1 to {MAX_EVENT_HEADERS} headers")
+    for k, v in hs.items():
+        if not 0 < len(k.encode()) < 256 or not k.isprintable():
+            raise _fail(name, f"{where}.headers", "header names of 1 to 255 bytes")
+        if type(v) is not str or len(v.encode()) > 32767:
+            raise _fail(name, f"{where}.headers.{k[:64]}", "a string of at most 32767 bytes")
+    if hs.get(":message-type") not in ("event", "exception", "error"):
+        raise _fail(name, f"{where}.headers.:message-type", "event, exception or error")
+    try:
+        _event_wire(ev)
+    except orjson.JSONEncodeError as exc:
+        raise _fail(name, f"{where}.payload", f"a JSON value ({exc})") from None
+    return ev
+
+
+def _frames(events: Any, framing: Framing, name: str) -> list[tuple[float, Any]]:
+    if not isinstance(events, list) or len(events) > MAX_EVENTS:
+        raise _fail(name, "response.events", f"a list of at most {MAX_EVENTS} frames")
+    out = []
+    for i, ev in enumerate(events):
+        w = f"response.events[{i}]"
+        if not isinstance(ev, list) or len(ev) != 2:
+            raise _fail(name, w, "[offset_s, frame]")
+        frame = ev[1]
+        if framing.name == "eventstream":
+            frame = _event_frame(frame, name, f"{w}[1]")
+        elif type(frame) is not str or not frame:
+            raise _fail(name, f"{w}[1]", f"a non-empty string (one {framing.name} frame)")
+        elif framing is not SSE:
+            try:
+                framing.keep(frame.encode())
+            except FrameError as exc:
+                raise _fail(name, f"{w}[1]", str(exc)) from None
+        out.append((_seconds(ev[0], name, f"{w}[0]"), frame))
+    if framing.name == "json-array":  # the frames are the array cut where the recorder cuts
+        whole = "".join(f for _t, f in out).encode()
+        try:
+            framer = ArrayFramer()
+            again = framer.feed(whole) + framer.flush()
+        except FrameError as exc:
+            raise _fail(name, "response.events", str(exc)) from None
+        if [f.decode() for f in again] != [f for _t, f in out]:
+            raise _fail(name, "response.events", "frames that each end one array element")
+    return out
+
+
 def validate(entry: Any, name: str) -> dict[str, Any]:
     """``entry`` checked field by field (the cassette as it will be served), or a
     CassetteError naming ``name`` and the field."""
@@ -202,18 +351,11 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
         "headers": _headers(rs.get("headers"), name, "response.headers", response=True)}
     events = rs.get("events")
     if events is not None:
-        if not isinstance(events, list) or len(events) > MAX_EVENTS:
-            raise _fail(name, "response.events", f"a list of at most {MAX_EVENTS} frames")
-        out = []
-        for i, ev in enumerate(events):
-            w = f"response.events[{i}]"
-            if not isinstance(ev, list) or len(ev) != 2:
-                raise _fail(name, w, "[offset_s, frame]")
-            frame = ev[1]
-            if type(frame) is not str or not frame:
-                raise _fail(name, f"{w}[1]", "a non-empty string (one SSE frame)")
-            out.append((_seconds(ev[0], name, f"{w}[0]"), frame))
-        res["events"] = out
+        kind = rs.get("framing", "sse")
+        if kind not in FRAMINGS:
+            raise _fail(name, "response.framing", f"one of {', '.join(FRAMINGS)}")
+        res["framing"] = kind
+        res["events"] = _frames(events, FRAMINGS[kind], name)
     else:
         text = rs.get("body", "")
         if type(text) is not str:
@@ -228,7 +370,14 @@ def matched_path(req: Request) -> str:
     return req.path + "?alt=sse" if req.query_one("alt") == "sse" else req.path
 
 
-def _model(body: bytes | str) -> str:
+def _model(path: str, body: bytes | str) -> str:
+    """The model of a request: in Bedrock's and Gemini's path, else the body's ``model``."""
+    path = path.partition("?")[0]
+    if path.startswith("/model/"):  # /model/{modelId}/converse
+        return unquote(path.split("/")[2])
+    i = path.rfind("/models/")
+    if i >= 0 and ":" in path[i:]:  # .../models/{model}:generateContent
+        return unquote(path[i + 8:].partition(":")[0])
     try:
         m = orjson.loads(body).get("model") if body else None
     except (orjson.JSONDecodeError, AttributeError):
@@ -236,11 +385,20 @@ def _model(body: bytes | str) -> str:
     return m if isinstance(m, str) else ""
 
 
-def _is_stream(body: bytes | str) -> bool:
+def _is_stream(path: str, body: bytes | str) -> bool:
+    """Whether a request asks for a stream: by the path for Bedrock and Gemini, by
+    ``stream`` in the body elsewhere (Ollama's chat and generate stream unless it is false)."""
+    path = path.partition("?")[0]
+    if path.startswith("/model/"):
+        return path.endswith(BEDROCK_STREAMS)
+    if ":" in path.rpartition("/")[2]:
+        return path.endswith(":streamGenerateContent")
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
         return False
+    if path in ("/api/chat", "/api/generate"):
+        return not (isinstance(data, dict) and data.get("stream") is False)
     return isinstance(data, dict) and data.get("stream") is True
 
 
@@ -270,15 +428,16 @@ class Cassettes:
             self.by_path.setdefault((rq["method"], rq["path"]), []).append(key)
         self.by_key[key] = entry
         self.names[key] = name
-        self.by_model.setdefault((rq["method"], rq["path"], _model(rq["body"]),
-                                  _is_stream(rq["body"])), entry)
+        self.by_model.setdefault((rq["method"], rq["path"], _model(rq["path"], rq["body"]),
+                                  _is_stream(rq["path"], rq["body"])), entry)
         return key
 
     def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
         hit = self.by_key.get(key)
         if hit is None and fallback:
-            hit = self.by_model.get((req.method, matched_path(req), _model(req.body),
-                                     _is_stream(req.body)))
+            path = matched_path(req)
+            hit = self.by_model.get((req.method, path, _model(path, req.body),
+                                     _is_stream(path, req.body)))
         if hit is None:
             raise E.cassette_not_found.at(key=key, nearest=self.nearest(req))
         return hit
@@ -370,21 +529,51 @@ def _anthropic_frame(err: APIError) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(_error_object(err)) + b"\n\n"
 
 
-def _dialect(name: str, frame: Callable[[APIError], bytes]) -> Dialect:
+# the families' own error frames (a failure after the stream began: recording or a fault)
+def _gemini_sse_frame(err: APIError) -> bytes:
+    return gemini.GEMINI_SSE.sse_error(err, 0)
+
+
+def _array_frame(err: APIError) -> bytes:
+    return gemini.GEMINI_ARRAY.sse_error(err, 0)
+
+
+def _ndjson_frame(err: APIError) -> bytes:
+    return ollama.OLLAMA.sse_error(err, 0)
+
+
+def _exception_frame(err: APIError) -> bytes:
+    return bedrock.CONVERSE_STREAM.sse_error(err, 0)
+
+
+def _dialect(name: str, frame: Callable[[APIError], bytes],
+             headers: bytes | None = None) -> Dialect:
     return Dialect(name, numbered=False, sse=_raw_sse, sse_error=lambda err, seq: frame(err),
                    error_events=lambda err: [("frame", frame(err))],
-                   is_token=_replayed_token, terminals=frozenset())
+                   is_token=_replayed_token, terminals=frozenset(), stream_headers=headers)
 
 
 REPLAY = _dialect("replay", _openai_frame)
 """A recorded stream: every frame as it was received (every frame counts as a token for the
-stats: the recording does not say which carried one)."""
+stats: the recording does not say which carried one); the others differ in their error frame
+and, for the streams that are not SSE, the family's media type."""
 REPLAY_ANTHROPIC = _dialect("replay", _anthropic_frame)
+REPLAY_GEMINI = _dialect("replay", _gemini_sse_frame)
+REPLAY_BY_FRAMING = {
+    "ndjson": (_dialect("replay", _ndjson_frame, ollama.OLLAMA.stream_headers), _ndjson_frame),
+    "json-array": (_dialect("replay", _array_frame, gemini.GEMINI_ARRAY.stream_headers),
+                   _array_frame),
+    "eventstream": (_dialect("replay", _exception_frame,
+                             bedrock.CONVERSE_STREAM.stream_headers), _exception_frame)}
 
 
-def _family(path: str) -> tuple[Dialect, Callable[[APIError], bytes]]:
+def _family(path: str, framing: str = "sse") -> tuple[Dialect, Callable[[APIError], bytes]]:
+    if framing in REPLAY_BY_FRAMING:
+        return REPLAY_BY_FRAMING[framing]
     if path in ANTHROPIC_PATHS:
         return REPLAY_ANTHROPIC, _anthropic_frame
+    if ":" in path.partition("?")[0].rpartition("/")[2]:
+        return REPLAY_GEMINI, _gemini_sse_frame
     return REPLAY, _openai_frame
 
 
@@ -396,14 +585,18 @@ def _answer(entry: dict[str, Any], speed: float) -> RawResponse | StreamResponse
     r = entry["response"]
     headers = _sent(r.get("headers", {}))
     if "events" in r:
+        kind = r.get("framing", "sse")
+        wire = FRAMINGS[kind].wire
+
         def plan() -> Iterator[tuple[float, str, Any]]:
             last = 0.0
             for t, frame in r["events"]:
                 off = 0.0 if speed <= 0 else max(0.0, (t - last) / speed)
                 last = t
-                yield off, "frame", frame.encode()
-        return StreamResponse(EventStream(plan(), _family(entry["request"]["path"])[0],
-                                          model=_model(entry["request"]["body"]) or None),
+                yield off, "frame", wire(frame)
+        rq = entry["request"]
+        return StreamResponse(EventStream(plan(), _family(rq["path"], kind)[0],
+                                          model=_model(rq["path"], rq["body"]) or None),
                               status=r["status"], headers=headers)
     return RawResponse(r.get("body", "").encode(), r["status"],
                        r.get("content_type", "application/json"), headers)
@@ -497,6 +690,7 @@ class _Live:
 
     def __init__(self) -> None:
         self.frames: list[tuple[float, bytes]] = []
+        self.kept: list[Any] = []  # each frame in its cassette form
         self.done = False
         self.error: APIError | None = None
         self.size = 0
@@ -518,6 +712,7 @@ class Recorder:
         self.max_bytes = cfg.record_max_bytes
         self.budget = cfg.record_budget_bytes
         self.written = 0
+        self.aws = bedrock.aws_secrets(app)  # to sign Bedrock requests again (--aws-keys)
 
         def upstream(url: str) -> Upstream:
             return Upstream(url, ca=cfg.upstream_ca, read_timeout=cfg.upstream_read_timeout_s,
@@ -532,7 +727,8 @@ class Recorder:
 
     def upstream(self, path: str) -> Upstream:
         family = "anthropic" if path in ANTHROPIC_PATHS else "ollama" if path.startswith(
-            "/api/") else "gemini" if ":" in path.rpartition("/")[2] else "openai"
+            "/api/") else "bedrock" if path.startswith("/model/") else "gemini" if ":" in \
+            path.rpartition("/")[2] else "openai"
         for name, up in self.routes:
             if name == family or (name.startswith("/") and path.startswith(name)):
                 return up
@@ -561,9 +757,14 @@ class Recorder:
             raise E.record_budget_spent.at(limit=self.budget)
         up = self.upstream(req.path)
         watch = _Departed(self.app, req)
+        target = up.target(req.path, req.query)
+        headers = _forwarded(req)
+        if self.aws and req.path.startswith("/model/"):
+            headers = bedrock.resigned(req.method, target.partition("?")[0], req.query,
+                                       [("host", up.netloc), *headers], req.body,
+                                       self.aws)[1:]
         try:
-            ex = await up.open(req.method, up.target(req.path, req.query), _forwarded(req),
-                               req.body)
+            ex = await up.open(req.method, target, headers, req.body)
         finally:
             watch.stop()
         ctype = next((v for k, v in ex.headers if k.lower() == "content-type"),
@@ -578,8 +779,9 @@ class Recorder:
                                       f"{coding[:32]!r} (identity was asked for)")
         kept = _kept_response(ex.headers)
         save = ex.status < 400 or self.record_errors
-        if ctype.startswith("text/event-stream"):
-            return self._stream_through(req, key, ex, ctype, kept, save)
+        framing = framing_of(ctype, req.path, ex.status)
+        if framing is not None:
+            return self._stream_through(req, key, ex, ctype, kept, save, framing)
         watch = _Departed(self.app, req)
         try:
             body = bytearray()
@@ -600,12 +802,12 @@ class Recorder:
         return RawResponse(bytes(body), ex.status, ctype, _sent(kept))
 
     def _stream_through(self, req: Request, key: str, ex: Exchange, ctype: str,
-                        kept: dict[str, str], save: bool) -> StreamResponse:
+                        kept: dict[str, str], save: bool, framing: Framing) -> StreamResponse:
         live = _Live()
-        task = asyncio.get_running_loop().create_task(self._read_stream(ex, live))
+        task = asyncio.get_running_loop().create_task(self._read_stream(ex, live, framing))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        _dialect_, frame_of = _family(req.path)
+        _dialect_, frame_of = _family(req.path, framing.name)
         clock = self.app.clock
         app = self.app
 
@@ -632,11 +834,15 @@ class Recorder:
                     sched += wait
                     yield wait, "_wait", None
                 if live.error is not None:
-                    yield 0.0, "frame", frame_of(live.error)
+                    last = frame_of(live.error)
+                    if framing.name == "json-array" and not live.frames:
+                        last = b"[" + last.lstrip(b",\r\n")  # (the array was not opened)
+                    yield 0.0, "frame", last
                 elif save:
                     done = self._save(req, key, ex, ctype, kept, {
-                        "events": [(round(t, 6), f.decode("utf-8", "replace"))
-                                   for t, f in live.frames],
+                        "framing": framing.name,
+                        "events": [(round(t, 6), f) for (t, _raw), f in zip(
+                            live.frames, live.kept, strict=True)],
                         "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
                     while done is not None and not done.done():  # the file, then the end
                         yield POLL_S, "_wait", None
@@ -649,25 +855,34 @@ class Recorder:
             if not task.done():
                 task.cancel()
 
-        return StreamResponse(EventStream(plan(), _dialect_, model=_model(req.body) or None,
+        return StreamResponse(EventStream(plan(), _dialect_,
+                                          model=_model(req.path, req.body) or None,
                                           on_end=ended),
                               status=ex.status, headers=_sent(kept))
 
-    async def _read_stream(self, ex: Exchange, live: _Live) -> None:
-        framer = SSEFramer()
+    async def _read_stream(self, ex: Exchange, live: _Live, framing: Framing) -> None:
+        """Frame the upstream's stream as it arrives: each frame checked and kept in its
+        cassette form before the client gets it; a malformed one ends the stream with the
+        family's error (and nothing is saved)."""
+        framer = framing.framer(self.max_bytes)
+
+        def take(t: float, frames: list[bytes]) -> None:
+            for frame in frames:
+                if len(live.frames) >= MAX_EVENTS:
+                    raise E.cassette_too_large.at(limit=self.max_bytes)
+                live.kept.append(framing.keep(frame))
+                live.frames.append((min(t, MAX_DURATION_S), frame))
+
         try:
             async with contextlib.aclosing(ex.body()) as pieces:
                 async for t, data in pieces:
                     live.size += len(data)
                     if live.size > self.max_bytes:
                         raise E.cassette_too_large.at(limit=self.max_bytes)
-                    for frame in framer.feed(data):
-                        if len(live.frames) >= MAX_EVENTS:
-                            raise E.cassette_too_large.at(limit=self.max_bytes)
-                        live.frames.append((min(t, MAX_DURATION_S), frame))
-            rest = framer.flush()
-            if rest:
-                live.frames.append((min(ex.elapsed(), MAX_DURATION_S), rest))
+                    take(t, framer.feed(data))
+            take(ex.elapsed(), _rest(framer))
+        except FrameError as exc:
+            live.error = E.upstream_error.at(base=ex.up.base, reason=str(exc))
         except APIError as exc:
             live.error = exc
         except Exception as exc:  # never a silent hang: the stream ends with the error
@@ -688,7 +903,8 @@ class Recorder:
                         "body": req.body.decode("utf-8", "replace")},
             "response": {"status": ex.status, "content_type": ctype, "headers": kept,
                          **answer}}
-        name = file_name(req.path, _model(req.body), _is_stream(req.body), key)
+        name = file_name(req.path, _model(req.path, req.body), _is_stream(req.path, req.body),
+                         key)
         data = orjson.dumps(entry, option=orjson.OPT_INDENT_2)
         if self.budget and self.written + len(data) > self.budget:
             log.warning("record budget spent: %s not written", name)
@@ -777,12 +993,15 @@ def register(app: Host) -> None:
         app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
                        aliases=path not in ANTHROPIC_PATHS,
                        errors=anthropic_error if path in ANTHROPIC_PATHS else None)
-    from .gemini import gemini_error
-    from .ollama import ollama_error
-
     for path in GEMINI_PATHS:
-        app.router.add("POST", path, rec.handle, "cassette", aliases=False, errors=gemini_error,
+        app.router.add("POST", path, rec.handle, "cassette", aliases=False,
+                       errors=gemini.gemini_error,
                        stream_capable=True, streaming=path.endswith("streamGenerateContent"))
     for path in OLLAMA_PATHS:
-        app.router.add("POST", path, rec.handle, "cassette", aliases=False, errors=ollama_error,
+        app.router.add("POST", path, rec.handle, "cassette", aliases=False,
+                       errors=ollama.ollama_error,
                        stream_capable=True, stream_default=path != "/api/embed")
+    for path in BEDROCK_PATHS:
+        streams = path.endswith(BEDROCK_STREAMS)
+        app.router.add("POST", path, rec.handle, "cassette", aliases=False,
+                       errors=bedrock.bedrock_error, stream_capable=streams, streaming=streams)
