@@ -664,7 +664,7 @@ def resigned(method: str, path: str, query: Mapping[str, list[str]],
     return [(k, auth if k == "authorization" else v) for k, v in headers]
 
 
-def aws_secrets(app: App) -> dict[str, str]:
+def aws_secrets(app: Services) -> dict[str, str]:
     """``--aws-keys`` as key id → secret."""
     return dict(k.split(":", 1) for k in app.config.aws_keys)
 
