@@ -319,10 +319,15 @@ class Cassettes:
         if best is None:
             return f"No Realtime session was recorded for {path} with model {model!r}."
         n, name, theirs = best
-        here = events[n]["type"] if n < len(events) else "(nothing more)"
-        there = theirs[n]["type"] if n < len(theirs) else "(nothing more)"
-        return (f"Nearest: {name}, which follows the same {n} client events, then differs "
-                f"at event {n}: {here} here, {there} there.")
+        here = events[n] if n < len(events) else None
+        there = theirs[n] if n < len(theirs) else None
+        if here is not None and there is not None and here.get("type") == there.get("type"):
+            how = f"{here['type']} with {', '.join(_diff(here, there)) or 'nothing'} differing"
+        else:
+            how = (f"{here['type'] if here else 'no event'} here, "
+                   f"{there['type'] if there else 'no event'} there")
+        return (f"Nearest: {name}, which has the same first {n} client events, then at "
+                f"event {n}: {how}.")
 
     def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
         hit = self.by_key.get(key)

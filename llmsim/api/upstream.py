@@ -365,10 +365,11 @@ class WSLink:
                     self.close_code = 1006
                 return None
             if isinstance(ev, TextMessage):
-                self._size += len(ev.data)
+                data = ev.data
+                self._size += len(data) if data.isascii() else len(data.encode())
                 if self._size > self.max_bytes:
                     raise self._failed(f"a message larger than {self.max_bytes} bytes")
-                self._parts.append(ev.data)
+                self._parts.append(data)
                 if ev.message_finished:
                     text = "".join(self._parts)
                     self._parts = []

@@ -402,8 +402,9 @@ def _replay_plan(job: Job, mode: RealtimeReplay, recorded: list[Any],
     prev_local = mode.last_id() if job.write else None
     for _, ev in recorded:
         t = ev["type"]
-        if t == "response.created":
-            ids[ev["response"]["id"]] = job.id
+        r = ev.get("response")
+        if t == "response.created" and isinstance(r, dict) and isinstance(r.get("id"), str):
+            ids[r["id"]] = job.id
         elif t == "response.output_item.added" and isinstance(ev.get("item"), dict):
             iid = ev["item"].get("id")
             if isinstance(iid, str) and iid not in ids:

@@ -188,7 +188,7 @@ def validate(entry: dict[str, Any]) -> dict[str, Any]:
         for j, ev in enumerate(events):
             ew = f"{w}.events[{j}]"
             if not isinstance(ev, list) or len(ev) != 2 or not isinstance(ev[1], dict) \
-                    or type(ev[1].get("type")) is not str:
+                    or type(ev[1].get("type")) is not str or not ev[1]["type"][:1].isalpha():
                 raise RealtimeError(f"{ew}: [offset_s, event] with the event an object with "
                                     "a type")
             t = _seconds(ev[0], f"{ew}[0]")
