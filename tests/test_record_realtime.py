@@ -377,3 +377,66 @@ def test_app_stop_ends_recording_tasks(make_server: Any, tmp_path: Path) -> None
     _gauges_zero(provider)
 
 
+
+
+def test_upstream_refusing_the_upgrade_is_an_error_event(make_server: Any,
+                                                         tmp_path: Path) -> None:
+    provider = make_server(api_key=("sk-right",))
+    rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
+    with _oai(rec, key="sk-wrong") as c, c.realtime.connect(model="gpt-realtime") as conn:
+        err = validated(conn.recv_bytes())
+        assert err["type"] == "error" and err["error"]["code"] == "upstream_error"
+        assert "refused with status 401" in err["error"]["message"]
+        with pytest.raises(ConnectionClosed):
+            conn.recv_bytes()
+    _released(rec)
+
+
+def _items(conn: Any, n: int) -> None:
+    for i in range(n):
+        conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": f"line {i}"}]})
+
+
+def test_client_events_of_a_session_are_bounded(make_server: Any, tmp_path: Path,
+                                                monkeypatch: Any) -> None:
+    import llmsim.api.realtime.record as record
+    import llmsim.api.realtime.tape as tape
+
+    monkeypatch.setattr(tape, "MAX_TAPE_EVENTS", 3)
+    provider = make_server()
+    rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path / "a"))
+    with _oai(rec) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        _items(conn, 4)
+        got = []
+        with pytest.raises(ConnectionClosed) as ei:
+            while True:
+                got.append(validated(conn.recv_bytes()))
+        assert got[-1]["type"] == "error" and "more client events" in got[-1]["error"]["message"]
+        assert "1011" in str(ei.value)
+    _released(rec)
+    _gauges_zero(provider)
+    (tmp_path / "b").mkdir()
+    player = make_server(replay=str(tmp_path / "b"))
+    with _oai(player) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        _items(conn, 4)
+        with pytest.raises(ConnectionClosed) as ei:
+            while True:
+                validated(conn.recv_bytes())
+        assert "1008" in str(ei.value)
+    _gauges_zero(player)
+    # and the server events kept
+    monkeypatch.setattr(record, "MAX_EVENTS", 5)
+    rec2 = make_server(record_upstream=provider.url, cassettes=str(tmp_path / "c"))
+    with _oai(rec2) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        conn.response.create()
+        with pytest.raises(ConnectionClosed):
+            while True:
+                ev = validated(conn.recv_bytes())
+                assert ev["type"] != "response.done"
+                if ev["type"] == "error":
+                    assert "more server events" in ev["error"]["message"]
+    _released(rec2)

@@ -292,7 +292,18 @@ class WSLink:
         return E.upstream_error.at(base=self.up.base, reason=reason)
 
     async def open(self, target: str, headers: list[tuple[str, str]]) -> None:
-        """Connect and shake hands (within the per-read deadline, each step)."""
+        """Connect and shake hands: each read within the per-read deadline, all of it within
+        the total one."""
+        up = self.up
+        try:
+            async with asyncio.timeout(up.total_timeout):
+                await self._open(target, headers)
+        except TimeoutError:
+            raise E.upstream_timeout.at(base=up.base, what="the total deadline",
+                                        seconds=up.total_timeout,
+                                        flag="--upstream-timeout-s") from None
+
+    async def _open(self, target: str, headers: list[tuple[str, str]]) -> None:
         up = self.up
         try:
             self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(
@@ -320,7 +331,7 @@ class WSLink:
                     break
             elif isinstance(ev, RejectData):
                 body += ev.data[:4096 - len(body)]
-                if ev.body_finished:
+                if ev.body_finished or len(body) >= 4096:
                     break
             elif ev is None:
                 break

@@ -39,6 +39,7 @@ from ...streaming.stream import EventStream
 from ..cassette import KEEP_REQUEST, RECORDER, Recorder
 from ..upstream import WSLink
 from . import DIALECT, ENDPOINT, PATHS, Item, Job, RealtimeWS, _fail, error_event
+from . import tape as _tape
 from .tape import MAX_EVENTS, Tape, file_name
 
 if TYPE_CHECKING:
@@ -164,8 +165,8 @@ class RealtimeProxy(WSMode):
         if isinstance(msg, dict):
             try:
                 self._client(msg)
-            except (APIError, OverflowError):
-                self._abort(E.cassette_too_large.at(limit=self.rec.max_bytes))
+            except APIError as err:
+                self._abort(err)
                 return
         if not self.opened:
             self.queue.append(text)
@@ -178,7 +179,11 @@ class RealtimeProxy(WSMode):
             self.drainer = self._spawn(self._drain(link))
 
     def _client(self, msg: dict[str, Any]) -> None:
-        self.tape.client(msg)
+        try:
+            self.tape.client(msg)
+        except OverflowError:
+            raise E.realtime_record_too_long.at(what="client events",
+                                                limit=_tape.MAX_TAPE_EVENTS) from None
         t = msg.get("type")
         eid = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None
         if t == "response.create":
@@ -189,8 +194,10 @@ class RealtimeProxy(WSMode):
         self._check()
 
     def _check(self) -> None:
-        if self.tape.size + self.stored > self.rec.max_bytes or self.events > MAX_EVENTS:
+        if self.tape.size + self.stored > self.rec.max_bytes:
             raise E.cassette_too_large.at(limit=self.rec.max_bytes)
+        if self.events > MAX_EVENTS:
+            raise E.realtime_record_too_long.at(what="server events", limit=MAX_EVENTS)
 
     async def _drain(self, link: WSLink) -> None:
         await link.drain()
@@ -456,8 +463,10 @@ class RealtimeReplay(RealtimeWS):
         if isinstance(msg, dict):
             try:
                 self.tape.client(msg)
-            except OverflowError as exc:
-                self.conn.close(1008, str(exc)[:100])
+            except OverflowError:
+                self.conn.reject(E.realtime_record_too_long.at(
+                    what="client events", limit=_tape.MAX_TAPE_EVENTS))
+                self.conn.close(1008, "more client events than a cassette key holds")
                 return
         self._client_commit = isinstance(msg, dict) and msg.get(
             "type") == "input_audio_buffer.commit"
