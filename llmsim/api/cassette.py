@@ -28,6 +28,10 @@ status, headers, offsets and sizes bounded; :data:`MAX_CASSETTES` files of at mo
 :data:`MAX_CASSETTE_BYTES`, :data:`MAX_REPLAY_BYTES` in all; a recording reads at most
 ``--record-max-bytes`` per answer and writes ``--record-budget-bytes`` per session; SSE
 framing is incremental (each byte scanned once, :class:`SSEFramer`).
+
+A Realtime session (``/v1/realtime``) is one cassette of ``"kind": "realtime"``, validated and
+indexed here (:meth:`Cassettes.add_realtime`, keys by :class:`~.realtime.tape.Tape`); the
+proxy that records it and the session that replays it are :mod:`.realtime.record`.
 """
 
 from __future__ import annotations
