@@ -76,7 +76,10 @@ def _session(srv: Any) -> list[list[dict[str, Any]]]:
 def _summary(evs: list[dict[str, Any]]) -> dict[str, Any]:
     resp = evs[-1]["response"]
     return {"types": [e["type"] for e in evs],
-            "text": "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta"),
+            "text": "".join(e["delta"] for e in evs if e["type"] in (
+                "response.output_text.delta", "response.output_audio_transcript.delta")),
+            "audio": b"".join(base64.b64decode(e["delta"]) for e in evs
+                              if e["type"] == "response.output_audio.delta"),
             "args": [(o.get("name"), o.get("arguments")) for o in resp["output"]
                      if o["type"] == "function_call"],
             "usage": resp["usage"], "status": resp["status"]}
@@ -131,7 +134,7 @@ def _voice_turn(srv: Any) -> tuple[list[dict[str, Any]], list[str]]:
     seen = []
     with _oai(srv) as c, c.realtime.connect(model="gpt-realtime") as conn:
         validated(conn.recv_bytes())
-        conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+        conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
                                      "audio": {"input": {"turn_detection": {
                                          "type": "server_vad", "silence_duration_ms": 200}}}})
         assert validated(conn.recv_bytes())["type"] == "session.updated"
@@ -143,7 +146,7 @@ def _voice_turn(srv: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return out, seen
 
 
-def test_server_vad_turn_records_and_replays(make_server: Any, tmp_path: Path) -> None:
+def test_server_vad_turn_with_audio_out_records_and_replays(make_server: Any, tmp_path: Path) -> None:
     provider = make_server(output_tokens_mean=6, output_tokens_sigma=0, seed=4)
     rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
     recorded, seen = _voice_turn(rec)
@@ -156,6 +159,7 @@ def test_server_vad_turn_records_and_replays(make_server: Any, tmp_path: Path) -
     player = make_server(replay=str(tmp_path), replay_speed=0)
     replayed, _ = _voice_turn(player)
     assert _summary(replayed) == _summary(recorded)
+    assert len(_summary(replayed)["audio"]) > 4800 and _summary(replayed)["text"]
 
 
 def test_replay_miss_names_the_nearest_and_faults_apply(make_server: Any,
@@ -440,3 +444,63 @@ def test_client_events_of_a_session_are_bounded(make_server: Any, tmp_path: Path
                 if ev["type"] == "error":
                     assert "more server events" in ev["error"]["message"]
     _released(rec2)
+
+
+def test_record_modes_once_and_new_episodes(make_server: Any, tmp_path: Path) -> None:
+    provider = make_server(output_tokens_mean=8, output_tokens_sigma=0, seed=3)
+    cas = tmp_path / "c"
+    first = make_server(record_upstream=provider.url, cassettes=str(cas), record_mode="once")
+    recorded = _session(first)  # an empty directory: recorded
+    _until(lambda: len(list(cas.glob("*.json"))) == 1)
+    # once, on a directory that holds cassettes: replayed (the upstream is never asked)
+    dead = "http://127.0.0.1:9"
+    again = make_server(record_upstream=dead, cassettes=str(cas), record_mode="once",
+                        replay_speed=0)
+    assert [_summary(e) for e in _session(again)] == [_summary(e) for e in recorded]
+    # new_episodes: every session goes upstream; one with nothing new is not written again
+    f = next(cas.glob("*.json"))
+    before = f.stat().st_mtime_ns
+    ne = make_server(record_upstream=provider.url, cassettes=str(cas),
+                     record_mode="new_episodes")
+    _session(ne)
+    with _oai(ne) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        _user(conn, "Something new.")
+        conn.response.create()
+        recv_until(conn, "response.done")
+    _until(lambda: len(list(cas.glob("*.json"))) == 2)
+    _released(ne)
+    assert f.stat().st_mtime_ns == before
+
+
+def test_tape_keys_ignore_ids_and_chunking_and_digest_audio() -> None:
+    from llmsim.api.cassette import VOLATILE
+    from llmsim.api.realtime.tape import Tape
+
+    audio = pcm(400, 3000)
+
+    def key(chunks: list[bytes], eid: str, item_id: str, **extra: Any) -> tuple[str, Tape]:
+        t = Tape("/v1/realtime", "gpt-realtime", VOLATILE)
+        for ch in chunks:
+            t.client({"type": "input_audio_buffer.append", "event_id": eid,
+                      "audio": base64.b64encode(ch).decode()})
+        t.client({"type": "input_audio_buffer.commit", "event_id": eid})
+        t.client({"type": "conversation.item.create", "event_id": eid, "previous_item_id": "x",
+                  "item": {"id": item_id, "type": "message", "role": "user", "content": [
+                      {"type": "input_audio", "audio": base64.b64encode(audio).decode()}]}})
+        t.client({"type": "conversation.item.retrieve", "item_id": item_id})  # not key material
+        t.client({"type": "response.create", "event_id": eid,
+                  "response": {"metadata": {"run": eid}, **extra}})
+        return t.cut(), t
+
+    k1, t1 = key([audio], "e1", "item_a")
+    k2, _ = key([audio[:1000], audio[1000:]], "e2", "item_b")
+    assert k1 == k2
+    assert key([audio[:1000]], "e1", "item_a")[0] != k1  # other audio, another key
+    assert key([audio], "e1", "item_a", instructions="x")[0] != k1
+    text = json.dumps(t1.events)
+    assert len(text) < 1000 and base64.b64encode(audio[:30]).decode() not in text
+    assert [e["type"] for e in t1.events] == ["input_audio_buffer.append",
+                                              "input_audio_buffer.commit",
+                                              "conversation.item.create", "response.create"]
+    assert t1.events[2]["item"]["content"][0]["audio"]["bytes"] == len(audio)

@@ -305,6 +305,9 @@ class RealtimeProxy(WSMode):
             status = resp.get("status") if isinstance(resp, dict) else None
             if status != "failed" or self.rec.record_errors:
                 self.saved.append((cap.trigger, cap.events))
+            conn = self.conn
+            if conn.draining and not conn.closing and self.idle:  # a graceful shutdown
+                conn.close(1001, "server shutting down")
 
     # -- the end ------------------------------------------------------------------------------
     def _abort(self, err: APIError) -> None:
@@ -341,7 +344,11 @@ class RealtimeProxy(WSMode):
                  "headers": {k: v for k, v in self.handshake.headers.items()
                              if k in KEEP_REQUEST},
                  "responses": responses}
-        self.rec.write(file_name(self.model, saved[-1][0].key), entry)
+        try:
+            self.rec.write(file_name(self.model, saved[-1][0].key), entry)
+        except RuntimeError:  # (the loop or its executor is shutting down)
+            log.warning("the Realtime session %s was not written: the server is stopping",
+                        saved[-1][0].key[:12])
 
 
 # ------------------------------------------------------------------------------------------
