@@ -504,3 +504,41 @@ def test_tape_keys_ignore_ids_and_chunking_and_digest_audio() -> None:
                                               "input_audio_buffer.commit",
                                               "conversation.item.create", "response.create"]
     assert t1.events[2]["item"]["content"][0]["audio"]["bytes"] == len(audio)
+
+
+def test_events_are_held_until_the_upstream_accepts_then_pass_live(make_server: Any,
+                                                                   tmp_path: Path) -> None:
+    import threading
+
+    accept, seen_created = threading.Event(), threading.Event()
+    got: list[dict[str, Any]] = []
+
+    def script(peer: WSPeer) -> None:
+        got.append(peer.recv_type("session.update"))  # sent before the upgrade was accepted
+        _session_created(peer)
+        peer.recv_type("response.create")
+        rid = {"id": "resp_1", "object": "realtime.response", "status": "in_progress",
+               "output": []}
+        peer.send(json.dumps({"type": "response.created", "event_id": "e1",
+                              "response": rid}))
+        assert seen_created.wait(10)  # the client has it before the upstream goes on
+        peer.send(json.dumps({"type": "response.done", "event_id": "e2",
+                              "response": {**rid, "status": "completed"}}))
+
+    up = FakeWSUpstream(script, before_accept=lambda: accept.wait(10))
+    rec = make_server(record_upstream=up.url, cassettes=str(tmp_path))
+    with _oai(rec) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        conn.session.update(session={"type": "realtime", "instructions": "held"})
+        accept.set()
+        assert json.loads(conn.recv_bytes())["type"] == "session.created"
+        conn.response.create()
+        assert json.loads(conn.recv_bytes())["type"] == "response.created"
+        seen_created.set()
+        assert json.loads(conn.recv_bytes())["type"] == "response.done"
+    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    assert got[0]["session"]["instructions"] == "held"
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [e[1]["type"] for e in data["responses"][0]["events"]] == ["response.created",
+                                                                      "response.done"]
+    _released(rec)
+    up.close()

@@ -271,8 +271,10 @@ class FakeWSUpstream:
     """A WebSocket upstream on 127.0.0.1: accepts the upgrade, then runs ``script(peer)``;
     counts connections, their handshakes' headers, and the ones the recorder closed."""
 
-    def __init__(self, script: Callable[[WSPeer], None]) -> None:
+    def __init__(self, script: Callable[[WSPeer], None],
+                 before_accept: Callable[[], None] | None = None) -> None:
         self.script = script
+        self.before_accept = before_accept
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(16)
@@ -309,6 +311,8 @@ class FakeWSUpstream:
                     with self.lock:
                         self.headers.append({k.decode().lower(): v.decode()
                                              for k, v in req.extra_headers})
+                    if self.before_accept is not None:
+                        self.before_accept()
                     s.sendall(ws.send(AcceptConnection()))
                     break
             self.script(peer)
