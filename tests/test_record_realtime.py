@@ -143,6 +143,10 @@ def _voice_turn(srv: Any) -> tuple[list[dict[str, Any]], list[str]]:
         evs = recv_until(conn, "response.done")
         seen = [e["type"] for e in evs]
         out = evs[seen.index("response.created"):]
+        # the client stops playing after 100 ms: the item is cut there
+        said = out[-1]["response"]["output"][0]["id"]
+        conn.conversation.item.truncate(item_id=said, content_index=0, audio_end_ms=100)
+        assert validated(conn.recv_bytes())["type"] == "conversation.item.truncated"
     return out, seen
 
 

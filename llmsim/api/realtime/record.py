@@ -40,6 +40,7 @@ from ..cassette import KEEP_REQUEST, RECORDER, Recorder
 from ..upstream import WSLink
 from . import DIALECT, ENDPOINT, PATHS, Item, Job, RealtimeWS, _fail, error_event
 from . import tape as _tape
+from .audio import bytes_per_ms
 from .tape import MAX_EVENTS, Tape, file_name
 
 if TYPE_CHECKING:
@@ -427,6 +428,7 @@ def _replay_plan(job: Job, mode: RealtimeReplay, recorded: list[Any],
         p = ev.get("previous_item_id")
         if isinstance(p, str) and p not in ids:
             ids[p] = prev_local
+    per_ms = bytes_per_ms(job.fmt.get("type", "audio/pcm"))
     last = 0.0
     for t, ev in recorded:
         wait = 0.0 if speed <= 0 else max(0.0, (t - last) / speed)
@@ -438,6 +440,11 @@ def _replay_plan(job: Job, mode: RealtimeReplay, recorded: list[Any],
         if etype == "response.output_item.added" and isinstance(item, dict) and job.write \
                 and isinstance(item.get("id"), str) and item["id"] not in mode.items:
             mode.add_item(Item(dict(item), ""), emit=False)
+        elif etype == "response.output_audio.delta" and isinstance(data.get("delta"), str):
+            it = mode.items.get(data.get("item_id"))  # type: ignore[arg-type]
+            if it is not None:  # (so a client can truncate what it has played)
+                b64 = data["delta"]
+                it.audio_ms += (len(b64) * 3 // 4 - b64[-2:].count("=")) // per_ms
         elif etype == "response.output_item.done" and isinstance(item, dict):
             mode.fill_item(item)
             job.output.append(item)
