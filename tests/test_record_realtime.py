@@ -546,3 +546,35 @@ def test_events_are_held_until_the_upstream_accepts_then_pass_live(make_server: 
                                                                       "response.done"]
     _released(rec)
     up.close()
+
+
+def test_a_refused_response_create_does_not_shift_the_keys(make_server: Any,
+                                                           tmp_path: Path) -> None:
+    provider = make_server(latency="realistic", ttft_ms=300, output_tokens_mean=8,
+                           output_tokens_sigma=0, seed=3)
+    rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
+    with _oai(rec) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        _user(conn, "Say hello.")
+        conn.response.create()
+        conn.response.create()  # refused by the upstream: a response is running
+        evs = recv_until(conn, "response.done")
+        err = next(e for e in evs if e["type"] == "error")
+        assert err["error"]["code"] == "conversation_already_has_active_response"
+        assert err["error"]["event_id"].startswith("event_llmsim_")
+        _user(conn, "And again.")
+        conn.response.create()
+        recorded = recv_until(conn, "response.done")
+    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [len(r["client"]) for r in data["responses"]] == [2, 3]
+    player = make_server(replay=str(tmp_path), replay_speed=0)
+    with _oai(player) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        validated(conn.recv_bytes())
+        _user(conn, "Say hello.")
+        conn.response.create()
+        conn.response.create()
+        recv_until(conn, "response.done")
+        _user(conn, "And again.")
+        conn.response.create()
+        assert _summary(recv_until(conn, "response.done")) == _summary(recorded)

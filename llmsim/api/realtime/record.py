@@ -56,6 +56,8 @@ FORWARD_HEADERS = frozenset(("authorization", "api-key", "openai-organization",
 QUEUE_MAX = 256  # client messages held while the upstream handshake runs
 HIGH_WATER = 1 << 20  # bytes queued for the upstream before the client is read no further
 REMAPPED = frozenset(("id", "item_id", "response_id", "previous_item_id"))
+# client events an upstream error must be matched to (given an event_id when they have none)
+TRACKED = frozenset(("response.create", "input_audio_buffer.commit"))
 
 
 def _query_model(handshake: Request) -> str:
@@ -119,6 +121,7 @@ class RealtimeProxy(WSMode):
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.ended = False
+        self.ids = 0  # event ids given to the client's tracked events
 
     # -- WSMode ------------------------------------------------------------------------------
     def attach(self, conn: Any) -> None:
@@ -164,6 +167,11 @@ class RealtimeProxy(WSMode):
         except orjson.JSONDecodeError:
             msg = None  # (passed on: the upstream answers it)
         if isinstance(msg, dict):
+            if msg.get("type") in TRACKED and "event_id" not in msg:
+                # an id of ours, so an error the upstream answers it with names it
+                self.ids += 1
+                msg["event_id"] = f"event_llmsim_{self.ids}"
+                text = orjson.dumps(msg).decode()
             try:
                 self._client(msg)
             except APIError as err:
