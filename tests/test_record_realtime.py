@@ -578,3 +578,17 @@ def test_a_refused_response_create_does_not_shift_the_keys(make_server: Any,
         _user(conn, "And again.")
         conn.response.create()
         assert _summary(recv_until(conn, "response.done")) == _summary(recorded)
+
+
+def test_bad_realtime_cassette_is_a_start_up_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = json.loads(json.dumps(GOOD))
+    bad["responses"][0]["events"].pop()
+    (tmp_path / "evil.json").write_text(json.dumps(bad))
+    out = subprocess.run([sys.executable, "-m", "llmsim", "--replay", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "evil.json: responses[0].events: from response.created to response.done" \
+        in out.stderr
