@@ -592,3 +592,30 @@ def test_bad_realtime_cassette_is_a_start_up_error(tmp_path: Path) -> None:
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "evil.json: responses[0].events: from response.created to response.done" \
         in out.stderr
+
+
+def test_a_slow_client_slows_the_upstream_down(make_server: Any, tmp_path: Path) -> None:
+    from llmsim.transport.ws import state
+
+    n, size = 300, 32 * 1024
+    sent: list[int] = []
+
+    def script(peer: WSPeer) -> None:
+        _session_created(peer)
+        peer.recv_type("response.create")
+        for i in range(n):
+            peer.send(json.dumps({"type": "llmsim.test", "i": i, "pad": "x" * size}))
+            sent.append(i)
+
+    up = FakeWSUpstream(script)
+    rec = make_server(record_upstream=up.url, cassettes=str(tmp_path))
+    with _oai(rec) as c, c.realtime.connect(model="gpt-realtime") as conn:
+        conn.recv_bytes()
+        conn.response.create()
+        (ws,) = state(rec.app).sessions
+        _until(lambda: not ws.mode.resumed.is_set())  # the recorder stopped reading upstream
+        assert ws.transport.get_write_buffer_size() < 1024 * 1024  # (not the whole stream)
+        got = [json.loads(conn.recv_bytes())["i"] for _ in range(n)]
+        assert got == list(range(n))  # resumed: everything, in order
+    _released(rec)
+    up.close()
