@@ -31,6 +31,7 @@ from .api import (
     responses,
     serving,
 )
+from .api.realtime import record as realtime_record
 from .app import App, install_with
 
 __all__ = ["MODULES", "install"]
@@ -38,7 +39,8 @@ __all__ = ["MODULES", "install"]
 # one line per family or feature; the order is the order of the routes (cassette last:
 # record/replay replaces the generation routes)
 MODULES = (models, chat, completions, embeddings, responses, realtime, anthropic, gemini, ollama, azure,
-           bedrock, images, audio, moderations, media, faults, serving, admin, clients, cassette)  # cassette last: record/replay replace generation routes
+           bedrock, images, audio, moderations, media, faults, serving, admin, clients, cassette,
+           realtime_record)  # cassette last: record/replay replace generation routes
 
 
 def install(app: App) -> None:

@@ -423,7 +423,8 @@ class Config(_Checked):
         metavar="ID:SECRET")
     strict_models: bool = opt(False, "Reject unknown model ids with 404 model_not_found "
                               "(default: accept any id with the default profile).")
-    replay: str | None = opt(None, "Serve the generation endpoints from the cassettes in this "
+    replay: str | None = opt(None, "Serve the generation endpoints (and Realtime sessions' "
+                             "responses) from the cassettes in this "
                              "directory (recorded with `llmsim record`), matched by method, "
                              "path, stream and the normalised body (docs/record-replay.md).",
                              metavar="DIR")
@@ -432,7 +433,8 @@ class Config(_Checked):
     record_upstream: str | None = opt(None, "Record (`llmsim record --upstream URL`): proxy "
                                       "the generation endpoints to this http:// or https:// "
                                       "base URL (e.g. https://api.openai.com) and save each "
-                                      "exchange to --cassettes.", metavar="URL")
+                                      "exchange to --cassettes (a /v1/realtime WebSocket "
+                                      "session: one cassette).", metavar="URL")
     record_route: tuple[str, ...] = opt((), "Record: send one family's requests to its own "
                                         "upstream, NAME=URL with NAME openai, anthropic, "
                                         "gemini, ollama, bedrock or a path prefix such as "

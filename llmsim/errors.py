@@ -586,6 +586,15 @@ class E:
                                "stream and the body without its ignored fields). {nearest}",
                                names_param=False, clip=("nearest",))
 
+    realtime_record_too_long = Entry(502, None, "This Realtime session has more {what} than "
+                                     "a cassette may hold ({limit}); the recording ends here.",
+                                     type="server_error", names_param=False)
+    realtime_cassette_not_found = Entry(404, "cassette_not_found", "No cassette answers this "
+                                        "Realtime response (key {key}; matching uses the "
+                                        "path, the model and the client's events so far, "
+                                        "without ids and ignored fields). {nearest}",
+                                        names_param=False, clip=("nearest",))
+
     # --- WebSocket and shared state ----------------------------------------------------------
     websocket_unsupported = Entry(400, "websocket_not_supported", "WebSocket is not supported "
                                   "on this server.", names_param=False)

@@ -213,3 +213,118 @@ class TLSFront:
 
     def close(self) -> None:
         self.lsock.close()
+
+
+# ------------------------------------------------------------------------------------------
+# WebSocket
+# ------------------------------------------------------------------------------------------
+
+class WSPeer:
+    """The upstream's side of one WebSocket connection, for a :class:`FakeWSUpstream` script."""
+
+    def __init__(self, sock: socket.socket, ws: Any) -> None:
+        self.sock = sock
+        self.ws = ws
+        self.pending: list[Any] = []
+
+    def send(self, text: str) -> None:
+        from wsproto.events import TextMessage
+
+        self.sock.sendall(self.ws.send(TextMessage(data=text)))
+
+    def recv(self) -> str | None:
+        """The client's next text message (None: it closed)."""
+        from wsproto.events import CloseConnection, TextMessage
+
+        parts: list[str] = []
+        while True:
+            while not self.pending:
+                data = self.sock.recv(65536)
+                self.ws.receive_data(data or None)
+                self.pending.extend(self.ws.events())
+                if not data and not self.pending:
+                    return None
+            ev = self.pending.pop(0)
+            if isinstance(ev, CloseConnection):
+                return None
+            if isinstance(ev, TextMessage):
+                parts.append(ev.data)
+                if ev.message_finished:
+                    return "".join(parts)
+
+    def recv_type(self, etype: str) -> dict[str, Any]:
+        import json
+
+        while True:
+            text = self.recv()
+            assert text is not None, f"closed before {etype}"
+            ev = json.loads(text)
+            if ev.get("type") == etype:
+                return ev  # type: ignore[no-any-return]
+
+    def drop(self) -> None:
+        """Close the TCP connection without a close frame."""
+        self.sock.close()
+
+
+class FakeWSUpstream:
+    """A WebSocket upstream on 127.0.0.1: accepts the upgrade, then runs ``script(peer)``;
+    counts connections, their handshakes' headers, and the ones the recorder closed."""
+
+    def __init__(self, script: Callable[[WSPeer], None],
+                 before_accept: Callable[[], None] | None = None) -> None:
+        self.script = script
+        self.before_accept = before_accept
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.opened = 0
+        self.ended = 0  # connections whose peer (the recorder) closed them
+        self.headers: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                s, _ = self.lsock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.opened += 1
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s: socket.socket) -> None:
+        from wsproto import ConnectionType, WSConnection
+        from wsproto.events import AcceptConnection, Request
+
+        ws = WSConnection(ConnectionType.SERVER)
+        peer = WSPeer(s, ws)
+        s.settimeout(30)
+        try:
+            while True:
+                ws.receive_data(s.recv(65536))
+                evs = list(ws.events())
+                req = next((e for e in evs if isinstance(e, Request)), None)
+                if req is not None:
+                    with self.lock:
+                        self.headers.append({k.decode().lower(): v.decode()
+                                             for k, v in req.extra_headers})
+                    if self.before_accept is not None:
+                        self.before_accept()
+                    s.sendall(ws.send(AcceptConnection()))
+                    break
+            self.script(peer)
+            if s.fileno() >= 0:  # the script left it open: wait for the recorder to close
+                while peer.recv() is not None:
+                    pass
+                with self.lock:
+                    self.ended += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    def close(self) -> None:
+        self.lsock.close()

@@ -34,6 +34,10 @@ status, headers, offsets and sizes bounded; :data:`MAX_CASSETTES` files of at mo
 ``--record-max-bytes`` per answer (an event-stream message announcing more is refused from
 its prelude) and writes ``--record-budget-bytes`` per session; framing is incremental
 (each byte scanned once, :class:`SSEFramer` and :mod:`.framing`).
+
+A Realtime session (``/v1/realtime``) is one cassette of ``"kind": "realtime"``, validated and
+indexed here (:meth:`Cassettes.add_realtime`, keys by :class:`~.realtime.tape.Tape`); the
+proxy that records it and the session that replays it are :mod:`.realtime.record`.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import orjson
 
 from ..config import ConfigError
 from ..errors import APIError, E, bounded
-from ..messages import RawResponse, Request, StreamResponse
+from ..messages import Key, RawResponse, Request, StreamResponse
 from ..streaming.dialect import Dialect
 from ..streaming.stream import EventStream
 from . import bedrock, gemini, ollama
@@ -69,16 +73,18 @@ from .framing import (
     decode_message,
     ndjson_line,
 )
+from .realtime import tape as rt_tape
 from .upstream import HOP_HEADERS, Exchange, Upstream
 
 if TYPE_CHECKING:
     from ..streaming.clock import Timer
     from .services import Host, Services
 
-__all__ = ["register", "preflight", "cassette_key", "load_cassettes", "Cassettes", "CassetteError",
-           "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
+__all__ = ["register", "preflight", "RECORDER", "Recorder", "cassette_key", "load_cassettes",
+           "Cassettes", "CassetteError", "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
 
 log = logging.getLogger("llmsim.cassette")
+RECORDER: Key[Recorder] = Key("cassette.recorder")  # in App.features when configured
 
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
          "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations")
@@ -323,6 +329,13 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
     CassetteError naming ``name`` and the field."""
     if not isinstance(entry, dict):
         raise _fail(name, "(top level)", "an object with request and response")
+    if entry.get("kind") == "realtime":
+        try:
+            session = rt_tape.validate(entry)
+        except rt_tape.RealtimeError as exc:
+            raise CassetteError(f"{name}: {exc}") from None
+        session["headers"] = _headers(entry.get("headers"), name, "headers")
+        return session
     rq, rs = entry.get("request"), entry.get("response")
     if not isinstance(rq, dict):
         raise _fail(name, "request", "an object")
@@ -417,11 +430,17 @@ class Cassettes:
         self.names: dict[str, str] = {}  # key → file name
         self.by_path: dict[tuple[str, str], list[str]] = {}  # (method, path) → keys
         self.loaded = 0  # how many came from the directory at start-up
+        # Realtime: each recorded response by its key (with its cassette's name); each
+        # session's client events and where its responses cut them (the not-found diff)
+        self.realtime: dict[str, tuple[dict[str, Any], str]] = {}
+        self.sessions: list[tuple[str, str, str, list[dict[str, Any]]]] = []
 
     def key(self, method: str, path: str, body: bytes | str) -> str:
         return cassette_key(method, path, body, self.ignore)
 
     def add(self, entry: dict[str, Any], name: str) -> str:
+        if entry.get("kind") == "realtime":
+            return self.add_realtime(entry, name)
         rq = entry["request"]
         key = self.key(rq["method"], rq["path"], rq["body"])
         if key not in self.by_key:
@@ -431,6 +450,46 @@ class Cassettes:
         self.by_model.setdefault((rq["method"], rq["path"], _model(rq["path"], rq["body"]),
                                   _is_stream(rq["path"], rq["body"])), entry)
         return key
+
+    def add_realtime(self, entry: dict[str, Any], name: str) -> str:
+        """Index a Realtime session's responses by their keys (:class:`~.realtime.tape.Tape`,
+        fed the recorded client events as the live session is)."""
+        tape = rt_tape.Tape(entry["path"], entry["model"], self.ignore)
+        key = ""
+        for r in entry["responses"]:
+            for ev in r["client"]:
+                tape.add(ev)
+            key = tape.cut()
+            self.realtime[key] = (r, name)
+        if len(self.sessions) < NEAREST_SCAN:
+            self.sessions.append((name, entry["path"], entry["model"], tape.events))
+        return key
+
+    def realtime_nearest(self, path: str, model: str, events: list[dict[str, Any]]) -> str:
+        """Which recorded session this one follows longest, and where it parts from it."""
+        best: tuple[int, str, list[dict[str, Any]]] | None = None
+        for name, p, m, theirs in self.sessions:
+            if (p, m) != (path, model):
+                continue
+            n = 0
+            for a, b in zip(events, theirs, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if best is None or n > best[0]:
+                best = (n, name, theirs)
+        if best is None:
+            return f"No Realtime session was recorded for {path} with model {model!r}."
+        n, name, theirs = best
+        here = events[n] if n < len(events) else None
+        there = theirs[n] if n < len(theirs) else None
+        if here is not None and there is not None and here.get("type") == there.get("type"):
+            how = f"{here['type']} with {', '.join(_diff(here, there)) or 'nothing'} differing"
+        else:
+            how = (f"{here['type'] if here else 'no event'} here, "
+                   f"{there['type'] if there else 'no event'} there")
+        return (f"Nearest: {name}, which has the same first {n} client events, then at "
+                f"event {n}: {how}.")
 
     def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
         hit = self.by_key.get(key)
@@ -503,7 +562,7 @@ def load_cassettes(directory: str, ignore: frozenset[str] = VOLATILE) -> Cassett
         except orjson.JSONDecodeError as exc:
             raise CassetteError(f"{full}: not valid JSON ({exc})") from None
         store.add(validate(data, full), name)
-    store.loaded = len(store.by_key)
+    store.loaded = len(store.by_key) + len(store.realtime)
     return store
 
 
@@ -903,8 +962,12 @@ class Recorder:
                         "body": req.body.decode("utf-8", "replace")},
             "response": {"status": ex.status, "content_type": ctype, "headers": kept,
                          **answer}}
-        name = file_name(req.path, _model(req.path, req.body), _is_stream(req.path, req.body),
-                         key)
+        return self.write(file_name(req.path, _model(req.path, req.body),
+                                    _is_stream(req.path, req.body), key), entry)
+
+    def write(self, name: str, entry: dict[str, Any]) -> asyncio.Future[bool] | None:
+        """Write ``entry`` as ``name`` within the session's budget (None: over it); it
+        joins the loaded cassettes once written."""
         data = orjson.dumps(entry, option=orjson.OPT_INDENT_2)
         if self.budget and self.written + len(data) > self.budget:
             log.warning("record budget spent: %s not written", name)
@@ -989,6 +1052,7 @@ def register(app: Host) -> None:
                 up.close()
 
     app.on_stop.append(stop)
+    app.set_feature(RECORDER, rec)
     for path in PATHS:
         app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
                        aliases=path not in ANTHROPIC_PATHS,

@@ -1,4 +1,4 @@
-"""The recorder's HTTP/1.1 client: one base URL (``http://`` or ``https://``), kept-alive
+"""The recorder's HTTP/1.1 and WebSocket client: one base URL (``http://`` or ``https://``), kept-alive
 connections, and deadlines on every wait.
 
 TLS uses the standard library's :mod:`ssl` with the system trust store, plus ``ca`` (a PEM
@@ -9,6 +9,10 @@ a timeout is a 504 ``upstream_timeout``, any other failure (refused, reset, TLS,
 answer) a 502 ``upstream_error``. An exchange read to its end returns its connection to the
 pool (at most :data:`POOL_SIZE` idle ones); one abandoned midway (the client left, a bound was
 hit) closes it.
+
+:class:`WSLink` is one WebSocket connection to the upstream (a recorded Realtime session,
+``ws://`` or ``wss://`` as the base is http or https, with the same TLS): the handshake within
+the read deadline, then text messages reassembled under a size bound.
 """
 
 from __future__ import annotations
@@ -20,10 +24,23 @@ from collections.abc import AsyncGenerator, Mapping
 from urllib.parse import urlencode, urlsplit
 
 import h11
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from ..errors import APIError, E
 
-__all__ = ["Upstream", "Exchange", "HOP_HEADERS"]
+__all__ = ["Upstream", "Exchange", "HOP_HEADERS", "WSLink"]
 
 POOL_SIZE = 8
 READ_BYTES = 65536
@@ -252,3 +269,162 @@ class Exchange:
             self.up._give(reader, writer)
         else:
             writer.close()
+
+
+class WSLink:
+    """One WebSocket connection to the upstream: :meth:`open`, then :meth:`send` and
+    :meth:`recv` text messages, :meth:`close` (every path). A message above ``max_bytes``
+    or a binary one is a 502 ``upstream_error``."""
+
+    def __init__(self, up: Upstream, max_bytes: int) -> None:
+        self.up = up
+        self.max_bytes = max_bytes
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.close_code: int | None = None  # the upstream's close code (1006: no close frame)
+        self.close_reason = ""
+        self._parts: list[str] = []
+        self._size = 0
+        self._events: list[object] = []
+
+    def _failed(self, reason: str) -> APIError:
+        return E.upstream_error.at(base=self.up.base, reason=reason)
+
+    async def open(self, target: str, headers: list[tuple[str, str]]) -> None:
+        """Connect and shake hands: each read within the per-read deadline, all of it within
+        the total one."""
+        up = self.up
+        try:
+            async with asyncio.timeout(up.total_timeout):
+                await self._open(target, headers)
+        except TimeoutError:
+            raise E.upstream_timeout.at(base=up.base, what="the total deadline",
+                                        seconds=up.total_timeout,
+                                        flag="--upstream-timeout-s") from None
+
+    async def _open(self, target: str, headers: list[tuple[str, str]]) -> None:
+        up = self.up
+        try:
+            self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(
+                up.host, up.port, ssl=up.ssl,
+                server_hostname=up.host if up.ssl is not None else None,
+                limit=READ_BYTES), up.read_timeout)
+        except TimeoutError:
+            raise E.upstream_timeout.at(base=up.base, what="the per-read deadline",
+                                        seconds=up.read_timeout,
+                                        flag="--upstream-read-timeout-s") from None
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise self._failed(type(exc).__name__ + (f": {exc}" if str(exc) else "")) from None
+        self._write(self.ws.send(Request(host=up.netloc, target=target,
+                                         extra_headers=[(k.encode(), v.encode())
+                                                        for k, v in headers])))
+        status = 0
+        body = b""
+        while True:
+            ev = await self._next(up.read_timeout)
+            if isinstance(ev, AcceptConnection):
+                return
+            if isinstance(ev, RejectConnection):
+                status = ev.status_code
+                if not ev.has_body:
+                    break
+            elif isinstance(ev, RejectData):
+                body += ev.data[:4096 - len(body)]
+                if ev.body_finished or len(body) >= 4096:
+                    break
+            elif ev is None:
+                break
+        detail = body.decode("utf-8", "replace").strip()[:300]
+        raise self._failed(f"the WebSocket upgrade was refused with status {status}"
+                           + (f": {detail}" if detail else "") if status
+                           else "the connection closed during the WebSocket upgrade")
+
+    def _write(self, data: bytes) -> None:
+        w = self.writer
+        if w is not None and not w.is_closing():
+            w.write(data)
+
+    async def _next(self, timeout: float | None = None) -> object:
+        """The next wsproto event (None: the connection ended)."""
+        while not self._events:
+            if self.reader is None:
+                return None
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_BYTES), timeout)
+            except TimeoutError:
+                raise E.upstream_timeout.at(base=self.up.base, what="the per-read deadline",
+                                            seconds=self.up.read_timeout,
+                                            flag="--upstream-read-timeout-s") from None
+            except (OSError, ssl.SSLError) as exc:
+                raise self._failed(type(exc).__name__) from None
+            try:
+                self.ws.receive_data(data or None)
+                self._events.extend(self.ws.events())
+            except (RemoteProtocolError, LocalProtocolError) as exc:
+                raise self._failed(f"a WebSocket protocol error ({exc})") from None
+            if not data and not self._events:
+                return None
+        return self._events.pop(0)
+
+    async def recv(self) -> str | None:
+        """The next text message; None when the upstream closed (:attr:`close_code`)."""
+        while True:
+            ev = await self._next()
+            if ev is None:
+                if self.close_code is None:
+                    self.close_code = 1006
+                return None
+            if isinstance(ev, TextMessage):
+                data = ev.data
+                self._size += len(data) if data.isascii() else len(data.encode())
+                if self._size > self.max_bytes:
+                    raise self._failed(f"a message larger than {self.max_bytes} bytes")
+                self._parts.append(data)
+                if ev.message_finished:
+                    text = "".join(self._parts)
+                    self._parts = []
+                    self._size = 0
+                    return text
+            elif isinstance(ev, BytesMessage):
+                raise self._failed("a binary message (the Realtime API sends text)")
+            elif isinstance(ev, Ping):
+                self._write(self.ws.send(ev.response()))
+            elif isinstance(ev, CloseConnection):
+                self.close_code, self.close_reason = ev.code, ev.reason or ""
+                try:
+                    self._write(self.ws.send(ev.response()))
+                except LocalProtocolError:
+                    pass
+                return None
+
+    def send(self, text: str) -> None:
+        try:
+            self._write(self.ws.send(TextMessage(data=text)))
+        except LocalProtocolError:  # (closed meanwhile: the reader reports it)
+            pass
+
+    def buffered(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        w = self.writer
+        return w.transport.get_write_buffer_size() if w is not None else 0
+
+    async def drain(self) -> None:
+        w = self.writer
+        if w is not None and not w.is_closing():
+            try:
+                await w.drain()
+            except (OSError, ssl.SSLError):
+                pass
+
+    def close(self, code: int = 1000) -> None:
+        """Say goodbye (a close frame when the connection is open) and close the socket."""
+        w, self.writer, self.reader = self.writer, None, None
+        if w is None:
+            return
+        try:
+            if self.ws.state is ConnectionState.OPEN and not w.is_closing():
+                w.write(self.ws.send(CloseConnection(code=code)))
+        except LocalProtocolError:
+            pass
+        w.close()

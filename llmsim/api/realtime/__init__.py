@@ -66,7 +66,7 @@ from .session import (
 if TYPE_CHECKING:
     from ..services import Host, Services
 
-__all__ = ["RealtimeWS", "PATHS", "register", "DIALECT"]
+__all__ = ["RealtimeWS", "PATHS", "register", "DIALECT", "Item", "Job", "error_event"]
 
 log = logging.getLogger("llmsim")
 PATHS = ("/v1/realtime", "/openai/v1/realtime")
@@ -548,6 +548,8 @@ ROUTE = Route("POST", "/v1/realtime", _generate, ENDPOINT, stream_capable=True, 
 class RealtimeWS(WSMode):
     """The Realtime mode of one connection: session, conversation, audio buffer, response."""
 
+    route = ROUTE  # what a response is dispatched to (the replay mode has its own)
+
     def __init__(self, app: Host, handshake: Request) -> None:
         self.app = app
         q = handshake.query.get("model") or [""]
@@ -947,7 +949,7 @@ class RealtimeWS(WSMode):
     async def _run(self, job: Job) -> None:
         assert job.req is not None
         try:
-            res = await self.app.dispatch(job.req, ROUTE)
+            res = await self.app.dispatch(job.req, self.route)
         except asyncio.CancelledError:
             self._job_done(job, "cancelled")
             return
