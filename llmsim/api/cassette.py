@@ -19,7 +19,15 @@ of the body, so a stream never gets a JSON answer or the reverse. Mode ``none`` 
 the first cassette of the same path, model and ``stream``; else a 404
 ``cassette_not_found`` in the family's error shape names the nearest cassette and how it
 differs. Streams are paced at the recorded offsets divided by ``--replay-speed`` (0: at once),
-JSON answers wait their recorded duration likewise. Modes (VCR's): ``none`` replays only;
+JSON answers wait their recorded duration likewise.
+
+Uploads and binary answers (the media routes): a ``multipart/form-data`` body is keyed and
+kept as its parts (:func:`describe_form`: text values, each file by name, content type, size
+and SHA-256 — never its bytes, never the random boundary), a non-UTF-8 body by its digest
+(``raw``); an answer that is not UTF-8 text is kept in base64 (``body_b64``), a binary one
+sent without a length (chunked audio) streamed through live and kept as timed ``chunks``; an
+images ``url`` answer's files are fetched while recording (``files``) and served from the
+replaying server's file store under a local URL. Modes (VCR's): ``none`` replays only;
 ``once`` replays when the directory held cassettes at start-up, else records everything;
 ``new_episodes`` replays what matches and records the rest; ``all`` always records.
 
