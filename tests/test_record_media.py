@@ -11,12 +11,15 @@ import io
 import json
 import subprocess
 import sys
+import threading
+import time
 import wave
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from PIL import Image
 
@@ -24,7 +27,7 @@ from llmsim.api.cassette import CassetteError, _answer, load_cassettes
 from llmsim.sim import audio as au
 
 from . import rawhttp
-from .upstreams import FakeUpstream, head
+from .upstreams import FakeUpstream, chunk, head
 
 TEXT = "Recorded voices come back exactly as they were spoken."
 
@@ -41,6 +44,14 @@ def _wav(seconds: float) -> bytes:
 
 def _oai(srv: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-SECRET-9", max_retries=0)
+
+
+def _until(cond: Any, limit_s: float = 10.0) -> None:
+    """Wait for ``cond`` (an event, not a time budget: ``limit_s`` only ends a hung test)."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < limit_s, "condition not reached"
+        time.sleep(0.02)
 
 
 def _cassettes(d: Path) -> list[dict[str, Any]]:
@@ -243,7 +254,7 @@ def test_binary_answers_over_the_recording_bounds(make_server: Any, tmp_path: Pa
         c.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
                               response_format="wav").read()
     assert list((tmp_path / "a").glob("*.json")) == []
-    assert httpx.get(rec.url + "/llmsim/stats").json()["active"]["streams"] == 0
+    _until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["streams"] == 0)
 
     # a binary answer with a length over the bound: a 502 naming the option
     blob = bytes(range(256)) * 40
@@ -361,3 +372,45 @@ def test_a_binary_request_body_is_keyed_by_its_digest(make_server: Any,
     assert rawhttp.request(player.url, "POST", "/v1/moderations", body).body == b"{}"
     r = rawhttp.request(player.url, "POST", "/v1/moderations", body[:-1] + b"\0")
     assert r.status == 404 and "(binary body)" in r.json()["error"]["message"]
+
+
+def test_chunked_audio_reaches_the_client_live_while_recording(make_server: Any,
+                                                               tmp_path: Path) -> None:
+    seen_first = threading.Event()
+    first, rest = b"RIFF\xff\xff\xff\xffWAVE", bytes(range(256))
+
+    def handler(s: Any, req: Any, body: bytes) -> None:
+        s.sendall(head(200, [("content-type", "audio/wav"), ("transfer-encoding", "chunked")]))
+        s.sendall(chunk(first))
+        # the rest only once the client has the first chunk: a recorder that waits for the
+        # whole answer never gets there (the test's read would time out)
+        seen_first.wait(10)
+        s.sendall(chunk(rest) + b"0\r\n\r\n")
+
+    up = FakeUpstream(handler)
+    try:
+        rec = make_server(record_upstream=up.url, cassettes=str(tmp_path))
+        body = orjson.dumps({"model": "tts-1", "voice": "alloy", "input": "x",
+                             "response_format": "wav"})
+        sock = rawhttp.connect(rec.url)
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while first not in got:
+            data = sock.recv(65536)
+            assert data, "closed before the first chunk"
+            got += data
+        assert b"content-type: audio/wav" in got.lower() and rest not in got
+        seen_first.set()
+        while not got.endswith(b"0\r\n\r\n"):
+            data = sock.recv(65536)
+            assert data, "closed before the end"
+            got += data
+        sock.close()
+        _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    finally:
+        up.close()
+    (saved,) = _cassettes(tmp_path)
+    chunks = saved["response"]["chunks"]
+    assert [base64.b64decode(c) for _, c in chunks] == [first, rest]
+    assert chunks[1][0] > chunks[0][0]  # the upstream's timing, kept
