@@ -287,6 +287,8 @@ def _form(form: Any, name: str) -> dict[str, Any]:
             if len(v) > MAX_PARTS:
                 raise _fail(name, w, f"at most {MAX_PARTS} values")
             out[k] = [_form_value(x, name, f"{w}[{i}]") for i, x in enumerate(v)]
+        elif k == "stream" and v in ("true", "false"):  # (as Request.json reads a form)
+            out[k] = v == "true"
         else:
             out[k] = _form_value(v, name, w)
     return out
