@@ -100,6 +100,9 @@ def recorded(tmp_path_factory: Any) -> Any:
             model="gpt-4o-mini-transcribe", file=("a.wav", wav), stream=True)]
         got["translation"] = c.audio.translations.create(model="whisper-1",
                                                          file=("a.wav", wav))
+        big = _wav(45.0)  # over a MiB: hashed off the event loop
+        got["big"] = big
+        got["tbig"] = c.audio.transcriptions.create(model="whisper-1", file=("big.wav", big))
         got["speech_wav"] = c.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
                                                   response_format="wav").content
         with c.audio.speech.with_streaming_response.create(
@@ -117,15 +120,15 @@ def recorded(tmp_path_factory: Any) -> Any:
 def test_every_media_route_replays_from_its_cassette(recorded: Any, make_server: Any) -> None:
     d: Path = recorded["dir"]
     cassettes = _cassettes(d)
-    assert len(cassettes) == 9
+    assert len(cassettes) == 10
     raw = "".join(f.read_text() for f in d.glob("*.json"))
     assert "SECRET" not in raw and "boundary" not in raw
     # no uploaded byte is kept: the files are named by their digest
-    for data in (recorded["png"], recorded["wav"]):
+    for data in (recorded["png"], recorded["wav"], recorded["big"]):
         assert base64.b64encode(data).decode()[:64] not in raw
         assert hashlib.sha256(data).hexdigest() in raw
     forms = [c["request"]["form"] for c in cassettes if "form" in c["request"]]
-    assert len(forms) == 6
+    assert len(forms) == 7
     assert all(c["request"]["headers"]["content-type"] == "multipart/form-data"
                for c in cassettes if "form" in c["request"])
     speech = [c["response"] for c in cassettes if c["request"]["path"] == "/v1/audio/speech"]
@@ -161,6 +164,9 @@ def test_every_media_route_replays_from_its_cassette(recorded: Any, make_server:
         recorded["tstream"]
     assert p.audio.translations.create(model="whisper-1", file=("a.wav", wav)).model_dump() \
         == recorded["translation"].model_dump()
+    assert p.audio.transcriptions.create(
+        model="whisper-1", file=("big.wav", recorded["big"])).model_dump() == \
+        recorded["tbig"].model_dump()
     speech_wav = p.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
                                        response_format="wav").content
     assert speech_wav == recorded["speech_wav"]

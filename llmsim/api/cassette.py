@@ -104,6 +104,7 @@ MAX_EVENTS = 1 << 20
 MAX_HEADERS = 64
 MAX_HEADER_VALUE = 8192
 MAX_PATH = 2048
+HASH_INLINE = 1 << 20  # a form larger than this is hashed off the event loop
 MAX_FILES = 16  # image URLs fetched and kept a cassette (the API's n is at most 10)
 CHUNK_MERGE_S = 0.001  # binary pieces that arrive this close are one recorded chunk
 # answers kept as text in a cassette (when they are UTF-8); anything else is base64
@@ -180,7 +181,20 @@ def request_fields(req: Request) -> dict[str, Any]:
     400 (``Request.json``: the form is parsed once for the hooks and this)."""
     if is_multipart(req.headers.get("content-type", "")):
         return {"form": describe_form(req.json_object())}
-    body = req.body
+    return _body_fields(req.body)
+
+
+async def _request_fields(req: Request) -> dict[str, Any]:
+    """:func:`request_fields`, a large upload's digest taken in a worker thread (hashlib
+    releases the GIL): the loop is not held while megabytes are hashed."""
+    if is_multipart(req.headers.get("content-type", "")) and len(req.body) > HASH_INLINE:
+        form = req.json_object()
+        got = await asyncio.get_running_loop().run_in_executor(None, describe_form, form)
+        return {"form": got}
+    return request_fields(req)
+
+
+def _body_fields(body: bytes) -> dict[str, Any]:
     try:
         return {"body": body.decode("utf-8")}
     except UnicodeDecodeError:
@@ -807,7 +821,7 @@ class Recorder:
         return self.default
 
     async def handle(self, req: Request, app: App) -> RawResponse | StreamResponse:
-        fields = request_fields(req)
+        fields = await _request_fields(req)
         key = self.store.key(req.method, matched_path(req), fields)
         if self.replay_only:
             return await self._replay(self.store.find(req, fields, key,
