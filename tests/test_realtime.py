@@ -621,7 +621,9 @@ def js_dir() -> Path:
     stamp = d / "installed.txt"
     with open(d / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists() or stamp.read_text() != " ".join(JS_PACKAGES):
+        have = all((d / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
+                   for p in JS_PACKAGES)
+        if not have or not stamp.exists() or stamp.read_text() != " ".join(JS_PACKAGES):
             try:
                 subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
                                 "--no-save", "--prefix", str(d), *JS_PACKAGES], check=True,
