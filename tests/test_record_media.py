@@ -420,3 +420,35 @@ def test_chunked_audio_reaches_the_client_live_while_recording(make_server: Any,
     chunks = saved["response"]["chunks"]
     assert [base64.b64decode(c) for _, c in chunks] == [first, rest]
     assert chunks[1][0] > chunks[0][0]  # the upstream's timing, kept
+
+
+def test_an_image_url_that_cannot_be_kept_leaves_the_exchange_unrecorded(
+        make_server: Any, tmp_path: Path) -> None:
+    big = bytes(8192)
+    files = FakeUpstream(lambda s, req, b: s.sendall(
+        head(200, [("content-type", "image/png"), ("content-length", str(len(big)))]) + big
+        if req.target.endswith(b"big.png") else
+        head(404, [("content-type", "text/plain"), ("content-length", "1")]) + b"x"))
+    urls = iter([f"{files.url}/big.png", f"{files.url}/gone.png", "http://127.0.0.1:9/x.png"])
+
+    def api(s: Any, req: Any, b: bytes) -> None:
+        answer = orjson.dumps({"created": 1, "data": [{"url": next(urls)}]})
+        s.sendall(head(200, [("content-type", "application/json"),
+                             ("content-length", str(len(answer)))]) + answer)
+
+    up = FakeUpstream(api)
+    try:
+        rec = make_server(record_upstream=up.url, cassettes=str(tmp_path),
+                          record_max_bytes=4096)
+        c = _oai(rec)
+        # too large for --record-max-bytes, a 404, unreachable: the client has its answer
+        # (the provider's URL), no cassette is written
+        for _ in range(3):
+            r = c.images.generate(model="dall-e-2", prompt="x", response_format="url")
+            assert r.data[0].url.startswith("http://127.0.0.1:")
+        assert list(tmp_path.glob("*.json")) == []
+        _until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["requests"] == 1)
+        _until(lambda: files.closed_by_peer == 2)  # each image connection closed
+    finally:
+        up.close()
+        files.close()

@@ -931,12 +931,14 @@ class Recorder:
                 ex = await up.open("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""),
                                    [], b"")
                 got = bytearray()
-                async with contextlib.aclosing(ex.body()) as pieces:
-                    async for _t, piece in pieces:
-                        got += piece
-                        if len(got) > room:
-                            raise E.cassette_too_large.at(limit=self.max_bytes)
-                ex.close()
+                try:
+                    async with contextlib.aclosing(ex.body()) as pieces:
+                        async for _t, piece in pieces:
+                            got += piece
+                            if len(got) > room:
+                                raise E.cassette_too_large.at(limit=self.max_bytes)
+                finally:
+                    ex.close()
                 if ex.status != 200:
                     raise E.upstream_error.at(base=up.base, reason=f"status {ex.status}")
             except APIError as exc:
