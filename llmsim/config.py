@@ -458,7 +458,8 @@ class Config(_Checked):
                                     "take from connect to the last byte; then 504.",
                                     metavar="S")
     record_max_bytes: int = opt(64 * 1024 * 1024, "Record: largest upstream answer saved as "
-                                "one cassette; a larger one is a 502.", metavar="BYTES")
+                                "one cassette; a larger one is a 502 (a stream ends with "
+                                "an error event; chunked audio is cut).", metavar="BYTES")
     record_budget_bytes: int = opt(1024 * 1024 * 1024, "Record: most cassette bytes one "
                                    "recording session writes; then 502 (0 = no bound).",
                                    metavar="BYTES")

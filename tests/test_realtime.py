@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import array
 import base64
+import fcntl
 import json
 import math
+import os
+import shutil
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -596,17 +601,43 @@ async def test_openai_agents_realtime_agent_calls_a_tool(rsrv: Any) -> None:
     assert len(calls) == 1 and "tool_start" in seen
 
 
-def test_openai_js_realtime_client(rsrv: Any) -> None:
-    """The openai JS SDK's OpenAIRealtimeWS (skipped unless node can load openai and ws)."""
-    import shutil
-    import subprocess
-    from pathlib import Path
+# the openai JS SDK and its WebSocket package, pinned; installed once into a cache directory
+JS_PACKAGES = ("openai@7.59.0", "ws@8.23.0")
+JS_PROBE = Path(__file__).parent / "js" / "realtime.mjs"
 
-    here = Path(__file__).parent / "js"
-    node = shutil.which("node")
-    if node is None or not (here / "node_modules" / "openai").is_dir():
-        pytest.skip("the openai JS SDK is not installed (cd tests/js && npm install openai ws)")
-    r = subprocess.run([node, str(here / "realtime.mjs"), rsrv.url], capture_output=True,
+
+@pytest.fixture(scope="module")
+def js_dir() -> Path:
+    """A directory where node resolves the pinned packages (``LLMSIM_NODE_DIR``, default
+    ``~/.cache/llmsim-tests/node``, its ``openai-realtime`` folder: npm installs there once,
+    under a file lock so parallel test workers do not install twice); a skip only when node
+    or npm is missing or the install fails (no registry)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are needed")
+    root = Path(os.environ.get("LLMSIM_NODE_DIR",
+                               Path.home() / ".cache" / "llmsim-tests" / "node"))
+    d = root / "openai-realtime"
+    d.mkdir(parents=True, exist_ok=True)
+    stamp = d / "installed.txt"
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = all((d / "node_modules" / p.rpartition("@")[0] / "package.json").exists()
+                   for p in JS_PACKAGES)
+        if not have or not stamp.exists() or stamp.read_text() != " ".join(JS_PACKAGES):
+            try:
+                subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
+                                "--no-save", "--prefix", str(d), *JS_PACKAGES], check=True,
+                               timeout=300, capture_output=True)
+            except (subprocess.SubprocessError, OSError) as exc:
+                pytest.skip(f"npm install {' '.join(JS_PACKAGES)} failed: {exc}")
+            stamp.write_text(" ".join(JS_PACKAGES))
+    shutil.copy(JS_PROBE, d / JS_PROBE.name)  # (an ES module resolves packages from its dir)
+    return d
+
+
+def test_openai_js_realtime_client(rsrv: Any, js_dir: Path) -> None:
+    """The openai JS SDK's OpenAIRealtimeWS: a text round trip over the Realtime API."""
+    r = subprocess.run(["node", str(js_dir / JS_PROBE.name), rsrv.url], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

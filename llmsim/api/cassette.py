@@ -24,7 +24,15 @@ the first cassette of the same path, model and ``stream``; else a 404
 ``cassette_not_found`` in the family's error shape names the nearest cassette and how it
 differs. Streams are replayed frame by frame (an event-stream message framed again with its
 CRCs) at the recorded offsets divided by ``--replay-speed`` (0: at once),
-JSON answers wait their recorded duration likewise. Modes (VCR's): ``none`` replays only;
+JSON answers wait their recorded duration likewise.
+
+Uploads and binary answers (the media routes): a ``multipart/form-data`` body is keyed and
+kept as its parts (:func:`describe_form`: text values, each file by name, content type, size
+and SHA-256 — never its bytes, never the random boundary), a non-UTF-8 body by its digest
+(``raw``); an answer that is not UTF-8 text is kept in base64 (``body_b64``), a binary one
+sent without a length (chunked audio) streamed through live and kept as timed ``chunks``; an
+images ``url`` answer's files are fetched while recording (``files``) and served from the
+replaying server's file store under a local URL. Modes (VCR's): ``none`` replays only;
 ``once`` replays when the directory held cassettes at start-up, else records everything;
 ``new_episodes`` replays what matches and records the rest; ``all`` always records.
 
@@ -43,6 +51,8 @@ proxy that records it and the session that replays it are :mod:`.realtime.record
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import json
@@ -53,15 +63,16 @@ import re
 import ssl
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from ..config import ConfigError
 from ..errors import APIError, E, bounded
 from ..messages import Key, RawResponse, Request, StreamResponse
+from ..multipart import MAX_PARTS, MAX_TEXT_FIELD, Upload, is_multipart
 from ..streaming.dialect import Dialect
-from ..streaming.stream import EventStream
+from ..streaming.stream import DISCONNECT, EventStream
 from . import bedrock, gemini, ollama
 from .framing import (
     MAX_EVENT_HEADERS,
@@ -73,6 +84,7 @@ from .framing import (
     decode_message,
     ndjson_line,
 )
+from .media import file_url, files_of
 from .realtime import tape as rt_tape
 from .upstream import HOP_HEADERS, Exchange, Upstream
 
@@ -81,13 +93,18 @@ if TYPE_CHECKING:
     from .services import Host, Services
 
 __all__ = ["register", "preflight", "RECORDER", "Recorder", "cassette_key", "load_cassettes",
-           "Cassettes", "CassetteError", "SSEFramer", "PATHS", "REPLAY", "VOLATILE", "KEEP_REQUEST", "KEEP_RESPONSE"]
+           "Cassettes", "CassetteError", "SSEFramer", "PATHS", "REPLAY", "VOLATILE",
+           "KEEP_REQUEST", "KEEP_RESPONSE"]
 
 log = logging.getLogger("llmsim.cassette")
 RECORDER: Key[Recorder] = Key("cassette.recorder")  # in App.features when configured
 
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings",
-         "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations")
+         "/v1/messages", "/anthropic/v1/messages", "/v1/images/generations", "/v1/moderations",
+         "/v1/images/edits", "/v1/images/variations", "/v1/audio/speech",
+         "/v1/audio/transcriptions", "/v1/audio/translations")
+IMAGE_PATHS = ("/v1/images/generations", "/v1/images/edits", "/v1/images/variations")
+STREAMING_PATHS = ("/v1/audio/speech",)  # always streamed (chunked audio or SSE)
 ANTHROPIC_PATHS = ("/v1/messages", "/anthropic/v1/messages")
 # the other families' generation paths (their streams framed by FRAMINGS)
 GEMINI_PATHS = tuple(f"{v}/models/{{model}}:{m}" for v in ("/v1beta", "/v1") for m in (
@@ -115,6 +132,11 @@ MAX_EVENTS = 1 << 20
 MAX_HEADERS = 64
 MAX_HEADER_VALUE = 8192
 MAX_PATH = 2048
+HASH_INLINE = 1 << 20  # a form larger than this is hashed off the event loop
+MAX_FILES = 16  # image URLs fetched and kept a cassette (the API's n is at most 10)
+CHUNK_MERGE_S = 0.001  # binary pieces that arrive this close are one recorded chunk
+# answers kept as text in a cassette (when they are UTF-8); anything else is base64
+TEXT_TYPES = ("text/", "application/json", "application/x-ndjson", "application/xml")
 NEAREST_SCAN = 1000  # cassettes of the same path compared for the not-found diff
 # how often a stream being recorded looks for the upstream's next frame: every POLL_S for
 # POLL_EVEN looks after a frame (a token's gap: the client sees it within POLL_S), then
@@ -141,12 +163,78 @@ def _normalised(body: bytes | str, ignore: frozenset[str]) -> Any:
     return data
 
 
+def _canon(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def cassette_key(method: str, path: str, body: bytes | str,
                  ignore: frozenset[str] = VOLATILE) -> str:
     """The match key of a request (see the module doc)."""
-    canon = json.dumps(_normalised(body, ignore), sort_keys=True, separators=(",", ":"),
-                       ensure_ascii=False)
+    return fields_key(method, path, {"body": body}, ignore)
+
+
+def fields_key(method: str, path: str, fields: dict[str, Any],
+               ignore: frozenset[str] = VOLATILE) -> str:
+    """The match key of a request given as its cassette fields (:func:`request_fields`): a
+    body's canonical JSON (or text), a form's parts, a binary body's digest."""
+    form = fields.get("form")
+    if form is not None:
+        canon = "multipart/form-data\n" + _canon({k: v for k, v in form.items()
+                                                  if k not in ignore})
+    elif "raw" in fields:
+        canon = "raw\n" + _canon(fields["raw"])
+    else:
+        canon = _canon(_normalised(fields.get("body", ""), ignore))
     return hashlib.sha256(f"{method} {path}\n{canon}".encode()).hexdigest()[:32]
+
+
+def _file(f: Upload) -> dict[str, Any]:
+    return {"filename": f.filename, "content_type": f.content_type, "size": len(f.data),
+            "sha256": hashlib.sha256(f.data).hexdigest()}
+
+
+def describe_form(form: dict[str, Any]) -> dict[str, Any]:
+    """A parsed form as a cassette keeps it: text fields as their values, each file as its
+    filename, content type, size and SHA-256 (never its bytes)."""
+    def one(v: Any) -> Any:
+        return _file(v) if isinstance(v, Upload) else v
+
+    return {k: [one(x) for x in v] if isinstance(v, list) else one(v) for k, v in form.items()}
+
+
+def request_fields(req: Request) -> dict[str, Any]:
+    """What a cassette keeps of ``req``'s body, and its key is made from: ``form`` for a
+    multipart body (the boundary, random per client, is no part of it), ``body`` for UTF-8
+    text (JSON), else ``raw``: the size and digest of the bytes. A malformed form is its
+    400 (``Request.json``: the form is parsed once for the hooks and this)."""
+    if is_multipart(req.headers.get("content-type", "")):
+        return {"form": describe_form(req.json_object())}
+    return _body_fields(req.body)
+
+
+async def _request_fields(req: Request) -> dict[str, Any]:
+    """:func:`request_fields`, a large upload's digest taken in a worker thread (hashlib
+    releases the GIL): the loop is not held while megabytes are hashed."""
+    if is_multipart(req.headers.get("content-type", "")) and len(req.body) > HASH_INLINE:
+        form = req.json_object()
+        got = await asyncio.get_running_loop().run_in_executor(None, describe_form, form)
+        return {"form": got}
+    return request_fields(req)
+
+
+def _body_fields(body: bytes) -> dict[str, Any]:
+    try:
+        return {"body": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"raw": {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}}
+
+
+def _fields(rq: dict[str, Any]) -> dict[str, Any]:
+    """The body fields of a cassette's (validated) request."""
+    for k in ("form", "raw"):
+        if k in rq:
+            return {k: rq[k]}
+    return {"body": rq.get("body", "")}
 
 
 def _endpoint(path: str) -> str:
@@ -255,9 +343,26 @@ FRAMINGS = {f.name: f for f in (
     Framing("eventstream", EventStreamFramer, _event_kept, _event_wire))}
 
 
-def framing_of(content_type: str, path: str, status: int) -> Framing | None:
-    """The framing of an upstream answer that is a stream (None: a body kept whole): by its
-    media type, and Gemini's JSON array by its path (``alt=sse`` is SSE's media type)."""
+class _Pieces:
+    """A binary body's framer: each piece as it arrives (joined into chunks when saved)."""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        return [data]
+
+    def flush(self) -> bytes:
+        return b""
+
+
+CHUNKS = Framing("chunks", lambda limit: _Pieces(), bytes, base64.b64decode)
+"""A binary body sent without a length (chunked audio), kept as timed base64 ``chunks``
+(:func:`_merged`) rather than ``events``: not one of :data:`FRAMINGS`."""
+
+
+def framing_of(content_type: str, path: str, status: int, sized: bool) -> Framing | None:
+    """How an upstream answer is recorded, decided here only: a stream cut into frames by its
+    media type (Gemini's JSON array by its path: ``alt=sse`` is SSE's media type), a binary
+    body sent without a length (``sized`` false) as :data:`CHUNKS`, else None: a body read
+    whole and kept as text or base64 (:func:`_kept_body`)."""
     ctype = content_type.partition(";")[0].strip().lower()
     if ctype == "text/event-stream":
         return SSE
@@ -268,7 +373,18 @@ def framing_of(content_type: str, path: str, status: int) -> Framing | None:
     if ctype == "application/json" and status < 400 and path.endswith(
             ":streamGenerateContent"):
         return FRAMINGS["json-array"]
+    if not sized and not _is_text(content_type):
+        return CHUNKS
     return None
+
+
+def _kept_body(body: bytes | bytearray, ctype: str) -> dict[str, str]:
+    """A whole answer as a cassette keeps it: ``body`` when it is UTF-8 text, else
+    ``body_b64``."""
+    if _is_text(ctype):
+        with contextlib.suppress(UnicodeDecodeError):
+            return {"body": body.decode("utf-8")}
+    return {"body_b64": base64.b64encode(body).decode()}
 
 
 def _event_frame(ev: Any, name: str, where: str) -> dict[str, Any]:
@@ -324,6 +440,92 @@ def _frames(events: Any, framing: Framing, name: str) -> list[tuple[float, Any]]
     return out
 
 
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_FILE_KEYS = frozenset(("filename", "content_type", "size", "sha256"))
+
+
+def _digest(v: Any, name: str, where: str) -> dict[str, Any]:
+    """A file part's or binary body's description: size and SHA-256 (and a file's name and
+    content type)."""
+    if not isinstance(v, dict) or not set(v) <= _FILE_KEYS or "size" not in v \
+            or "sha256" not in v:
+        raise _fail(name, where, "an object with size and sha256 (and a file's filename "
+                    "and content_type)")
+    size, digest = v["size"], v["sha256"]
+    if type(size) is not int or not 0 <= size <= MAX_REPLAY_BYTES:
+        raise _fail(name, f"{where}.size", "a number of bytes")
+    if type(digest) is not str or not _HEX64.match(digest):
+        raise _fail(name, f"{where}.sha256", "64 lower-case hex digits (SHA-256)")
+    for k in ("filename", "content_type"):
+        if k in v and (type(v[k]) is not str or len(v[k]) > 256 or not v[k].isprintable()):
+            raise _fail(name, f"{where}.{k}", "a printable string of at most 256 characters")
+    return dict(v)
+
+
+def _form_value(v: Any, name: str, where: str) -> Any:
+    if type(v) is str:
+        if len(v) > MAX_TEXT_FIELD:
+            raise _fail(name, where, f"a text field of at most {MAX_TEXT_FIELD} characters")
+        return v
+    if type(v) is bool:  # (stream: true, as the hooks read it)
+        return v
+    return _digest(v, name, where)
+
+
+def _form(form: Any, name: str) -> dict[str, Any]:
+    if not isinstance(form, dict) or len(form) > MAX_PARTS:
+        raise _fail(name, "request.form", f"an object of at most {MAX_PARTS} form fields")
+    out: dict[str, Any] = {}
+    for k, v in form.items():
+        w = f"request.form.{k[:64]}"
+        if not 0 < len(k) <= 256 or not k.isprintable():
+            raise _fail(name, w, "a field name of 1-256 printable characters")
+        if isinstance(v, list):
+            if len(v) > MAX_PARTS:
+                raise _fail(name, w, f"at most {MAX_PARTS} values")
+            out[k] = [_form_value(x, name, f"{w}[{i}]") for i, x in enumerate(v)]
+        elif k == "stream" and v in ("true", "false"):  # (as Request.json reads a form)
+            out[k] = v == "true"
+        else:
+            out[k] = _form_value(v, name, w)
+    return out
+
+
+def _b64(v: Any, name: str, where: str, empty: bool = True) -> str:
+    """A base64 string, checked (decoded when served)."""
+    if type(v) is not str or (not empty and not v):
+        raise _fail(name, where, "a base64 string" + ("" if empty else ", not empty"))
+    try:
+        base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        raise _fail(name, where, "valid base64 (the bytes as received)") from None
+    return v
+
+
+def _ctype(v: Any, name: str, where: str) -> str:
+    if type(v) is not str or not 0 < len(v) <= 256 or not v.isprintable():
+        raise _fail(name, where, "a media type of at most 256 characters")
+    return v
+
+
+def _files(files: Any, name: str) -> list[dict[str, str]]:
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise _fail(name, "response.files", f"a list of at most {MAX_FILES} files")
+    out = []
+    for i, f in enumerate(files):
+        w = f"response.files[{i}]"
+        if not isinstance(f, dict):
+            raise _fail(name, w, "an object with url, content_type and body_b64")
+        url = f.get("url")
+        if type(url) is not str or not url.startswith(("http://", "https://")) \
+                or len(url) > MAX_HEADER_VALUE:
+            raise _fail(name, f"{w}.url", "the http(s) URL the upstream answered")
+        out.append({"url": url, "content_type": _ctype(f.get("content_type"), name,
+                                                       f"{w}.content_type"),
+                    "body_b64": _b64(f.get("body_b64"), name, f"{w}.body_b64")})
+    return out
+
+
 def validate(entry: Any, name: str) -> dict[str, Any]:
     """``entry`` checked field by field (the cassette as it will be served), or a
     CassetteError naming ``name`` and the field."""
@@ -341,29 +543,57 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
         raise _fail(name, "request", "an object")
     if not isinstance(rs, dict):
         raise _fail(name, "response", "an object")
-    method, path, body = rq.get("method"), rq.get("path"), rq.get("body", "")
+    method, path = rq.get("method"), rq.get("path")
     if type(method) is not str or not _METHOD.match(method):
         raise _fail(name, "request.method", "an HTTP method such as POST")
     if type(path) is not str or not path.startswith("/") or len(path) > MAX_PATH \
             or not path.isprintable() or " " in path:
         raise _fail(name, "request.path", f"a path starting with / (at most {MAX_PATH} "
                     "characters)")
-    if type(body) is not str:
-        raise _fail(name, "request.body", "a string (the JSON body as sent)")
-    req = {"method": method, "path": path, "body": body,
-           "headers": _headers(rq.get("headers"), name, "request.headers")}
+    req: dict[str, Any] = {"method": method, "path": path,
+                           "headers": _headers(rq.get("headers"), name, "request.headers")}
+    if sum(k in rq for k in ("body", "form", "raw")) > 1:
+        raise _fail(name, "request", "one of body, form and raw")
+    if "form" in rq:
+        req["form"] = _form(rq["form"], name)
+    elif "raw" in rq:
+        raw = _digest(rq["raw"], name, "request.raw")
+        if set(raw) != {"size", "sha256"}:
+            raise _fail(name, "request.raw", "an object with size and sha256 only")
+        req["raw"] = raw
+    else:
+        body = rq.get("body", "")
+        if type(body) is not str:
+            raise _fail(name, "request.body", "a string (the JSON body as sent)")
+        req["body"] = body
     status = rs.get("status")
     if type(status) is not int or not 200 <= status <= 599:
         raise _fail(name, "response.status", f"an HTTP status 200-599, got {bounded(status, 32)}")
-    ctype = rs.get("content_type", "application/json")
-    if type(ctype) is not str or not 0 < len(ctype) <= 256 or not ctype.isprintable():
-        raise _fail(name, "response.content_type", "a media type of at most 256 characters")
+    ctype = _ctype(rs.get("content_type", "application/json"), name, "response.content_type")
     res: dict[str, Any] = {
         "status": status, "content_type": ctype,
         "duration_s": _seconds(rs.get("duration_s", 0.0), name, "response.duration_s"),
         "headers": _headers(rs.get("headers"), name, "response.headers", response=True)}
+    if sum(k in rs for k in ("body_b64", "events", "chunks")) > 1:  # (body: when none is)
+        raise _fail(name, "response", "one of body, body_b64, events and chunks")
+    if "files" in rs:
+        res["files"] = _files(rs["files"], name)
     events = rs.get("events")
-    if events is not None:
+    chunks = rs.get("chunks")
+    if chunks is not None:
+        if not isinstance(chunks, list) or len(chunks) > MAX_EVENTS:
+            raise _fail(name, "response.chunks", f"a list of at most {MAX_EVENTS} chunks")
+        got = []
+        for i, ch in enumerate(chunks):
+            w = f"response.chunks[{i}]"
+            if not isinstance(ch, list) or len(ch) != 2:
+                raise _fail(name, w, "[offset_s, base64 bytes]")
+            got.append((_seconds(ch[0], name, f"{w}[0]"), _b64(ch[1], name, f"{w}[1]",
+                                                               empty=False)))
+        res["chunks"] = got
+    elif "body_b64" in rs:
+        res["body_b64"] = _b64(rs["body_b64"], name, "response.body_b64")
+    elif events is not None:
         kind = rs.get("framing", "sse")
         if kind not in FRAMINGS:
             raise _fail(name, "response.framing", f"one of {', '.join(FRAMINGS)}")
@@ -377,13 +607,29 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
     return {"version": 2, "request": req, "response": res}
 
 
+def _is_text(ctype: str) -> bool:
+    c = ctype.lower()
+    return c.startswith(TEXT_TYPES) or "+json" in c
+
+
 def matched_path(req: Request) -> str:
     """The path a cassette is matched and saved by: Gemini's ``?alt=sse`` (an SSE stream,
     else a JSON array) is part of it."""
     return req.path + "?alt=sse" if req.query_one("alt") == "sse" else req.path
 
 
-def _model(path: str, body: bytes | str) -> str:
+def _data(fields: dict[str, Any]) -> Any:
+    """The request's body as data: the form, or the JSON body (None: neither)."""
+    if "form" in fields:
+        return fields["form"]
+    body = fields.get("body")
+    try:
+        return orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _model(path: str, fields: dict[str, Any]) -> str:
     """The model of a request: in Bedrock's and Gemini's path, else the body's ``model``."""
     path = path.partition("?")[0]
     if path.startswith("/model/"):  # /model/{modelId}/converse
@@ -391,28 +637,24 @@ def _model(path: str, body: bytes | str) -> str:
     i = path.rfind("/models/")
     if i >= 0 and ":" in path[i:]:  # .../models/{model}:generateContent
         return unquote(path[i + 8:].partition(":")[0])
-    try:
-        m = orjson.loads(body).get("model") if body else None
-    except (orjson.JSONDecodeError, AttributeError):
-        m = None
+    data = _data(fields)
+    m = data.get("model") if isinstance(data, dict) else None
     return m if isinstance(m, str) else ""
 
 
-def _is_stream(path: str, body: bytes | str) -> bool:
+def _is_stream(path: str, fields: dict[str, Any]) -> bool:
     """Whether a request asks for a stream: by the path for Bedrock and Gemini, by
-    ``stream`` in the body elsewhere (Ollama's chat and generate stream unless it is false)."""
+    ``stream`` in the body or form elsewhere (Ollama's chat and generate stream unless it is
+    false)."""
     path = path.partition("?")[0]
     if path.startswith("/model/"):
         return path.endswith(BEDROCK_STREAMS)
     if ":" in path.rpartition("/")[2]:
         return path.endswith(":streamGenerateContent")
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return False
+    data = _data(fields)
     if path in ("/api/chat", "/api/generate"):
         return not (isinstance(data, dict) and data.get("stream") is False)
-    return isinstance(data, dict) and data.get("stream") is True
+    return isinstance(data, dict) and data.get("stream") in (True, "true")
 
 
 # ------------------------------------------------------------------------------------------
@@ -435,20 +677,21 @@ class Cassettes:
         self.realtime: dict[str, tuple[dict[str, Any], str]] = {}
         self.sessions: list[tuple[str, str, str, list[dict[str, Any]]]] = []
 
-    def key(self, method: str, path: str, body: bytes | str) -> str:
-        return cassette_key(method, path, body, self.ignore)
+    def key(self, method: str, path: str, fields: dict[str, Any]) -> str:
+        return fields_key(method, path, fields, self.ignore)
 
     def add(self, entry: dict[str, Any], name: str) -> str:
         if entry.get("kind") == "realtime":
             return self.add_realtime(entry, name)
         rq = entry["request"]
-        key = self.key(rq["method"], rq["path"], rq["body"])
+        fields = _fields(rq)
+        key = self.key(rq["method"], rq["path"], fields)
         if key not in self.by_key:
             self.by_path.setdefault((rq["method"], rq["path"]), []).append(key)
         self.by_key[key] = entry
         self.names[key] = name
-        self.by_model.setdefault((rq["method"], rq["path"], _model(rq["path"], rq["body"]),
-                                  _is_stream(rq["path"], rq["body"])), entry)
+        self.by_model.setdefault((rq["method"], rq["path"], _model(rq["path"], fields),
+                                  _is_stream(rq["path"], fields)), entry)
         return key
 
     def add_realtime(self, entry: dict[str, Any], name: str) -> str:
@@ -491,22 +734,30 @@ class Cassettes:
         return (f"Nearest: {name}, which has the same first {n} client events, then at "
                 f"event {n}: {how}.")
 
-    def find(self, req: Request, key: str, fallback: bool) -> dict[str, Any]:
+    def find(self, req: Request, fields: dict[str, Any], key: str,
+             fallback: bool) -> dict[str, Any]:
         hit = self.by_key.get(key)
         if hit is None and fallback:
             path = matched_path(req)
-            hit = self.by_model.get((req.method, path, _model(path, req.body),
-                                     _is_stream(path, req.body)))
+            hit = self.by_model.get((req.method, path, _model(path, fields),
+                                     _is_stream(path, fields)))
         if hit is None:
-            raise E.cassette_not_found.at(key=key, nearest=self.nearest(req))
+            raise E.cassette_not_found.at(key=key, nearest=self.nearest(req, fields))
         return hit
 
-    def nearest(self, req: Request) -> str:
+    def _compared(self, fields: dict[str, Any]) -> Any:
+        if "form" in fields:
+            return {k: v for k, v in fields["form"].items() if k not in self.ignore}
+        if "raw" in fields:
+            return {"(binary body)": fields["raw"]}
+        return _normalised(fields.get("body", ""), self.ignore)
+
+    def nearest(self, req: Request, fields: dict[str, Any]) -> str:
         """Which cassette this request comes closest to, and the fields that differ."""
-        mine = _normalised(req.body, self.ignore)
+        mine = self._compared(fields)
         best: tuple[int, str, list[str]] | None = None
         for key in self.by_path.get((req.method, matched_path(req)), [])[:NEAREST_SCAN]:
-            theirs = _normalised(self.by_key[key]["request"]["body"], self.ignore)
+            theirs = self._compared(_fields(self.by_key[key]["request"]))
             diff = _diff(mine, theirs)
             if best is None or len(diff) < best[0]:
                 best = (len(diff), self.names.get(key, key), diff)
@@ -526,6 +777,11 @@ def _diff(a: Any, b: Any) -> list[str]:
             out.append(f"{k} (only in the cassette)")
         elif a[k] != b[k]:
             va, vb = a[k], b[k]
+            if isinstance(va, dict) and isinstance(vb, dict) and "sha256" in va:
+                what = [f for f in ("filename", "content_type", "size", "sha256")
+                        if va.get(f) != vb.get(f)]
+                out.append(f"{k} (another file: {', '.join(what)})")
+                continue
             if isinstance(va, (dict, list)) or isinstance(vb, (dict, list)):
                 out.append(str(k))  # (a message list is not repeated in an error)
                 continue
@@ -626,6 +882,22 @@ REPLAY_BY_FRAMING = {
                              bedrock.CONVERSE_STREAM.stream_headers), _exception_frame)}
 
 
+def _raw_bytes(etype: str, data: Any) -> bytes:
+    return data if type(data) is bytes else b""
+
+
+def _dropped(err: APIError) -> list[tuple[str, Any]]:
+    return [(DISCONNECT, None)]  # a binary body has no error frame: the connection drops
+
+
+def binary_dialect(ctype: str) -> Dialect:
+    """A recorded binary stream (chunked audio): each chunk as received, under the recorded
+    content type."""
+    return Dialect("replay", numbered=False, sse=_raw_bytes, sse_error=lambda e, s: b"",
+                   error_events=_dropped, token_types=frozenset({"chunk"}),
+                   stream_headers=f"content-type: {ctype}\r\n".encode("latin-1", "replace"))
+
+
 def _family(path: str, framing: str = "sse") -> tuple[Dialect, Callable[[APIError], bytes]]:
     if framing in REPLAY_BY_FRAMING:
         return REPLAY_BY_FRAMING[framing]
@@ -640,25 +912,58 @@ def _sent(headers: dict[str, str]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers.items() if k not in SERVER_SET]
 
 
-def _answer(entry: dict[str, Any], speed: float) -> RawResponse | StreamResponse:
+def _answer(entry: dict[str, Any], speed: float, app: Services | None = None,
+            req: Request | None = None) -> RawResponse | StreamResponse:
     r = entry["response"]
     headers = _sent(r.get("headers", {}))
-    if "events" in r:
-        kind = r.get("framing", "sse")
-        wire = FRAMINGS[kind].wire
+    rq = entry["request"]
+    model = _model(rq["path"], _fields(rq)) or None
+    if "events" in r or "chunks" in r:
+        framing = CHUNKS if "chunks" in r else FRAMINGS[r.get("framing", "sse")]
+        etype = "chunk" if framing is CHUNKS else "frame"
 
         def plan() -> Iterator[tuple[float, str, Any]]:
             last = 0.0
-            for t, frame in r["events"]:
+            for t, frame in r["chunks"] if framing is CHUNKS else r["events"]:
                 off = 0.0 if speed <= 0 else max(0.0, (t - last) / speed)
                 last = t
-                yield off, "frame", wire(frame)
-        rq = entry["request"]
-        return StreamResponse(EventStream(plan(), _family(rq["path"], kind)[0],
-                                          model=_model(rq["path"], rq["body"]) or None),
+                yield off, etype, framing.wire(frame)
+        dialect = binary_dialect(r.get("content_type", "application/octet-stream")) \
+            if framing is CHUNKS else _family(rq["path"], framing.name)[0]
+        return StreamResponse(EventStream(plan(), dialect, model=model),
                               status=r["status"], headers=headers)
-    return RawResponse(r.get("body", "").encode(), r["status"],
-                       r.get("content_type", "application/json"), headers)
+    if "body_b64" in r:
+        body = base64.b64decode(r["body_b64"])
+    else:
+        body = r.get("body", "").encode()
+        if r.get("files") and app is not None and req is not None:
+            body = _local_urls(body, r["files"], app, req)
+    return RawResponse(body, r["status"], r.get("content_type", "application/json"), headers)
+
+
+def _local_urls(body: bytes, files: list[dict[str, str]], app: Services,
+                req: Request) -> bytes:
+    """An images answer's upstream URLs (expired, or offline) pointed at this server: each
+    recorded image is put in its file store (``GET /llmsim/files/{name}``)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return body
+    store = files_of(app)
+    now = app.clock.time()
+    local = {}
+    for f in files:
+        ctype = f["content_type"]
+        ext = _slug(ctype.partition("/")[2].partition(";")[0]) or "bin"
+        local[f["url"]] = file_url(req, store.put(now, ext, ctype,
+                                                  base64.b64decode(f["body_b64"])))
+    for item in items:
+        if isinstance(item, dict) and item.get("url") in local:
+            item["url"] = local[item["url"]]
+    return orjson.dumps(data)
 
 
 # ------------------------------------------------------------------------------------------
@@ -796,22 +1101,25 @@ class Recorder:
         return self.default
 
     async def handle(self, req: Request, app: Services) -> RawResponse | StreamResponse:
-        key = self.store.key(req.method, matched_path(req), req.body)
+        fields = await _request_fields(req)
+        key = self.store.key(req.method, matched_path(req), fields)
         if self.replay_only:
-            return await self._replay(self.store.find(req, key, fallback=self.mode == "none"))
+            return await self._replay(self.store.find(req, fields, key,
+                                                      fallback=self.mode == "none"), req)
         if self.mode == "new_episodes" or self.mode == "once":
             hit = self.store.by_key.get(key)
             if hit is not None:
-                return await self._replay(hit)
-        return await self._record(req, key)
+                return await self._replay(hit, req)
+        return await self._record(req, fields, key)
 
-    async def _replay(self, entry: dict[str, Any]) -> RawResponse | StreamResponse:
-        res = _answer(entry, self.speed)
+    async def _replay(self, entry: dict[str, Any], req: Request) -> RawResponse | StreamResponse:
+        res = _answer(entry, self.speed, self.app, req)
         if type(res) is RawResponse and self.speed > 0:
             await self.app.clock.sleep(entry["response"]["duration_s"] / self.speed)
         return res
 
-    async def _record(self, req: Request, key: str) -> RawResponse | StreamResponse:
+    async def _record(self, req: Request, fields: dict[str, Any],
+                      key: str) -> RawResponse | StreamResponse:
         if self.budget and self.written >= self.budget:
             raise E.record_budget_spent.at(limit=self.budget)
         up = self.upstream(req.path)
@@ -838,9 +1146,10 @@ class Recorder:
                                       f"{coding[:32]!r} (identity was asked for)")
         kept = _kept_response(ex.headers)
         save = ex.status < 400 or self.record_errors
-        framing = framing_of(ctype, req.path, ex.status)
-        if framing is not None:
-            return self._stream_through(req, key, ex, ctype, kept, save, framing)
+        sized = any(k.lower() == "content-length" for k, _ in ex.headers)
+        framing = framing_of(ctype, req.path, ex.status, sized)
+        if framing is not None:  # (chunked audio among them: chunk by chunk, live)
+            return self._stream_through(req, fields, key, ex, ctype, kept, save, framing)
         watch = _Departed(self.app, req)
         try:
             body = bytearray()
@@ -852,21 +1161,87 @@ class Recorder:
         finally:
             watch.stop()
             ex.close()
+        duration = round(min(ex.elapsed(), MAX_DURATION_S), 6)
         if save:
-            done = self._save(req, key, ex, ctype, kept,
-                              {"body": body.decode("utf-8", "replace"),
-                               "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+            answer: dict[str, Any] = {"duration_s": duration, **_kept_body(body, ctype)}
+            if req.path.removeprefix("/openai") in IMAGE_PATHS and ex.status < 400:
+                files = await self._fetch_files(body, self.max_bytes - len(body))
+                if files is None:
+                    save = False
+                elif files:
+                    answer["files"] = files
+        if save:
+            done = self._save(req, fields, key, kept, ex.status, ctype, answer)
             if done is not None:
                 await done  # (the cassette exists when the client has the answer)
         return RawResponse(bytes(body), ex.status, ctype, _sent(kept))
 
-    def _stream_through(self, req: Request, key: str, ex: Exchange, ctype: str,
-                        kept: dict[str, str], save: bool, framing: Framing) -> StreamResponse:
+    async def _fetch_files(self, body: bytes | bytearray, room: int) -> list[dict[str, str]] | None:
+        """The images a ``url`` answer points to, fetched now (the upstream's URLs expire;
+        the replay serves them itself): at most :data:`MAX_FILES`, ``room`` bytes in all.
+        None (and a warning): one could not be fetched, so the exchange is not recorded."""
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return []
+        items = data.get("data") if isinstance(data, dict) else None
+        urls = list(dict.fromkeys(
+            it["url"] for it in items or () if isinstance(it, dict)
+            and isinstance(it.get("url"), str) and it["url"].startswith(("http://", "https://"))
+        )) if isinstance(items, list) else []
+        if len(urls) > MAX_FILES:
+            log.warning("an images answer with more than %d URLs: not recorded", MAX_FILES)
+            return None
+        cfg = self.app.config
+        out = []
+        for url in urls:
+            u = urlsplit(url)
+            try:
+                up = Upstream(f"{u.scheme}://{u.netloc}", ca=cfg.upstream_ca,
+                              read_timeout=cfg.upstream_read_timeout_s,
+                              total_timeout=cfg.upstream_timeout_s)
+            except ValueError as exc:
+                log.warning("image URL %.200s: %s: not recorded", url, exc)
+                return None
+            try:
+                ex = await up.open("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""),
+                                   [], b"")
+                got = bytearray()
+                try:
+                    async with contextlib.aclosing(ex.body()) as pieces:
+                        async for _t, piece in pieces:
+                            got += piece
+                            if len(got) > room:
+                                raise E.cassette_too_large.at(limit=self.max_bytes)
+                finally:
+                    ex.close()
+                if ex.status != 200:
+                    raise E.upstream_error.at(base=up.base, reason=f"status {ex.status}")
+            except APIError as exc:
+                log.warning("image URL %.200s: %s: not recorded", url, exc.message)
+                return None
+            finally:
+                up.close()
+            room -= len(got)
+            ctype = next((v for k, v in ex.headers if k.lower() == "content-type"),
+                         "application/octet-stream")
+            out.append({"url": url, "content_type": ctype[:256],
+                        "body_b64": base64.b64encode(got).decode()})
+        return out
+
+    def _stream_through(self, req: Request, fields: dict[str, Any], key: str, ex: Exchange,
+                        ctype: str, kept: dict[str, str], save: bool,
+                        framing: Framing) -> StreamResponse:
         live = _Live()
         task = asyncio.get_running_loop().create_task(self._read_stream(ex, live, framing))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        _dialect_, frame_of = _family(req.path, framing.name)
+        binary = framing is CHUNKS
+        if binary:
+            dialect, etype = binary_dialect(ctype), "chunk"
+        else:
+            dialect, frame_of = _family(req.path, framing.name)
+            etype = "frame"
         clock = self.app.clock
         app = self.app
 
@@ -877,7 +1252,7 @@ class Recorder:
             try:
                 while True:
                     if i < len(live.frames):
-                        yield 0.0, "frame", live.frames[i][1]
+                        yield 0.0, etype, live.frames[i][1]
                         i += 1
                         idle = 0
                         sched = max(sched, clock.now())
@@ -893,16 +1268,22 @@ class Recorder:
                     sched += wait
                     yield wait, "_wait", None
                 if live.error is not None:
-                    last = frame_of(live.error)
-                    if framing.name == "json-array" and not live.frames:
-                        last = b"[" + last.lstrip(b",\r\n")  # (the array was not opened)
-                    yield 0.0, "frame", last
+                    if binary:  # no error frame in audio: the client sees a cut body
+                        log.warning("recording %s: %s", req.path, live.error.message)
+                        yield 0.0, DISCONNECT, None
+                    else:
+                        last = frame_of(live.error)
+                        if framing.name == "json-array" and not live.frames:
+                            last = b"[" + last.lstrip(b",\r\n")  # (the array was not opened)
+                        yield 0.0, "frame", last
                 elif save:
-                    done = self._save(req, key, ex, ctype, kept, {
+                    duration = round(min(ex.elapsed(), MAX_DURATION_S), 6)
+                    answer: dict[str, Any] = {"chunks": _merged(live.frames)} if binary else {
                         "framing": framing.name,
                         "events": [(round(t, 6), f) for (t, _raw), f in zip(
-                            live.frames, live.kept, strict=True)],
-                        "duration_s": round(min(ex.elapsed(), MAX_DURATION_S), 6)})
+                            live.frames, live.kept, strict=True)]}
+                    done = self._save(req, fields, key, kept, ex.status, ctype,
+                                      {**answer, "duration_s": duration})
                     while done is not None and not done.done():  # the file, then the end
                         yield POLL_S, "_wait", None
             finally:
@@ -914,8 +1295,8 @@ class Recorder:
             if not task.done():
                 task.cancel()
 
-        return StreamResponse(EventStream(plan(), _dialect_,
-                                          model=_model(req.path, req.body) or None,
+        return StreamResponse(EventStream(plan(), dialect,
+                                          model=_model(req.path, fields) or None,
                                           on_end=ended),
                               status=ex.status, headers=_sent(kept))
 
@@ -951,19 +1332,22 @@ class Recorder:
             ex.close()
             live.done = True
 
-    def _save(self, req: Request, key: str, ex: Exchange, ctype: str, kept: dict[str, str],
-              answer: dict[str, Any]) -> asyncio.Future[bool] | None:
+    def _save(self, req: Request, fields: dict[str, Any], key: str, kept: dict[str, str],
+              status: int, ctype: str, answer: dict[str, Any]) -> asyncio.Future[bool] | None:
         """Write the cassette (the file in a worker thread: a large one is not copied to the
         page cache on the event loop); the future is done once it is written and loaded."""
+        headers = {k: v for k, v in req.headers.items() if k in KEEP_REQUEST}
+        if "form" in fields:
+            headers["content-type"] = "multipart/form-data"  # (the boundary is random)
         entry: dict[str, Any] = {
             "version": 2,
-            "request": {"method": req.method, "path": matched_path(req),
-                        "headers": {k: v for k, v in req.headers.items() if k in KEEP_REQUEST},
-                        "body": req.body.decode("utf-8", "replace")},
-            "response": {"status": ex.status, "content_type": ctype, "headers": kept,
+            "request": {"method": req.method, "path": matched_path(req), "headers": headers,
+                        **fields},
+            "response": {"status": status, "content_type": ctype, "headers": kept,
                          **answer}}
-        return self.write(file_name(req.path, _model(req.path, req.body),
-                                    _is_stream(req.path, req.body), key), entry)
+        return self.write(file_name(req.path, _model(req.path, fields),
+                                    _is_stream(req.path, fields) or "chunks" in answer, key),
+                          entry)
 
     def write(self, name: str, entry: dict[str, Any]) -> asyncio.Future[bool] | None:
         """Write ``entry`` as ``name`` within the session's budget (None: over it); it
@@ -983,6 +1367,18 @@ class Recorder:
 
         done.add_done_callback(written)
         return done
+
+
+def _merged(frames: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
+    """A binary stream's pieces as recorded chunks: the pieces that arrived within
+    :data:`CHUNK_MERGE_S` of a chunk's first joined to it, each chunk in base64."""
+    out: list[tuple[float, bytearray]] = []
+    for t, data in frames:
+        if out and t - out[-1][0] < CHUNK_MERGE_S:
+            out[-1][1].extend(data)
+        else:
+            out.append((t, bytearray(data)))
+    return [(round(t, 6), base64.b64encode(b).decode()) for t, b in out]
 
 
 def _write_file(directory: str, name: str, data: bytes) -> bool:
@@ -1056,7 +1452,8 @@ def register(app: Host) -> None:
     for path in PATHS:
         app.router.add("POST", path, rec.handle, "cassette", stream_capable=True,
                        aliases=path not in ANTHROPIC_PATHS,
-                       errors=anthropic_error if path in ANTHROPIC_PATHS else None)
+                       errors=anthropic_error if path in ANTHROPIC_PATHS else None,
+                       streaming=True if path in STREAMING_PATHS else None)
     for path in GEMINI_PATHS:
         app.router.add("POST", path, rec.handle, "cassette", aliases=False,
                        errors=gemini.gemini_error,

@@ -1,5 +1,5 @@
 // The openai JS SDK's Realtime WebSocket client against llmsim (run by tests/test_realtime.py
-// when node, openai and ws resolve: `cd tests/js && npm install openai ws`).
+// with the pinned openai and ws packages it installs into a cache directory).
 // Usage: node realtime.mjs http://127.0.0.1:PORT
 import net from 'node:net';
 import OpenAI from 'openai';
