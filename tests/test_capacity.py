@@ -269,3 +269,17 @@ async def test_another_requests_prefill_stalls_a_decoding_stream() -> None:
     # one step with B's ~5,000-token prefill: ~90 ms per 1,000 tokens (gpt-4o's rate)
     assert 0.4 < max(gaps) < 0.5 and sum(g > 0.013 for g in gaps) == 1
     assert b.status == 200 and engine(srv).public()["running"] == 0
+
+
+async def test_embeddings_are_prefill_only_sequences_of_a_hosted_model() -> None:
+    clock = FakeClock()
+    srv = server(clock, latency="realistic",
+                 capacity=CapacityConfig(max_seqs=1, queue=1, reject_status=503))
+    body = {"model": "text-embedding-3-small", "input": "word " * 2000}
+    t0 = clock.now()
+    exs = await asyncio.gather(*(exchange(srv, body, path="/v1/embeddings") for _ in range(3)))
+    assert sorted(ex.status for ex in exs) == [200, 200, 503]
+    e = engine(srv, "text-embedding-3-small")
+    assert e.success == {"stop": 2} and e.generation_tokens == 0 and e.rejected == 1
+    assert e.prompt_tokens > 3000 and not e.running and not e.waiting
+    assert clock.now() - t0 > 0.1

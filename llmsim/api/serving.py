@@ -272,6 +272,11 @@ class Serving:
         eng = self.engine(model, req)
         if eng is None:
             return False
+        eng.advance(self.app.clock.now())
+        if eng.full() and req is not None:
+            # (the queue filled while this request was parsed and decided: refused now)
+            eng.rejected += 1
+            raise self.overloaded(req)
         lead = 0.0
         if eng.profile.hosted:
             lead = eng.lead(usage.prompt_tokens, usage.cached_tokens,
