@@ -158,6 +158,14 @@ def test_a_lead_holds_a_slot_before_the_first_step() -> None:
     run(eng)
     assert b.first_at == pytest.approx(0.11)  # joined the step formed after its lead
     assert c.admitted_at == b.finished_at  # its slot, freed when it finished
+    # a free slot: the lead starts on arrival, mid-step (it needs no step)
+    f = eng.add(10, 0, 50, 1.0)
+    eng.advance(1.0)
+    e = eng.add(10, 0, 2, 1.005, lead=0.052)
+    assert eng.step == [f] and eng.step_end == pytest.approx(1.01)
+    assert e.state == 1 and e.admitted_at == 1.005 and e.ready_at == pytest.approx(1.057)
+    run(eng)
+    assert e.first_at == pytest.approx(1.07)  # the step formed at 1.06, after its lead
     # an idle engine wakes at the end of a lead
     eng2 = Engine(small())
     d = eng2.add(10, 0, 2, 0.0, lead=0.5)

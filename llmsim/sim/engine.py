@@ -303,8 +303,15 @@ class Engine:
         s.computed = hit
         self.queried_tokens += prompt
         self.cached_tokens += hit
-        self.waiting.append(s)
-        self.peak_waiting = max(self.peak_waiting, len(self.waiting))
+        if s.lead > 0.0 and not self.waiting and len(self.running) < self.profile.max_num_seqs:
+            # a free slot: its lead starts now, as it needs no step (hosted engines)
+            s.state = RUNNING
+            s.admitted_at = now
+            s.ready_at = now + s.lead
+            self.running.append(s)
+        else:
+            self.waiting.append(s)
+            self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         if self.step_end < 0.0 or not self.step:
             # idle (or only waiting for a lead to end): an empty step that ends now, the
             # next one is formed then
