@@ -256,6 +256,7 @@ class Engine:
         self.step_end = -1.0  # when the step in flight ends (-1: idle)
         self.step_tokens = 0
         self._ids = 0
+        self.leads = False  # has any request come with a lead (hosted engines)
         # vLLM's counters and histograms
         self.steps = 0
         self.preemptions = 0
@@ -303,6 +304,8 @@ class Engine:
         s.computed = hit
         self.queried_tokens += prompt
         self.cached_tokens += hit
+        if s.lead > 0.0:
+            self.leads = True
         if s.lead > 0.0 and not self.waiting and len(self.running) < self.profile.max_num_seqs:
             # a free slot: its lead starts now, as it needs no step (hosted engines)
             s.state = RUNNING
@@ -368,11 +371,11 @@ class Engine:
                 k = min(s.computed, s.prompt) - before
                 self.prompt_tokens += k
                 s.kv_computed += k
-            if s.max_out == 0:  # prefill only: done once its prompt is computed
-                if s.computed >= s.prompt:
-                    self.running.remove(s)
-                    self._finish(s, end, "stop")
-                continue
+                if not s.max_out:  # prefill only: done once its prompt is computed
+                    if s.computed >= s.prompt:
+                        self.running.remove(s)
+                        self._finish(s, end, "stop")
+                    continue
             if s.computed >= s.total:  # every known token computed: one more comes out
                 s.produced += 1
                 self.generation_tokens += 1
@@ -449,6 +452,8 @@ class Engine:
         preempted = self.preemptions
         step: list[Seq] = []
         pending = -1.0  # the first lead that ends after now (hosted engines)
+        leads = self.leads  # (a vLLM profile's engine skips the check)
+        ready = now + _EPS
         i = 0
         while i < len(self.running) and budget > 0:
             s = self.running[i]
@@ -456,7 +461,7 @@ class Engine:
             if n <= 0:
                 i += 1
                 continue
-            if s.ready_at > now + _EPS:  # still in its lead
+            if leads and s.ready_at > ready:  # still in its lead
                 if pending < 0.0 or s.ready_at < pending:
                     pending = s.ready_at
                 i += 1
@@ -515,7 +520,7 @@ class Engine:
         dur = prof.step_time(tokens, len(step))
         end = now + dur
         for s in step:
-            if s.computed + s.scheduled >= s.total and s.max_out:
+            if s.computed + s.scheduled >= s.total:
                 s.next_at = end
         self.step = step
         self.step_end = end
