@@ -283,3 +283,25 @@ async def test_embeddings_are_prefill_only_sequences_of_a_hosted_model() -> None
     assert e.success == {"stop": 2} and e.generation_tokens == 0 and e.rejected == 1
     assert e.prompt_tokens > 3000 and not e.running and not e.waiting
     assert clock.now() - t0 > 0.1
+
+
+async def test_a_held_answer_the_engine_never_sees_keeps_a_slot() -> None:
+    """A non-streamed Responses create holds its answer without the engine: the slot model
+    admits it (one at a time, queued); a non-streamed chat answer is admitted by the slot
+    model, then handed over to the engine (never counted twice)."""
+    clock = FakeClock()
+    srv = server(clock, latency="realistic", ttft_ms=100, itl_ms=10,
+                 capacity=CapacityConfig(max_seqs=1, queue=5))
+    body = {"model": "gpt-4o", "input": "hi", "max_output_tokens": 16}
+    t0 = clock.now()
+    exs = await asyncio.gather(*(exchange(srv, body, path="/v1/responses") for _ in range(2)))
+    assert [ex.status for ex in exs] == [200, 200]
+    slots = srv.app.feature(CAPACITY).engines["gpt-4o"]
+    assert (slots.admitted, slots.active, slots.peak_waiting) == (2, 0, 1)
+    assert clock.now() - t0 > 0.2  # one after the other
+    task = asyncio.ensure_future(exchange(srv, {**CHAT, "max_tokens": 5}))
+    await _until(lambda: bool(engine(srv).running))
+    assert slots.active == 0  # (its slot went back when the engine took it)
+    ex = await task
+    assert ex.status == 200 and slots.admitted == 3 and slots.active == 0
+    assert engine(srv).success == {"length": 1}

@@ -147,8 +147,17 @@ class Serving:
         return rate * prompt / 1_000_000.0
 
     def takes(self, req: Request, route: Route) -> bool:
-        """Does the scheduler run this request (the slot model then leaves it alone)?"""
-        return self._route_engine(req, route) is not None
+        """Does the scheduler run this request (the slot model then leaves it alone)? A
+        stream or an embedding, yes; another held answer may be held by its handler without
+        the engine (the Responses API's own create), so the slot model admits it and
+        :meth:`wait` takes it over from its slot."""
+        if self._route_engine(req, route) is None:
+            return False
+        if route.name in PREFILL_ONLY or route.streaming:
+            return True
+        body = _body(req)
+        flag = body.get("stream") if isinstance(body, dict) else None
+        return bool(route.stream_default if flag is None else flag)
 
     def engine(self, model: str, req: Request | None = None) -> Engine | None:
         """The engine that serves a request for ``model``: the rank its
@@ -272,6 +281,10 @@ class Serving:
         eng = self.engine(model, req)
         if eng is None:
             return False
+        if req is not None and req.notes.slot is not None:
+            # admitted by the slot model (see takes): the engine holds it from here
+            slot, req.notes.slot = req.notes.slot, None
+            slot.release()
         eng.advance(self.app.clock.now())
         if eng.full() and req is not None:
             # (the queue filled while this request was parsed and decided: refused now)
