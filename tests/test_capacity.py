@@ -305,3 +305,14 @@ async def test_a_held_answer_the_engine_never_sees_keeps_a_slot() -> None:
     ex = await task
     assert ex.status == 200 and slots.admitted == 3 and slots.active == 0
     assert engine(srv).success == {"length": 1}
+
+
+async def test_instant_latency_stays_instant_under_capacity() -> None:
+    """Nothing to time: no scheduler, the slot count only, every event at once."""
+    clock = FakeClock()
+    srv = server(clock, latency="instant", capacity=CapacityConfig(max_seqs=2, itl_slope=0.5))
+    t0 = clock.now()
+    exs = await asyncio.gather(*(exchange(srv, STREAM) for _ in range(2)))
+    assert all(ex.complete for ex in exs) and SERVING not in srv.app.features
+    assert {t - t0 for ex in exs for t in ex.times} == {0.0}
+    assert srv.app.feature(CAPACITY).engines["gpt-4o"].admitted == 2
