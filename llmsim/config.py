@@ -349,16 +349,24 @@ def _check_engine(name: str | None, where: str) -> None:
 
 @dataclass(frozen=True)
 class CapacityConfig(_Checked):
-    """A simulated serving engine per model: concurrent sequences, a waiting queue, slowdown."""
+    """Capacity per model: the hosted models on the serving scheduler (api/serving.py, an
+    engine derived from each model's latency profile), a slot count for what it does not run."""
 
-    max_seqs: int = opt(0, "Concurrent sequences per model (0 = unlimited: capacity model off).",
-                        metavar="N")
+    max_seqs: int = opt(0, "Concurrent sequences per model (0 = unlimited: capacity model "
+                        "off). On: each model runs on a serving-engine scheduler derived from "
+                        "its own latency profile (one sequence's step is its ITL, prefill at "
+                        "its prefill rate): a request alone is timed as without it, requests "
+                        "together share steps (docs/engine.md). Not with --latency instant "
+                        "(a slot count only).", metavar="N")
     queue: int = opt(64, "Requests per model that may wait for a free sequence; beyond it they "
                      "are rejected with --capacity-reject-status.", metavar="N")
-    itl_slope: float = opt(0.0, "Inter-token slowdown per extra active sequence: gaps are "
-                           "multiplied by 1 + slope * (active - 1).", metavar="X")
-    prefill_ms_per_1k: float = opt(0.0, "Extra time to first token per 1000 prompt tokens "
-                                   "(on top of the model profile).", metavar="MS")
+    itl_slope: float = opt(0.0, "Step cost per sequence in the step, as a fraction of the "
+                           "model's ITL, once the step is compute-bound: decode is flat up to "
+                           "about 1/X sequences, then grows by X * ITL per sequence.",
+                           metavar="X")
+    prefill_ms_per_1k: float = opt(0.0, "Extra prefill compute per 1000 prompt tokens, added "
+                                   "to the model's prefill rate in the scheduler's steps (so "
+                                   "it also slows the streams sharing them).", metavar="MS")
     reject_status: int = opt(429, "Status for requests beyond the queue: 429 or 503.",
                              metavar="STATUS")
     models: Mapping[str, EngineSpec] = opt({}, "Per-model engines ([capacity.models.\"id\"]).",
@@ -503,7 +511,8 @@ class Config(_Checked):
         "prefix-cache hits, vLLM's metrics): token timing comes from the engine's steps, "
         "not from per-request latency draws. Profiles: llama-3.1-8b-h100, "
         "llama-3.1-70b-h100-tp4, llama-3-8b-a100-40gb (docs/engine.md). Off by default; "
-        "replaces --capacity-max-seqs when set.", metavar="PROFILE")
+        "when set, every model has this profile and the --capacity-* options keep only "
+        "--capacity-reject-status.", metavar="PROFILE")
     data_parallel: int = opt(
         1, "With --engine: this many engines (data-parallel ranks) per model behind the one "
         "port. A request picks one with the X-data-parallel-rank header (0..N-1, as vLLM), "

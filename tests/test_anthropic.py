@@ -150,8 +150,9 @@ def test_capacity_rejection_is_529_overloaded(make_server: Any) -> None:
     t = threading.Thread(target=rawhttp.request, args=(srv.url, "POST", "/v1/messages", body))
     t.start()
     try:
-        assert wait_for(lambda: any(e["active"] == 1 for e in rawhttp.request(
-            srv.url, "GET", "/llmsim/capacity").json()["data"]))
+        # (capacity on puts the hosted model on the serving scheduler: /llmsim/engines)
+        assert wait_for(lambda: any(e["running"] == 1 for e in rawhttp.request(
+            srv.url, "GET", "/llmsim/engines").json()["data"]))
         r = rawhttp.request(srv.url, "POST", "/v1/messages", body)
         assert r.status == 529, r.body
         assert orjson.loads(r.body)["error"]["type"] == "overloaded_error"

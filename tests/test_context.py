@@ -14,6 +14,7 @@ import pytest
 from llmsim import Config, Server
 from llmsim.api.faults import CAPACITY, FAULTS, LIMITS, QUEUE_WATCH_S
 from llmsim.api.responses.state import RESPONSES
+from llmsim.api.validate import SERVING
 from llmsim.app import App
 from llmsim.config import CapacityConfig
 from llmsim.messages import JSONResponse, Request
@@ -128,6 +129,10 @@ async def test_the_queue_watch_runs_on_the_app_clock() -> None:
     srv.app.drop_departed = drop
     cap = srv.app.feature(CAPACITY)
     assert cap is not None
+    serving = srv.app.feature(SERVING)  # (capacity on: gpt-4o runs on the scheduler)
+
+    def eng() -> Any:
+        return serving.ranks_of("gpt-4o")[0]
     raw = orjson.dumps({**CHAT, "stream": True, "max_tokens": 50})
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
            % (len(raw), raw))
@@ -135,16 +140,16 @@ async def test_the_queue_watch_runs_on_the_app_clock() -> None:
     _p1.data_received(req)
     for _ in range(10_000):  # the first request holds the sequence
         await asyncio.sleep(0)
-        if cap.engine("gpt-4o").active:
+        if eng().running:
             break
     _p2, tr2 = connect(srv)
     _p2.data_received(req)
     for _ in range(10_000):
         await asyncio.sleep(0)
-        if cap.engine("gpt-4o").waiting:
+        if eng().waiting:
             break
     queued_at = clock.now()
-    assert cap.engine("gpt-4o").waiting
+    assert eng().waiting
     for _ in range(10_000):
         if seen:
             break
@@ -155,9 +160,9 @@ async def test_the_queue_watch_runs_on_the_app_clock() -> None:
     tr2.close()
     for _ in range(10_000):
         await asyncio.sleep(0)
-        if not cap.engine("gpt-4o").waiting and cap.engine("gpt-4o").active == 0:
+        if not eng().waiting and not eng().running:
             break
-    assert cap.engine("gpt-4o").active == 0
+    assert not eng().running and not eng().waiting
 
 
 def test_forked_workers_never_repeat_request_ids() -> None:

@@ -129,6 +129,68 @@ def test_abort_frees_blocks_and_seat() -> None:
     assert eng.success == {"stop": 1}
 
 
+def test_a_prefill_only_sequence_finishes_with_its_prompt() -> None:
+    """An embedding: its prompt's chunks share the budget with a decoding sequence; it ends
+    at its last chunk's step with no output token."""
+    eng = Engine(small(max_num_batched_tokens=2048))
+    a = eng.add(10, 0, 100, 0.0)
+    e = eng.add(3000, 0, 0, 0.0)
+    eng.advance(0.0)
+    assert eng.step_tokens == 10 + 2038  # a's prompt, e's first chunk
+    run(eng)
+    assert e.finished_at == pytest.approx(0.02) and e.produced == 0 and e.first_at < 0
+    assert a.produced == 100 and eng.generation_tokens == 100
+    assert eng.success == {"stop": 2} and eng.free == eng.profile.num_blocks
+
+
+def test_a_lead_holds_a_slot_before_the_first_step() -> None:
+    """A hosted model's request spends its lead admitted (counted running, its slot taken)
+    but not scheduled; the steps go on without it."""
+    eng = Engine(small(max_num_seqs=2))
+    a = eng.add(10, 0, 20, 0.0)
+    b = eng.add(10, 0, 3, 0.0, lead=0.095)
+    c = eng.add(10, 0, 3, 0.0)
+    eng.advance(0.0)
+    assert (a.state, b.state, c.state) == (1, 1, 0) and b.ready_at == pytest.approx(0.095)
+    assert eng.step == [a]
+    eng.advance(0.09)
+    assert b.computed == 0 and a.produced == 9
+    run(eng)
+    assert b.first_at == pytest.approx(0.11)  # joined the step formed after its lead
+    assert c.admitted_at == b.finished_at  # its slot, freed when it finished
+    # a free slot: the lead starts on arrival, mid-step (it needs no step)
+    f = eng.add(10, 0, 50, 1.0)
+    eng.advance(1.0)
+    e = eng.add(10, 0, 2, 1.005, lead=0.052)
+    assert eng.step == [f] and eng.step_end == pytest.approx(1.01)
+    assert e.state == 1 and e.admitted_at == 1.005 and e.ready_at == pytest.approx(1.057)
+    run(eng)
+    assert e.first_at == pytest.approx(1.07)  # the step formed at 1.06, after its lead
+    # an idle engine wakes at the end of a lead
+    eng2 = Engine(small())
+    d = eng2.add(10, 0, 2, 0.0, lead=0.5)
+    eng2.advance(0.0)
+    assert eng2.step_end == pytest.approx(0.5) and not eng2.step
+    run(eng2)
+    assert d.first_at == pytest.approx(0.51) and d.finished_at == pytest.approx(0.52)
+
+
+def test_hosted_profile_steps_are_the_itl_alone_then_bend() -> None:
+    from llmsim.sim.engine import hosted_profile
+
+    p = hosted_profile("m", 12.0, 90.0, 0.1, 8, 4, 128_000)
+    assert p.step_time(1, 1) == pytest.approx(0.012, abs=1e-12)
+    assert p.step_time(4, 4) < 0.0121  # memory-bound: flat
+    assert p.step_time(64, 64) == pytest.approx((0.09 * 64 + 1.2 * 64) / 1000, rel=0.01)
+    assert p.step_time(1000, 1) == pytest.approx(0.0912, rel=0.01)  # prefill at its rate
+    assert p.solo(20_000, 3) == pytest.approx(
+        2 * p.step_time(8192) + p.step_time(20_000 - 16_384) + 3 * p.step_time(1))
+    assert (p.max_num_seqs, p.max_waiting, p.hosted) == (8, 4, True)
+    # a slope past the ITL: even one sequence is compute-bound
+    assert hosted_profile("m", 10.0, 0.0, 2.0, 1, 0, 10).step_time(1, 1) == \
+        pytest.approx(0.02)
+
+
 def test_unknown_profile_names_the_choices() -> None:
     with pytest.raises(KeyError, match="llama-3.1-8b-h100"):
         profile("nope")

@@ -312,3 +312,73 @@ async def test_per_model_profile_from_the_config_file() -> None:
     assert engs["small"][0].generation_tokens == 10
     with pytest.raises(Exception, match="engine"):
         EngineSpec(engine="nope")
+
+
+# ------------------------------------------------------------------------------ embeddings
+SERVED = "meta-llama/Llama-3.1-8B-Instruct"  # one id for chat and embeddings (vLLM's way)
+
+
+def embed_body(words: int) -> dict[str, Any]:
+    return {"model": SERVED, "input": "word " * words}
+
+
+async def _spin(cond: Any, passes: int = 100_000) -> None:
+    for _ in range(passes):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never")
+
+
+async def test_embeddings_share_the_engine_with_chat_streams(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embeddings request is a prefill-only sequence of the model's engine: it counts as
+    running while its prompt is computed, and chat streams behind a burst of them wait for
+    those prefill steps (their TTFT grows); no output token is generated for it."""
+    prof = replace(H100, name="test-slow-prefill", c_ms=0.5)  # 4,000 tokens: ~2 s
+    monkeypatch.setitem(sim_engine.PROFILES, "test-slow-prefill", prof)
+    clock = FakeClock()
+    srv = server(clock, engine="test-slow-prefill", latency="realistic")
+    chat = {**exact(8), "model": SERVED}
+    t0 = clock.now()
+    alone = await exchange(srv, chat)
+    ttft_alone = token_times(alone)[0] - t0
+    eng = engine_of(srv, SERVED)
+    burst = [asyncio.ensure_future(exchange(srv, embed_body(4000), path="/v1/embeddings"))
+             for _ in range(4)]
+    await _spin(lambda: len(eng.running) + len(eng.waiting) == 4)
+    fams = await metrics(srv)  # in flight: the embeddings are the engine's requests
+    in_flight = value(fams, "vllm:num_requests_running", model_name=SERVED) + value(
+        fams, "vllm:num_requests_waiting", model_name=SERVED)
+    assert in_flight == 4 and value(fams, "vllm:num_requests_running", model_name=SERVED) >= 1
+    t1 = clock.now()
+    streams = await asyncio.gather(*(exchange(srv, chat) for _ in range(2)))
+    exs = await asyncio.gather(*burst)
+    assert all(ex.status == 200 and len(ex.json()["data"]) == 1 for ex in exs)
+    ttfts = [token_times(ex)[0] - t1 for ex in streams]
+    # behind two steps of ~8,000 prefill tokens each (~4 s each at 0.5 ms a token)
+    assert ttft_alone < 0.05 and min(ttfts) > 2.0 > 40 * ttft_alone
+    assert eng.success == {"length": 3, "stop": 4}
+    assert eng.generation_tokens == 3 * 8 and eng.prompt_tokens > 16_000
+    assert not eng.running and not eng.waiting and eng.free == prof.num_blocks
+    fams = await metrics(srv)
+    assert value(fams, "vllm:request_success", "vllm:request_success_total",
+                 model_name=SERVED, finished_reason="stop") == 4
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_embeddings_beyond_the_queue_get_the_capacity_error(
+        monkeypatch: pytest.MonkeyPatch, status: int) -> None:
+    from llmsim.config import CapacityConfig
+
+    prof = replace(H100, name="test-one-seat", max_num_seqs=1, max_waiting=1)
+    monkeypatch.setitem(sim_engine.PROFILES, "test-one-seat", prof)
+    srv = server(FakeClock(), engine="test-one-seat",
+                 capacity=CapacityConfig(reject_status=status))
+    exs = await asyncio.gather(*(exchange(srv, embed_body(3000), path="/v1/embeddings")
+                                 for _ in range(3)))
+    assert sorted(ex.status for ex in exs) == [200, 200, status]
+    err = next(ex for ex in exs if ex.status == status).json()["error"]
+    assert err["message"].startswith("That model is currently overloaded")
+    eng = engine_of(srv, SERVED)
+    assert eng.rejected == 1 and eng.success == {"stop": 2} and not eng.running

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from llmsim.api.faults import CAPACITY
+from llmsim.api.validate import SERVING
 from llmsim.config import CapacityConfig, RateLimitConfig
 from llmsim.streaming.clock import FakeClock
 
@@ -138,7 +139,9 @@ async def test_capacity_waves_on_responses() -> None:
     assert all(types(ex)[-1] == "response.completed" for ex in exs)
     ends = sorted(round(ex.times[-1] - t0, 6) for ex in exs)
     assert ends == [0.17, 0.34, 0.51]  # 100 ms + 7 gaps of 10 ms, one at a time
-    assert srv.app.feature(CAPACITY).engine("gpt-4o").active == 0
+    eng = srv.app.feature(SERVING).engines["gpt-4o"][0]  # (on the serving scheduler)
+    assert not eng.running and eng.success == {"stop": 3}
+    assert srv.app.feature(CAPACITY).engines == {}
 
 
 # ------------------------------------------------------------------------------ WebSocket

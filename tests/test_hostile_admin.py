@@ -228,7 +228,8 @@ def _post(sock: socket.socket, body: dict[str, Any]) -> None:
 
 
 def _capacity(url: str) -> dict[str, Any]:
-    data = rawhttp.request(url, "GET", "/llmsim/capacity").json()["data"]
+    """gpt-4o's engine (capacity on puts the hosted model on the serving scheduler)."""
+    data = rawhttp.request(url, "GET", "/llmsim/engines").json()["data"]
     return data[0] if data else {}
 
 
@@ -272,7 +273,7 @@ def test_clients_that_leave_the_queue_free_it_at_once(make_server: Any, how: str
         by_status = rawhttp.request(st.url, "GET", "/llmsim/stats").json()["requests_by_status"]
         assert by_status.get("499") == 2  # counted as "client closed request"
         cap = _capacity(st.url)
-        assert (cap["active"], cap["rejected"]) == (1, 0)
+        assert (cap["running"], cap["rejected"]) == (1, 0)
         # the queue is whole again: two new requests queue (a phantom would make one a 429)
         fresh = [rawhttp.connect(st.url) for _ in range(2)]
         socks += fresh
@@ -283,7 +284,7 @@ def test_clients_that_leave_the_queue_free_it_at_once(make_server: Any, how: str
         for s in fresh:
             s.settimeout(10)
             assert s.recv(64).startswith(b"HTTP/1.1 200")
-        _until(lambda: _capacity(st.url).get("active") == 0)
+        _until(lambda: _capacity(st.url).get("running") == 0)
         _until(lambda: _idle(st.url))
         assert _queued_gauges(st.url) == (0, 0.0)
         assert _capacity(st.url)["rejected"] == 0

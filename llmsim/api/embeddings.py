@@ -5,8 +5,10 @@
 models; all together at most :data:`MAX_TOTAL_TOKENS`), ``dimensions`` shortens the vectors of
 the text-embedding-3 models, ``encoding_format`` is ``float`` or ``base64`` (the SDK's default:
 little-endian float32), ``user`` is validated and ignored. The answer is held for the model's
-time (``ttft_ms`` plus ``prefill_ms_per_1k`` per 1000 input tokens, jittered as a TTFT) under
-the capacity model, counted as a running request; usage counts the input tokens.
+time (``ttft_ms`` plus ``prefill_ms_per_1k`` per 1000 input tokens, jittered as a TTFT),
+counted as a running request; when a serving engine serves the model (``--engine``, or
+capacity on), its input is a prefill-only sequence there and the answer waits for it
+(``deliver_after``); usage counts the input tokens.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ async def create(req: Request, app: Services) -> JSONResponse:
         if i % YIELD_EVERY == YIELD_EVERY - 1:
             await asyncio.sleep(0)  # a 2048-input request must not hold other clients
     rng = request_rng(app.config.seed, "/v1/embeddings", body)
-    await deliver_after(app, model, app.latency(profile).ttft(rng, total))
+    # (Usage(total): no output tokens, a prefill-only sequence when an engine serves it)
+    await deliver_after(app, model, app.latency(profile).ttft(rng, total), Usage(total), req)
     return JSONResponse({"object": "list", "data": data, "model": model,
                          "usage": {"prompt_tokens": total, "total_tokens": total}},
                         model=model, usage=Usage(total))

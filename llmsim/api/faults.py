@@ -58,7 +58,7 @@ from ..streaming.stream import close_plan
 from .azure import is_entra_token
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from ..sim.decide import Usage
     from ..streaming.clock import Timer
@@ -431,8 +431,13 @@ class Capacity:
         self.app = app
         self.config = app.config.capacity
         self.engines: dict[str, Engine] = {}
-        self.waiting: dict[asyncio.Future[None], str] = {}  # queued HTTP waiter → client
+        # queued HTTP waiter (anything with done(): a future, a scheduler's queued request)
+        # → its client
+        self.waiting: dict[Any, str] = {}
         self._watch: Timer | None = None
+        # the requests the serving scheduler runs instead (set by api/serving.py when
+        # capacity puts hosted models on it)
+        self.skip: Callable[[Request, Route], bool] | None = None
 
     def engine(self, model: str) -> Engine:
         eng = self.engines.get(model)
@@ -469,7 +474,7 @@ class Capacity:
         if not is_api_path(req.path):
             return None
         model = _model(req)
-        if model is None:
+        if model is None or self.skip is not None and self.skip(req, route):
             return None
         eng = self.engine(model)
         if not eng.try_admit():
@@ -493,6 +498,18 @@ class Capacity:
                 self.waiting.pop(fut, None)
         req.notes.slot = Slot(eng, self)
         return None
+
+    def watch(self, waiter: Any, req: Request) -> bool:
+        """Watch the client of ``req`` while ``waiter.done()`` is False (queued): the
+        serving scheduler's queue has the same departure check. False: nothing to watch."""
+        if req.transport != "http" or not req.client:
+            return False
+        self.waiting[waiter] = req.client
+        self._arm_watch()
+        return True
+
+    def unwatch(self, waiter: Any) -> None:
+        self.waiting.pop(waiter, None)
 
     def _arm_watch(self) -> None:
         if self._watch is None and self.app.drop_departed is not None:

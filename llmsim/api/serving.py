@@ -17,6 +17,16 @@ cache's ``cached_tokens`` skip prefill) and its output tokens:
   reasoning tokens come first: the first visible event is the engine's token
   ``reasoning_tokens``.
 - a non-streamed answer waits for its sequence to finish (``deliver_after``).
+- an embeddings request (:data:`PREFILL_ONLY` routes) is a prefill-only sequence: its answer
+  is held until its prompt is computed.
+
+Hosted models on the scheduler. Without ``--engine``, a model with capacity on
+(``--capacity-max-seqs``, not ``--latency instant``) gets an engine derived from its own
+latency profile (:func:`~llmsim.sim.engine.hosted_profile`). Each request joins it with a
+*lead*: its own time to the first token (the plan's, jitter included; for a held answer, its
+whole time) less what the engine would take for it alone, so a request alone is timed as
+without the engine and one among many waits for the steps it shares. The slot model
+(``api/faults.Capacity``) keeps the requests this scheduler does not take (:meth:`takes`).
 
 The engine itself never reads the clock: a timer at each step's end advances it, and every
 question about a sequence advances it first, so the order in which the clock fires the two
@@ -32,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import APIError, E
 from ..messages import JSONResponse, Request, Result, StreamResponse
 from ..routing import Route
-from ..sim.engine import Engine, Seq, profile
+from ..sim.engine import Engine, EngineProfile, Seq, hosted_profile, profile
 from ..sim.faults import retry_headers
 from ..streaming.stream import close_plan
-from .faults import _body
+from .faults import CAPACITY, _body
 from .validate import SERVING
 
 if TYPE_CHECKING:
@@ -44,12 +54,14 @@ if TYPE_CHECKING:
     from ..streaming.stream import EventStream, PlanItem
     from .services import Host, Services
 
-__all__ = ["SERVING", "Serving", "register", "ENGINE_WAIT", "max_tokens_of"]
+__all__ = ["SERVING", "Serving", "register", "ENGINE_WAIT", "max_tokens_of", "PREFILL_ONLY"]
 
 ENGINE_WAIT = "_engine"  # the control item a paced stream waits on (flow.Pump ignores it)
 MAX_ENGINES = 1024  # models with engines (ids come from clients: the rest share one set)
 RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which data-parallel engine serves a request
 _MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+PREFILL_ONLY = frozenset(("embeddings",))  # routes whose requests only prefill (by name)
+PEEK = 64  # plan events read ahead for a stream's time to first token (a work bound)
 
 
 def max_tokens_of(body: Any) -> int | None:
@@ -72,6 +84,8 @@ class Serving:
         self.per_model = {m: s.engine for m, s in cfg.capacity.models.items()
                           if s.engine is not None}
         self.ranks = app.config.data_parallel
+        self.capacity = cfg.capacity
+        self.watcher = app.feature(CAPACITY)  # the queue's departure watch
         self.engines: dict[str, list[Engine]] = {}  # model → its engine per rank
         self._armed: dict[Engine, float] = {}  # engine → deadline of its armed timer
         self._timers: dict[Engine, Timer] = {}
@@ -87,16 +101,63 @@ class Serving:
         if engs is not None:
             return engs
         name = self.per_model.get(model, self.default)
-        if not name:
+        prof = profile(name) if name else self.hosted(model)
+        if prof is None:
             return None
+        ranks = self.ranks if name else 1
         if len(self.engines) >= MAX_ENGINES:
             model = ""  # one shared overflow set
             engs = self.engines.get(model)
             if engs is not None:
                 return engs
-        prof = profile(name)
-        engs = self.engines[model] = [Engine(prof, model, r) for r in range(self.ranks)]
+        engs = self.engines[model] = [Engine(prof, model, r) for r in range(ranks)]
         return engs
+
+    def hosted(self, model: str) -> EngineProfile | None:
+        """The engine profile of hosted model ``model`` under the capacity options (None:
+        capacity off for it, instant latency, or no inter-token time to build steps of)."""
+        c = self.capacity
+        spec = c.models.get(model)
+
+        def pick(name: str) -> Any:
+            v = getattr(spec, name, None) if spec is not None else None
+            return getattr(c, name) if v is None else v
+
+        max_seqs = pick("max_seqs")
+        if not max_seqs:
+            return None
+        mp = self.app.registry.get(model)
+        if mp is None:
+            return None
+        lat = self.app.latency(mp)
+        itl = lat.mean_gap() * 1000.0
+        if lat.instant or itl <= 0.0:
+            return None
+        # the model's prefill rate is in its TTFT only when that is drawn (not --ttft-ms)
+        rate = pick("prefill_ms_per_1k") + (mp.prefill_ms_per_1k
+                                            if lat.fixed_ttft_ms is None else 0.0)
+        return hosted_profile(model, itl, rate, pick("itl_slope"), max_seqs, pick("queue"),
+                              mp.context_window + mp.max_output_tokens)
+
+    def cap_prefill(self, model: str, prompt: int) -> float:
+        """The capacity option's extra time to first token for a stream (seconds)."""
+        spec = self.capacity.models.get(model)
+        v = spec.prefill_ms_per_1k if spec is not None else None
+        rate = self.capacity.prefill_ms_per_1k if v is None else v
+        return rate * prompt / 1_000_000.0
+
+    def takes(self, req: Request, route: Route) -> bool:
+        """Does the scheduler run this request (the slot model then leaves it alone)? A
+        stream or an embedding, yes; another held answer may be held by its handler without
+        the engine (the Responses API's own create), so the slot model admits it and
+        :meth:`wait` takes it over from its slot."""
+        if self._route_engine(req, route) is None:
+            return False
+        if route.name in PREFILL_ONLY or route.streaming:
+            return True
+        body = _body(req)
+        flag = body.get("stream") if isinstance(body, dict) else None
+        return bool(route.stream_default if flag is None else flag)
 
     def engine(self, model: str, req: Request | None = None) -> Engine | None:
         """The engine that serves a request for ``model``: the rank its
@@ -141,10 +202,11 @@ class Serving:
         self.app.stats.set_gauge("queue_depth", eng.name or None,
                                  sum(len(e.waiting) for e in engs))
 
-    def add(self, eng: Engine, usage: Usage, body: Any, on_done: Any = None) -> Seq:
+    def add(self, eng: Engine, usage: Usage, body: Any, on_done: Any = None,
+            lead: float = 0.0) -> Seq:
         now = self.app.clock.now()
         seq = eng.add(usage.prompt_tokens, usage.cached_tokens, usage.output_tokens, now,
-                      on_done, max_tokens_of(body))
+                      on_done, max_tokens_of(body), lead)
         eng.advance(now)
         self.arm(eng)
         self._gauge(eng)
@@ -160,7 +222,7 @@ class Serving:
     # -- hooks -----------------------------------------------------------------------------
 
     def _route_engine(self, req: Request, route: Route) -> Engine | None:
-        if not route.stream_capable:
+        if not route.stream_capable and route.name not in PREFILL_ONLY:
             return None
         body = _body(req)
         model = body.get("model") if isinstance(body, dict) else None
@@ -187,36 +249,75 @@ class Serving:
         eng = self._route_engine(req, route)
         if eng is None:
             return
-        seq = self.add(eng, s.usage, _body(req))
         first = s.usage.reasoning_tokens
+        lead = 0.0
+        if eng.profile.hosted:
+            head: list[PlanItem] = []
+            s.wrap(lambda plan: _peeked(plan, s, head))
+            # the plan's own time to first token (the first event _paced holds)
+            ttft = head[-1][0] if head else 0.0
+            k = min(first, max(0, s.usage.output_tokens - 1))
+            lead = eng.lead(s.usage.prompt_tokens, s.usage.cached_tokens, k,
+                            ttft + self.cap_prefill(eng.name, s.usage.prompt_tokens))
+        seq = self.add(eng, s.usage, _body(req), lead=lead)
         s.wrap(lambda plan: _paced(plan, self, eng, seq, s, first))
         prev = res.on_close
+        queued = self._watch(seq, req)
 
         def on_close(reason: str) -> None:
+            if queued is not None:
+                self.watcher.unwatch(queued)  # type: ignore[union-attr]
             self.end(eng, seq)
             if prev is not None:
                 prev(reason)
 
         res.on_close = on_close
 
-    async def wait(self, model: str, usage: Usage, req: Request | None) -> bool:
-        """Hold a non-streamed answer until the engine has generated it; False when no
-        engine serves ``model``."""
+    async def wait(self, model: str, usage: Usage, req: Request | None,
+                   seconds: float = 0.0) -> bool:
+        """Hold a non-streamed answer until the engine has generated it (an answer with no
+        output tokens: until its prompt is computed); False when no engine serves ``model``.
+        ``seconds``: the answer's own time, for a hosted model's engine."""
         eng = self.engine(model, req)
         if eng is None:
             return False
+        if req is not None and req.notes.slot is not None:
+            # admitted by the slot model (see takes): the engine holds it from here
+            slot, req.notes.slot = req.notes.slot, None
+            slot.release()
+        eng.advance(self.app.clock.now())
+        if eng.full() and req is not None:
+            # (the queue filled while this request was parsed and decided: refused now)
+            eng.rejected += 1
+            raise self.overloaded(req)
+        lead = 0.0
+        if eng.profile.hosted:
+            lead = eng.lead(usage.prompt_tokens, usage.cached_tokens,
+                            usage.output_tokens - 1, seconds)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(_: Seq) -> None:
             if not fut.done():
                 fut.set_result(None)
 
-        seq = self.add(eng, usage, _body(req) if req is not None else None, done)
+        seq = self.add(eng, usage, _body(req) if req is not None else None, done, lead)
+        queued = self._watch(seq, req) if req is not None else None
         try:
             await fut
         finally:
+            if queued is not None:
+                self.watcher.unwatch(queued)  # type: ignore[union-attr]
             self.end(eng, seq)  # (a no-op once finished; a client gone frees its blocks)
         return True
+
+    def _watch(self, seq: Seq, req: Request) -> _Queued | None:
+        """While ``seq`` waits for admission, its client is watched as the slot model's
+        queue is: a client that sent EOF is dropped, its connection closed, its
+        sequence ended (the capacity model's ``QUEUE_WATCH_S``)."""
+        if self.watcher is None or seq.admitted_at >= 0.0:
+            return None
+        q = _Queued(seq)
+        return q if self.watcher.watch(q, req) else None
 
     # -- views -----------------------------------------------------------------------------
 
@@ -243,6 +344,42 @@ class Serving:
         for eng in self._all():
             eng.advance(app.clock.now())
         return JSONResponse({"object": "list", "data": [e.public() for e in self._all()]})
+
+
+class _Queued:
+    """A sequence as a waiter of the departure watch: done once admitted."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: Seq) -> None:
+        self.seq = seq
+
+    def done(self) -> bool:
+        return self.seq.admitted_at >= 0.0 or self.seq.finished_at >= 0.0
+
+
+def _peeked(plan: Iterator[PlanItem], stream: EventStream,
+            head: list[PlanItem]) -> Iterator[PlanItem]:
+    """The plan, its first events read now into ``head`` up to the first one
+    :func:`_paced` holds for a token (at most :data:`PEEK`), then handed on unchanged."""
+    is_token = stream.dialect.is_token
+    types = stream.dialect.token_types
+    it = iter(plan)
+    for item in it:
+        head.append(item)
+        off, etype, data = item
+        if off > 0.0 or (etype in types if types is not None else is_token(etype, data)) \
+                or len(head) >= PEEK:
+            break
+    return _then_plan(head[:], it)
+
+
+def _then_plan(head: list[PlanItem], rest: Iterator[PlanItem]) -> Iterator[PlanItem]:
+    try:
+        yield from head
+        yield from rest
+    finally:
+        close_plan(rest)
 
 
 def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
@@ -279,9 +416,15 @@ def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
 
 
 def register(app: Host) -> None:
-    if not app.config.engine and not any(s.engine for s in app.config.capacity.models.values()):
+    cfg = app.config
+    hosted = not cfg.engine and cfg.capacity.enabled and cfg.latency != "instant"
+    if not cfg.engine and not any(s.engine for s in cfg.capacity.models.values()) \
+            and not hosted:
         return
     serving = Serving(app)
+    cap = app.feature(CAPACITY)
+    if hosted and cap is not None:  # the slot model keeps what the scheduler does not take
+        cap.skip = serving.takes
     app.set_feature(SERVING, serving)
     app.before.append(serving.before)
     # before the fault hook, which the capacity hooks keep last

@@ -283,10 +283,11 @@ class BodyMemo:
 class EngineWait(Protocol):
     """The serving engines (``--engine``, api/serving.py) as a held answer waits for them."""
 
-    async def wait(self, model: str, usage: Usage, req: Request | None) -> bool: ...
+    async def wait(self, model: str, usage: Usage, req: Request | None,
+                   seconds: float = 0.0) -> bool: ...
 
 
-# the engines in App.features (set by api/serving.py with --engine only)
+# the engines in App.features (set by api/serving.py: --engine, or capacity on hosted models)
 SERVING: Key[EngineWait] = Key("serving")
 
 
@@ -294,12 +295,13 @@ async def deliver_after(app: Services, model: str, seconds: float, usage: Usage 
                         req: Request | None = None) -> None:
     """Hold a non-streamed answer until its generation would have finished, counted as a
     running request of ``model`` meanwhile (``vllm:num_requests_running``): ``seconds``, or,
-    with ``--engine`` and the answer's ``usage``, until the engine has generated it."""
+    when an engine serves ``model`` and the answer's ``usage`` is given, until the engine has
+    generated it (a hosted model's engine given ``seconds`` as the answer's own time)."""
     serving = app.feature(SERVING)
     if serving is not None and usage is not None:
         key = app.stats.running_open(model)
         try:
-            if await serving.wait(model, usage, req):
+            if await serving.wait(model, usage, req, seconds):
                 return
         finally:
             app.stats.running_close(key)

@@ -1,4 +1,7 @@
-"""The capacity model, sans-IO: a simulated serving engine per model.
+"""The capacity model's slot count, sans-IO: a simulated serving engine per model for the
+requests the serving scheduler does not run (capacity on puts hosted models' chat, streams
+and embeddings on :mod:`llmsim.sim.engine`; this keeps ``--latency instant`` and the media
+endpoints).
 
 Theory of operation. An :class:`Engine` runs at most ``max_seqs`` sequences at once. A request
 that finds every sequence busy waits in a FIFO queue of at most ``queue`` entries; one that

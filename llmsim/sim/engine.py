@@ -22,6 +22,14 @@ timer at :attr:`Engine.step_end`, and by anyone who asks about a sequence), proc
 step that has ended by then and forms the next. Prompt tokens already in the prefix cache
 (``cached``, from :mod:`llmsim.sim.cache`, the one prompt cache) skip prefill compute, whole
 blocks only.
+
+A hosted model's engine (:func:`hosted_profile`, for ``--capacity-max-seqs``) is derived from
+its latency profile: one decoding sequence's step is the model's inter-token latency, prefill
+costs its prefill rate. Its requests carry a ``lead``: the part of their own time to first
+token that is not the engine's work (the provider's fixed overhead), spent holding a sequence
+slot before their first step (``ready_at``), so a request alone is timed as without the engine.
+A request with ``max_out == 0`` is prefill-only (an embedding): it finishes when its prompt is
+computed, with no output token.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class EngineProfile:
     max_num_batched_tokens: int
     max_waiting: int  # queued requests before new ones are refused
     max_model_len: int
+    hosted: bool = False  # derived from a hosted model's latency profile (hosted_profile)
 
     def step_time(self, tokens: int, seqs: int = 1) -> float:
         """Seconds one step of ``tokens`` tokens of ``seqs`` sequences takes."""
@@ -66,6 +75,42 @@ class EngineProfile:
         b = self.c_ms * tokens + self.d_ms * seqs
         p = self.p
         return (a ** p + b ** p) ** (1.0 / p) / 1000.0
+
+    def solo(self, uncached: int, k: int) -> float:
+        """Seconds a request alone takes to output token ``k`` (0-based; -1: its prompt
+        only) when ``uncached`` prompt tokens are computed: its prefill chunks, then one
+        decode step per token."""
+        budget = self.max_num_batched_tokens
+        n = max(1, uncached)
+        full, rest = divmod(n, budget)
+        t = full * self.step_time(budget) + (self.step_time(rest) if rest else 0.0)
+        return t + max(0, k) * self.step_time(1)
+
+
+HOSTED_P = 10.0  # the knee's sharpness of a hosted model's engine (the H100 fit's)
+HOSTED_BATCHED_TOKENS = 8192  # vLLM's default token budget per step
+HOSTED_BLOCK = 16
+
+
+def hosted_profile(model: str, itl_ms: float, prefill_ms_per_1k: float, slope: float,
+                   max_seqs: int, queue: int, max_model_len: int) -> EngineProfile:
+    """The engine of a hosted model under ``--capacity-max-seqs``: one decoding sequence's
+    step lasts ``itl_ms`` (``t0`` solved for it), each token computed costs
+    ``prefill_ms_per_1k / 1000`` and each sequence in a step ``slope * itl_ms`` once the
+    step is compute-bound; ``max_seqs`` sequences, ``queue`` waiting, a KV cache that holds
+    every sequence at ``max_model_len`` (hosted APIs show no preemption)."""
+    c = max(0.0, prefill_ms_per_1k) / 1000.0
+    d = max(0.0, slope) * itl_ms
+    b1 = c + d
+    # (c + d >= itl: even one sequence is compute-bound, its step is c + d)
+    t0 = (itl_ms ** HOSTED_P - b1 ** HOSTED_P) ** (1.0 / HOSTED_P) if b1 < itl_ms else 0.0
+    length = max(1, max_model_len)
+    return EngineProfile(
+        name=f"hosted:{model}", source="derived from the model's latency profile and the "
+        "capacity options (--capacity-*)", t0_ms=t0, c_ms=c, d_ms=d, p=HOSTED_P,
+        block_size=HOSTED_BLOCK, num_blocks=max(1, max_seqs) * -(-(length + 1) // HOSTED_BLOCK),
+        max_num_seqs=max(1, max_seqs), max_num_batched_tokens=HOSTED_BATCHED_TOKENS,
+        max_waiting=max(0, queue), max_model_len=length, hosted=True)
 
 
 def _load() -> dict[str, EngineProfile]:
@@ -154,15 +199,15 @@ class Seq:
     __slots__ = ("id", "prompt", "cached", "max_out", "arrival", "computed", "produced",
                  "blocks", "state", "scheduled", "next_at", "first_at", "last_at",
                  "admitted_at", "preemptions", "on_done", "finished_at", "reason",
-                 "kv_computed", "max_tokens")
+                 "kv_computed", "max_tokens", "lead", "ready_at")
 
     def __init__(self, id: int, prompt: int, cached: int, max_out: int, arrival: float,
                  on_done: Callable[[Seq], None] | None = None,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, lead: float = 0.0) -> None:
         self.id = id
         self.prompt = max(1, prompt)
         self.cached = cached
-        self.max_out = min(max(1, max_out), MAX_OUTPUT)
+        self.max_out = min(max(0, max_out), MAX_OUTPUT)  # (0: prefill only)
         self.arrival = arrival
         self.computed = 0  # tokens with KV (prompt and output)
         self.produced = 0
@@ -179,6 +224,8 @@ class Seq:
         self.reason = ""
         self.kv_computed = 0  # prompt tokens whose KV was computed (not read from cache)
         self.max_tokens = max_tokens
+        self.lead = lead  # seconds admitted before its first step (hosted engines)
+        self.ready_at = -1.0  # when it may be scheduled (set when first admitted)
 
     @property
     def total(self) -> int:
@@ -209,6 +256,7 @@ class Engine:
         self.step_end = -1.0  # when the step in flight ends (-1: idle)
         self.step_tokens = 0
         self._ids = 0
+        self.leads = False  # has any request come with a lead (hosted engines)
         # vLLM's counters and histograms
         self.steps = 0
         self.preemptions = 0
@@ -231,37 +279,60 @@ class Engine:
     # -- requests --------------------------------------------------------------------------
 
     def full(self) -> bool:
-        """Is the waiting queue full (a new request would be refused)?"""
-        return len(self.waiting) >= self.profile.max_waiting
+        """Is the waiting queue full (a new request would be refused)? Queued requests that
+        free sequence slots will take at the next step do not count."""
+        p = self.profile
+        return len(self.waiting) >= p.max_waiting + max(0, p.max_num_seqs - len(self.running))
 
     def add(self, prompt: int, cached: int, max_out: int, now: float,
             on_done: Callable[[Seq], None] | None = None,
-            max_tokens: int | None = None) -> Seq:
+            max_tokens: int | None = None, lead: float = 0.0) -> Seq:
         """Queue a request of ``prompt`` tokens (``cached`` of them in the prefix cache) that
-        generates ``max_out`` tokens. The caller checked :meth:`full` first. An idle engine
-        forms its next step at ``now`` (:meth:`advance`), with every request added by then."""
+        generates ``max_out`` tokens (0: prefill only), ``lead`` seconds admitted before its
+        first step. The caller checked :meth:`full` first. An idle engine forms its next
+        step at ``now`` (:meth:`advance`), with every request added by then."""
         while 0.0 <= self.step_end < now - _EPS:  # (steps over before it came)
             end = self.step_end  # (_end_step clears it)
             self._end_step(end)
             self._schedule(end)
         self._ids += 1
-        bs = self.profile.block_size
+        prompt, hit = self._sizes(prompt, cached)
         # a request must fit the KV cache alone (vLLM refuses longer ones at max_model_len,
         # which the caller checks): its output is cut to what fits, so it can always run
-        room = self.profile.num_blocks * bs
-        prompt = min(max(1, prompt), room - 1)
-        max_out = min(max_out, room - prompt)
-        # whole cached blocks only, and the last prompt token is always computed (vLLM)
-        hit = min(max(0, cached), prompt - 1) // bs * bs
-        s = Seq(self._ids, prompt, hit, max_out, now, on_done, max_tokens)
+        max_out = min(max(0, max_out), self.profile.num_blocks * self.profile.block_size - prompt)
+        s = Seq(self._ids, prompt, hit, max_out, now, on_done, max_tokens, max(0.0, lead))
         s.computed = hit
         self.queried_tokens += prompt
         self.cached_tokens += hit
-        self.waiting.append(s)
-        self.peak_waiting = max(self.peak_waiting, len(self.waiting))
-        if self.step_end < 0.0:
-            self.step_end = now  # an empty step that ends now: the next one is formed then
+        if s.lead > 0.0:
+            self.leads = True
+        if s.lead > 0.0 and not self.waiting and len(self.running) < self.profile.max_num_seqs:
+            # a free slot: its lead starts now, as it needs no step (hosted engines)
+            s.state = RUNNING
+            s.admitted_at = now
+            s.ready_at = now + s.lead
+            self.running.append(s)
+        else:
+            self.waiting.append(s)
+            self.peak_waiting = max(self.peak_waiting, len(self.waiting))
+        if self.step_end < 0.0 or not self.step:
+            # idle (or only waiting for a lead to end): an empty step that ends now, the
+            # next one is formed then
+            self.step_end = now
         return s
+
+    def _sizes(self, prompt: int, cached: int) -> tuple[int, int]:
+        """The prompt as the engine holds it (cut to fit the KV cache alone) and its prefix
+        hit: whole cached blocks only, the last prompt token always computed (vLLM)."""
+        bs = self.profile.block_size
+        prompt = min(max(1, prompt), self.profile.num_blocks * bs - 1)
+        return prompt, min(max(0, cached), prompt - 1) // bs * bs
+
+    def lead(self, prompt: int, cached: int, k: int, total: float) -> float:
+        """The lead that makes a request alone output token ``k`` (-1: finish its prompt)
+        ``total`` seconds after it arrives (0 when the engine alone takes longer)."""
+        prompt, hit = self._sizes(prompt, cached)
+        return max(0.0, total - self.profile.solo(prompt - hit, k))
 
     def abort(self, s: Seq, now: float, reason: str = "abort") -> None:
         """The request ended before the engine finished it (client gone, stream over)."""
@@ -300,6 +371,11 @@ class Engine:
                 k = min(s.computed, s.prompt) - before
                 self.prompt_tokens += k
                 s.kv_computed += k
+                if not s.max_out:  # prefill only: done once its prompt is computed
+                    if s.computed >= s.prompt:
+                        self.running.remove(s)
+                        self._finish(s, end, "stop")
+                    continue
             if s.computed >= s.total:  # every known token computed: one more comes out
                 s.produced += 1
                 self.generation_tokens += 1
@@ -375,11 +451,19 @@ class Engine:
         budget = prof.max_num_batched_tokens
         preempted = self.preemptions
         step: list[Seq] = []
+        pending = -1.0  # the first lead that ends after now (hosted engines)
+        leads = self.leads  # (a vLLM profile's engine skips the check)
+        ready = now + _EPS
         i = 0
         while i < len(self.running) and budget > 0:
             s = self.running[i]
             n = min(s.total - s.computed, budget)
             if n <= 0:
+                i += 1
+                continue
+            if leads and s.ready_at > ready:  # still in its lead
+                if pending < 0.0 or s.ready_at < pending:
+                    pending = s.ready_at
                 i += 1
                 continue
             need = self._blocks_for(s, n)
@@ -402,6 +486,16 @@ class Engine:
         while (self.preemptions == preempted and self.waiting and budget > 0
                and len(self.running) < prof.max_num_seqs):
             s = self.waiting[0]
+            if s.admitted_at < 0.0 and s.lead > 0.0:
+                # admitted into its lead: it holds a sequence slot, no tokens yet
+                self.waiting.popleft()
+                s.state = RUNNING
+                s.admitted_at = now
+                s.ready_at = now + s.lead
+                self.running.append(s)
+                if pending < 0.0 or s.ready_at < pending:
+                    pending = s.ready_at
+                continue
             n = min(s.total - s.computed, budget)
             need = self._blocks_for(s, n)
             if need > self.free:
@@ -417,7 +511,10 @@ class Engine:
             self.running.append(s)
             step.append(s)
         if not step:
-            self.step_end = -1.0
+            self.step = []
+            # idle, or an empty step that ends when the first lead does
+            self.step_end = pending
+            self.peak_running = max(self.peak_running, len(self.running))
             return
         tokens = prof.max_num_batched_tokens - budget
         dur = prof.step_time(tokens, len(step))
