@@ -14,7 +14,8 @@ from ..messages import Key
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..messages import Request
+    from ..messages import Request, StreamResponse
+    from ..routing import Route
     from ..sim.decide import Usage
 
 __all__ = ["V", "got", "BodyMemo"]
@@ -281,9 +282,12 @@ class BodyMemo:
 
 
 class EngineWait(Protocol):
-    """The serving engines (``--engine``, api/serving.py) as a held answer waits for them."""
+    """The serving engines (``--engine``, api/serving.py) as a held answer waits for them,
+    and as a stream with no client is paced by them (``pipeline.run_detached``)."""
 
     async def wait(self, model: str, usage: Usage, req: Request | None) -> bool: ...
+
+    def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None: ...
 
 
 # the engines in App.features (set by api/serving.py with --engine only)
