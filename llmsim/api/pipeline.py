@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError
@@ -177,19 +178,13 @@ class Family:
         """A held answer's client went away before it was delivered."""
 
 
-def _memo(req: Request, app: App, fam: Family) -> BodyMemo | None:
-    """The family's memo for this request's transport (the same bytes may validate
-    differently over a WebSocket)."""
-    if not fam.memo:
-        return None
-    return app.memos.get(fam.endpoint if req.transport != "ws" else fam.endpoint + ".ws")
-
-
 async def _prepare(req: Request, app: App, fam: Family
                    ) -> tuple[Parsed, int | None, Segments | None]:
     """The request parsed, its seed and its prompt-cache segments: values of the body
     (with ``fam.memo``, kept by its bytes)."""
-    memo = _memo(req, app, fam)
+    memo: BodyMemo | None = None
+    if fam.memo:  # one memo per transport: the same bytes may validate differently
+        memo = app.memos.get(fam.endpoint if req.transport != "ws" else fam.endpoint + ".ws")
     if memo is not None:
         hit = memo.get(req.body, app.config)
         if hit is not None:
@@ -279,12 +274,11 @@ def register(app: App, fam: Family, routes: Sequence[tuple[str, str]], *,
     the model for the generic hooks). ``streaming``: these paths always (True) or never
     (False) stream; None: the body's ``stream`` field says."""
 
-    async def handler(req: Request, app: App) -> Result:
-        return await generate(req, app, fam)
-
+    handler = partial(generate, fam=fam)  # (no coroutine layer of its own per request)
     if fam.memo and fam.endpoint not in app.memos:
         app.memos[fam.endpoint] = BodyMemo()
-        app.memos[fam.endpoint + ".ws"] = BodyMemo()
+        if fam.dialect.ws is not None:  # (its creates may come over a WebSocket too)
+            app.memos[fam.endpoint + ".ws"] = BodyMemo()
     for method, pattern in routes:
         app.router.add(method, pattern, handler, fam.endpoint, aliases=aliases,
                        stream_capable=streaming is not False, errors=fam.errors,
