@@ -227,6 +227,7 @@ async def test_the_responses_memo_is_per_transport(make_server):
     """The same bytes validate differently over a WebSocket (``generate`` is a WebSocket
     field): a body kept for one transport is never the other's answer."""
     from llmsim.api import responses
+    from llmsim.api.pipeline import _prepare
     from llmsim.errors import APIError
     from llmsim.messages import Request
     srv = make_server()
@@ -237,13 +238,13 @@ async def test_the_responses_memo_is_per_transport(make_server):
         return Request(method="POST", path="/v1/responses", query={}, headers={}, body=raw,
                        request_id="req_1", transport=transport)
 
-    p, _, asked, _ = await responses.prepare_create(req("ws"), app)
-    assert p.rr.generate is False and asked is None
+    p = (await _prepare(req("ws"), app, responses.FAMILY))[0].info
+    assert p.rr.generate is False
     assert len(app.memos[responses.WS_MEMO]) == 1
-    again = (await responses.prepare_create(req("ws"), app))[0]  # a hit
+    again = (await _prepare(req("ws"), app, responses.FAMILY))[0].info  # a hit
     assert again.rr is p.rr and again.input_items[0]["id"] != p.input_items[0]["id"]
     with pytest.raises(APIError) as e:  # over HTTP: refused, as without any memo
-        await responses.prepare_create(req("http"), app)
+        await _prepare(req("http"), app, responses.FAMILY)
     assert e.value.status == 400 and "generate" in str(e.value.to_dict())
     assert len(app.memos[responses.MEMO]) == 0
 

@@ -286,25 +286,31 @@ async def test_embeddings_are_prefill_only_sequences_of_a_hosted_model() -> None
 
 
 async def test_a_held_answer_the_engine_never_sees_keeps_a_slot() -> None:
-    """A non-streamed Responses create holds its answer without the engine: the slot model
-    admits it (one at a time, queued); a non-streamed chat answer is admitted by the slot
-    model, then handed over to the engine (never counted twice)."""
+    """A moderation holds its answer without the engine: the slot model admits it (one at a
+    time, queued); a non-streamed chat or Responses answer is admitted by the slot model,
+    then handed over to the engine (never counted twice)."""
     clock = FakeClock()
     srv = server(clock, latency="realistic", ttft_ms=100, itl_ms=10,
                  capacity=CapacityConfig(max_seqs=1, queue=5))
-    body = {"model": "gpt-4o", "input": "hi", "max_output_tokens": 16}
+    model = "omni-moderation-latest"
     t0 = clock.now()
-    exs = await asyncio.gather(*(exchange(srv, body, path="/v1/responses") for _ in range(2)))
+    exs = await asyncio.gather(*(exchange(srv, {"model": model, "input": "hi"},
+                                          path="/v1/moderations") for _ in range(2)))
     assert [ex.status for ex in exs] == [200, 200]
-    slots = srv.app.feature(CAPACITY).engines["gpt-4o"]
+    slots = srv.app.feature(CAPACITY).engines[model]
     assert (slots.admitted, slots.active, slots.peak_waiting) == (2, 0, 1)
-    assert clock.now() - t0 > 0.2  # one after the other
-    task = asyncio.ensure_future(exchange(srv, {**CHAT, "max_tokens": 5}))
-    await _until(lambda: bool(engine(srv).running))
-    assert slots.active == 0  # (its slot went back when the engine took it)
-    ex = await task
-    assert ex.status == 200 and slots.admitted == 3 and slots.active == 0
-    assert engine(srv).success == {"length": 1}
+    assert clock.now() - t0 > 0.19  # one after the other (0.1 s each)
+    held = srv.app.feature(CAPACITY).engines
+    for path, body in (("/v1/chat/completions", {**CHAT, "max_tokens": 5}),
+                       ("/v1/responses", {"model": "gpt-4o", "input": "hi",
+                                          "max_output_tokens": 16})):
+        before = engine(srv).success.get("length", 0) + engine(srv).success.get("stop", 0)
+        task = asyncio.ensure_future(exchange(srv, body, path=path))
+        await _until(lambda: bool(engine(srv).running))
+        assert held["gpt-4o"].active == 0  # (its slot went back when the engine took it)
+        ex = await task
+        assert ex.status == 200 and held["gpt-4o"].active == 0
+        assert sum(engine(srv).success.values()) == before + 1
 
 
 async def test_instant_latency_stays_instant_under_capacity() -> None:

@@ -199,6 +199,46 @@ async def test_non_streamed_answer_waits_for_the_engine() -> None:
     assert eng.success == {"length": 1} and eng.free == H100.num_blocks
 
 
+RESP = {"model": "gpt-4o", "input": "Tell me a long story.", "max_output_tokens": 40}
+
+
+async def test_a_non_streamed_response_waits_for_the_engine() -> None:
+    """A held /v1/responses answer goes through the engine as chat's does (it used to wait
+    the simulated time only, outside the engine: issue 30's Responses pipeline)."""
+    clock = FakeClock()
+    srv = server(clock, engine="llama-3.1-8b-h100")
+    t0 = clock.now()
+    ex = await exchange(srv, RESP, path="/v1/responses")
+    assert ex.status == 200 and ex.json()["status"] in ("completed", "incomplete")
+    n = ex.json()["usage"]["output_tokens"]
+    eng = engine_of(srv)
+    assert eng.generation_tokens == n and sum(eng.success.values()) == 1
+    assert ex.times[-1] - t0 == pytest.approx(n * H100.step_time(1, 1), rel=0.1)
+    assert eng.free == H100.num_blocks
+
+
+async def test_a_background_response_runs_through_the_engine() -> None:
+    """A background response (no client) joins the engine while it runs and leaves it when
+    it ends; the stored response completes with the engine's tokens."""
+    clock = FakeClock()
+    srv = server(clock, engine="llama-3.1-8b-h100")
+    ex = await exchange(srv, {**RESP, "background": True}, path="/v1/responses")
+    assert ex.status == 200 and ex.json()["status"] == "queued"
+    rid = ex.json()["id"]
+    eng = engine_of(srv)
+    seen_running = False
+    for _ in range(200_000):
+        await asyncio.sleep(0)
+        seen_running = seen_running or bool(eng.running)
+        if eng.success:
+            break
+    assert seen_running and sum(eng.success.values()) == 1
+    got = await exchange(srv, None, path=f"/v1/responses/{rid}", method="GET")
+    assert got.json()["status"] in ("completed", "incomplete")
+    assert eng.generation_tokens == got.json()["usage"]["output_tokens"]
+    assert not eng.running and eng.free == H100.num_blocks
+
+
 async def test_a_client_leaving_mid_stream_frees_its_sequence() -> None:
     clock = FakeClock()
     srv = server(clock, engine="llama-3.1-8b-h100")

@@ -234,3 +234,124 @@ def test_realtime_response_counts_as_running() -> None:
         return None
 
     _assert_running_with(send)
+
+
+# -- the pipeline's hooks: a family with state of its own (Responses uses them all) ---------
+
+async def test_a_background_response_counts_as_running_until_it_ends() -> None:
+    """A background response has no client, yet it is generating: counted in
+    vllm:num_requests_running from its start to its end (run_detached)."""
+    from llmsim.streaming.clock import FakeClock
+
+    from .faultkit import exchange, server
+    clock = FakeClock()
+    srv = server(clock, latency="realistic", ttft_ms=500, itl_ms=10)
+    running = srv.app.stats.running
+    ex = await exchange(srv, {"model": "run-m", "input": "x", "max_output_tokens": 16,
+                              "background": True}, path="/v1/responses")
+    assert ex.status == 200 and ex.json()["status"] == "queued"
+    m = await exchange(srv, None, path="/metrics", method="GET")
+    assert 'vllm:num_requests_running{model_name="run-m"} 1' in m.body.decode()
+    clock.advance(0.1)
+    assert running.get("run-m") == 1
+    clock.advance(5.0)
+    got = await exchange(srv, None, path=f"/v1/responses/{ex.json()['id']}", method="GET")
+    assert got.json()["status"] in ("completed", "incomplete")  # (ended: the token limit)
+    assert running.get("run-m") == 0
+
+
+class _Kept(echo_family.Echo):
+    """The echo family with state of its own, through the pipeline's hooks only: every
+    answer is kept (after_decide, on_complete), a text "no" is refused (admit), "?" is
+    answered without the model, and "later" is run with no client (run_detached)."""
+
+    endpoint = "echo.kept"
+    seed_path = "/echo/v1/kept"
+    chained = True
+
+    def __init__(self) -> None:
+        self.kept: dict[str, dict[str, Any]] = {}
+
+    def admit(self, req: Any, app: Any, p: Any) -> Any:
+        from llmsim.errors import E
+        from llmsim.messages import JSONResponse
+        text = p.body["text"]
+        if text == "no":
+            raise E.invalid_value.at("text", value="no", allowed="anything else")
+        return JSONResponse({"answer": "without the model"}) if text == "?" else None
+
+    def after_decide(self, req: Any, app: Any, p: Any, d: Any, meta: Any) -> Any:
+        from llmsim.api.pipeline import run_detached
+        from llmsim.messages import JSONResponse
+        rec = meta.state = self.kept[meta.id] = {"status": "running"}
+        if p.body["text"] != "later":
+            return None
+
+        def done(reason: str) -> None:
+            rec["status"] = reason
+
+        run_detached(req, app, self.open_stream(p, d, meta), done)
+        return JSONResponse({"id": meta.id, "status": "queued"}, 202)
+
+    def on_complete(self, p: Any, d: Any, meta: Any, data: Any) -> None:
+        meta.state.update(status="completed", text=data["text"])
+
+
+async def test_a_family_keeps_its_own_state_through_the_hooks() -> None:
+    from llmsim.api.pipeline import register
+    from llmsim.streaming.clock import FakeClock
+
+    from .faultkit import exchange, server
+    clock = FakeClock()
+    srv = server(clock, latency="realistic", ttft_ms=200, itl_ms=10)
+    fam = _Kept()
+    register(srv.app, fam, [("POST", "/echo/v1/kept")])
+    path = "/echo/v1/kept"
+    ok = await exchange(srv, {"model": "k-m", "text": "hello", "max_tokens": 3}, path=path)
+    assert ok.status == 200
+    assert fam.kept[ok.json()["id"]] == {"status": "completed", "text": ok.json()["text"]}
+    no = await exchange(srv, {"model": "k-m", "text": "no"}, path=path)
+    assert no.status == 400 and no.json()["error"]["param"] == "text"
+    asked = await exchange(srv, {"model": "k-m", "text": "?"}, path=path)
+    assert asked.json() == {"answer": "without the model"} and len(fam.kept) == 1
+    later = await exchange(srv, {"model": "k-m", "text": "later", "max_tokens": 3}, path=path)
+    assert later.status == 202 and fam.kept[later.json()["id"]]["status"] == "running"
+    clock.advance(0.05)
+    assert srv.app.stats.running.get("k-m") == 1  # generating with no client
+    clock.advance(2.0)
+    assert fam.kept[later.json()["id"]]["status"] == "completed"
+    assert srv.app.stats.running.get("k-m") == 0
+
+
+async def test_a_held_response_whose_client_left_is_cancelled() -> None:
+    """on_abandon: a non-streamed Responses answer still held when its client goes away
+    stops generating; the stored response says cancelled."""
+    import asyncio
+
+    import orjson
+
+    from llmsim.api import responses
+    from llmsim.streaming.clock import FakeClock
+
+    from .faultkit import exchange, server
+    from .memtransport import connect
+    clock = FakeClock()
+    srv = server(clock, latency="realistic", ttft_ms=500, itl_ms=10)
+    proto, _tr = connect(srv)
+    raw = orjson.dumps({"model": "gpt-4o", "input": "x", "max_output_tokens": 16})
+    proto.data_received(b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                        + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    store = responses.state(srv.app).store
+    for _ in range(1000):
+        await asyncio.sleep(0)
+        if len(store):
+            break
+    (rec,) = list(store.values())
+    rid = rec.id
+    assert srv.app.stats.running.get("gpt-4o") == 1
+    proto.connection_lost(None)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert srv.app.stats.running.get("gpt-4o") == 0
+    got = await exchange(srv, None, path=f"/v1/responses/{rid}", method="GET")
+    assert got.json()["status"] == "cancelled"

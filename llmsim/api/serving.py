@@ -242,6 +242,10 @@ class Serving:
                                         request_id=req.request_id,
                                         headers=retry_headers(1000.0))
 
+    def pace(self, req: Request, res: StreamResponse) -> None:
+        """Pace a stream with no client (``pipeline.run_detached``) as its route's are."""
+        self.stream_hook(req, self.app.resolve(req)[0], res)
+
     def stream_hook(self, req: Request, route: Route, res: StreamResponse) -> None:
         s = res.stream
         if s.usage is None:

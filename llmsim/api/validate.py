@@ -13,7 +13,7 @@ from ..errors import APIError, E, quoted
 from ..messages import Key
 
 if TYPE_CHECKING:
-    from ..messages import Request
+    from ..messages import Request, StreamResponse
     from ..sim.decide import Usage
     from .services import Services
 
@@ -281,10 +281,13 @@ class BodyMemo:
 
 
 class EngineWait(Protocol):
-    """The serving engines (``--engine``, api/serving.py) as a held answer waits for them."""
+    """The serving engines (``--engine``, api/serving.py) as a held answer waits for them,
+    and as a stream with no client is paced by them (``pipeline.run_detached``)."""
 
     async def wait(self, model: str, usage: Usage, req: Request | None,
                    seconds: float = 0.0) -> bool: ...
+
+    def pace(self, req: Request, res: StreamResponse) -> None: ...
 
 
 # the engines in App.features (set by api/serving.py: --engine, or capacity on hosted models)

@@ -16,8 +16,8 @@ pump completes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import APIError
 from ..messages import JSONResponse, Key, Request, StreamResponse
@@ -46,6 +46,9 @@ class RequestWatch(Protocol):
     def stream_ended(self, req: Request, reason: str) -> None: ...
 
 
+T = TypeVar("T")
+
+
 class Host(Protocol):
     """The app as accounting needs it (``llmsim.app.App`` is one)."""
 
@@ -58,8 +61,7 @@ class Host(Protocol):
     @property
     def stats(self) -> Stats: ...
 
-    @property
-    def features(self) -> Mapping[Any, Any]: ...
+    def feature(self, key: Key[T]) -> T | None: ...
 
 
 # the RequestWatch, when something watches every answer (App.features)
@@ -67,7 +69,7 @@ WATCH: Key[RequestWatch] = Key("accounting.watch")
 
 
 def _watch(app: Host) -> RequestWatch | None:
-    return app.features.get(WATCH)  # type: ignore[no-any-return]
+    return app.feature(WATCH)
 
 __all__ = ["response_sent", "stream_started", "stream_ended", "request_gone", "billed"]
 

@@ -2,13 +2,14 @@
 stored responses (retrieve, delete, cancel, input items, resumable streams), input token
 counting, and minimal ``/v1/conversations``.
 
-Flow of a create: :func:`parse.parse_body` validates → the context is assembled (stored chain
-of ``previous_response_id`` or a conversation transcript, plus this input with
-``item_reference`` resolved) → :func:`llmsim.sim.decide.decide` decides everything before the
-first byte (:func:`parse.ask` is the request as it reads it) → :func:`render.response_out` lays
-the decision out as output items → a :class:`state.Record` tracks the response while its
-events are rendered as JSON (after the simulated duration), as an SSE/WebSocket stream, or by
-a background pump on the shared clock.
+A create is a :class:`Responses` family of the request pipeline (:mod:`..pipeline`: memo,
+seed, prompt cache, answer, delivery): its parse (:func:`parse.parse_body`, then the context:
+the stored chain of ``previous_response_id`` or a conversation transcript, plus this input
+with ``item_reference`` resolved; :func:`parse.ask` is the request as the decision reads it)
+and its hooks (:func:`render.response_out` lays the decision out as output items; a
+:class:`state.Record` tracks the response, stored, while its events are rendered as JSON
+after the simulated duration, as an SSE/WebSocket stream, or by a background run on the
+shared clock).
 """
 
 from __future__ import annotations
@@ -20,23 +21,25 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ...errors import APIError, E, missing
-from ...messages import JSONResponse, Request, StreamResponse
+from ...messages import JSONResponse, Request, Result, StreamResponse
 from ...sim import text as txt
 from ...sim import tokens as tok
 from ...sim.cache import Segments
-from ...sim.decide import Ask
+from ...sim.decide import Decision
 from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
-from ...sim.rng import new_id, request_seed, rng_of
+from ...sim.rng import new_id
 from ...state import accounting
 from ...streaming import encode
 from ...streaming.dialect import Dialect
-from ...streaming.flow import NullSink, Pump
 from ...streaming.stream import EventStream
-from ..caching import openai_cached, openai_segments
-from ..validate import BodyMemo, V, check_request_work, deliver_after, paced
+from ..caching import openai_cached
+from ..pipeline import Family, Meta, Parsed, run_detached
+from ..pipeline import register as serve
+from ..validate import V, check_request_work, paced
 from . import compaction, hosted, render, ws
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
+from .render import RespOut
 from .state import (
     CANCEL,
     DELETED,
@@ -45,14 +48,14 @@ from .state import (
     Record,
     ResponsesState,
     Snapshot,
+    install,
     state,
 )
 
 if TYPE_CHECKING:
-    from ...app import App
-    from ...sim.decide import Ask
+    from ..services import Host, Services
 
-__all__ = ["register", "create", "is_token_event"]
+__all__ = ["register", "FAMILY", "is_token_event"]
 
 Item = dict[str, Any]
 WATCH_S = 0.2  # --workers > 1: how often a running background response checks for a remote
@@ -187,14 +190,15 @@ def _check_call_ids(items: list[Item], history: list[Item], given: list[Item]) -
 
 
 class Prepared:
-    """A request made ready to simulate: validated, context assembled, tokens counted."""
+    """A request made ready to simulate: validated, context assembled, tokens counted (and,
+    for a create, the fields its Response echoes)."""
 
     __slots__ = ("rr", "parent", "conversation", "input_items", "context", "input_tokens",
-                 "cached_tokens")
+                 "cached_tokens", "echo")
 
     def __init__(self, rr: RespRequest, parent: Record | Snapshot | None, conv: Conversation | None,
                  input_items: list[Item], context: list[Item], input_tokens: int,
-                 cached_tokens: int) -> None:
+                 cached_tokens: int, echo: dict[str, Any] | None = None) -> None:
         self.rr = rr
         self.parent = parent
         self.conversation = conv
@@ -202,69 +206,38 @@ class Prepared:
         self.context = context
         self.input_tokens = input_tokens
         self.cached_tokens = cached_tokens
+        self.echo = echo
+
+    def keeps(self) -> bool:
+        """Is this a function of its body's bytes alone (no stored state read)?"""
+        return (self.parent is None and self.conversation is None
+                and not any(it.get("type") == "item_reference" for it in self.rr.input_items))
 
 
 class _Kept:
     """A create that needs no stored state (no ``previous_response_id``, ``conversation`` or
-    item reference), validated and counted once, kept by its body bytes (BodyMemo): its
-    request, its input items (copied for each use, the ids the server generated issued
-    anew: ``fresh``, their indexes), its input token count, and what the create derives from
-    them alone: the request's seed (:func:`~llmsim.sim.rng.request_seed`), the decision's
-    view of it (:func:`.parse.ask`) and the request fields each Response echoes. Shared by
-    every create with these bytes: read-only, as everything a BodyMemo keeps."""
+    item reference) as the body memo keeps it: its request, its input items (copied for each
+    use, the ids the server generated issued anew: ``fresh``, their indexes), its input
+    token count and the fields each Response echoes. Shared by every create with these
+    bytes: read-only, as everything a BodyMemo keeps."""
 
-    __slots__ = ("rr", "items", "fresh", "tokens", "seed", "ask", "echo", "seg")
+    __slots__ = ("rr", "items", "fresh", "tokens", "echo")
 
-    def __init__(self, p: Prepared, seed: int | None, asked: Ask | None,
-                 echo: dict[str, Any], seg: Segments | None = None) -> None:
+    def __init__(self, p: Prepared) -> None:
         self.rr = p.rr
         self.items = orjson.dumps(p.input_items)
         self.fresh = generated_ids(p.rr.body.get("input"))
         self.tokens = p.input_tokens
-        self.seed = seed
-        self.ask = asked
-        self.echo = echo
-        self.seg = seg  # the input's prompt-cache segments (None: too short to cache)
+        self.echo = p.echo
 
     def prepared(self) -> Prepared:
         items: list[Item] = orjson.loads(self.items)  # this response's own items
         for i in self.fresh:
             items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
-        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0)
-
-    @staticmethod
-    def keeps(p: Prepared) -> bool:
-        """Is ``p`` a function of its body's bytes alone (no stored state read)?"""
-        return (p.parent is None and p.conversation is None
-                and not any(it.get("type") == "item_reference" for it in p.rr.input_items))
+        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0, self.echo)
 
 
 MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
-
-
-async def prepare_create(req: Request, app: App) -> tuple[Prepared, int | None, Ask | None,
-                                                          dict[str, Any]]:
-    """A create's :class:`Prepared`, its seed and its :class:`~llmsim.sim.decide.Ask` (None:
-    ``generate: false``, nothing to decide) and the fields its Response echoes. A body seen
-    before (the same bytes, transport and config) that reads no stored state is not parsed,
-    validated, counted or hashed again (:class:`_Kept`)."""
-    memo = app.memos[WS_MEMO if req.transport == "ws" else MEMO]
-    kept: _Kept | None = memo.get(req.body, app.config)
-    if kept is not None:
-        p, asked = _cached(app, kept.prepared(), kept.seg, kept.ask)
-        return p, kept.seed, asked, kept.echo
-    body = req.json_object()
-    p = await prepare(req, app, body)
-    seed = asked = None
-    if p.rr.generate:
-        seed = request_seed(app.config.seed, "/v1/responses", body)
-        asked = ask(p.rr, p.context, p.input_tokens, p.cached_tokens, json_hint(req.body))
-    echo = render.echo_fields(p.rr)
-    seg = openai_segments(app, p.rr.profile, body, lambda: _cache_blocks(p), p.input_tokens)
-    if _Kept.keeps(p):
-        memo.put(req.body, app.config, _Kept(p, seed, asked, echo, seg))
-    p, asked = _cached(app, p, seg, asked)
-    return p, seed, asked, echo
 
 
 def _cache_blocks(p: Prepared) -> list[object]:
@@ -272,25 +245,12 @@ def _cache_blocks(p: Prepared) -> list[object]:
     return [p.rr.instructions or "", p.rr.tools or [], *p.context]
 
 
-def _cached(app: App, p: Prepared, seg: Segments | None, asked: Ask | None
-            ) -> tuple[Prepared, Ask | None]:
-    """``p`` and its Ask with the tokens the prompt cache holds (stateless requests too:
-    the longest cached prefix, OpenAI's rule)."""
-    if seg is not None:
-        read = openai_cached(app, seg, p.input_tokens, p.rr.prompt_cache_retention)
-        if read > p.cached_tokens:
-            p.cached_tokens = read
-            if asked is not None:
-                asked = replace(asked, cached_tokens=read)
-    return p, asked
-
-
-async def prepare(req: Request, app: App, body: dict[str, Any], *,
+async def prepare(req: Request, app: Services, body: dict[str, Any], *,
                   count_only: bool = False) -> Prepared:
     """Validate and assemble the context of a create (or input_tokens) request.
 
     Async only to count a long input in slices (``validate.paced``), never holding the loop.
-    (A create looks its body up in the memo first: :func:`prepare_create`.)"""
+    (A create looks its body up in the memo first: :mod:`..pipeline`.)"""
     st = state(app)
     rr = parse_body(body, app, transport=req.transport, count_only=count_only)
     parent = None
@@ -334,7 +294,7 @@ async def prepare(req: Request, app: App, body: dict[str, Any], *,
 
 
 # ------------------------------------------------------------------------------------------
-# POST /v1/responses
+# POST /v1/responses: a family of the request pipeline, its state kept through the hooks
 # ------------------------------------------------------------------------------------------
 
 def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
@@ -345,49 +305,132 @@ def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
                        first_seq=first_seq, on_end=rec.live_ended if live else None)
 
 
-def _follow(rec: Record, after: int, app: App, model: str) -> StreamResponse:
+def _live(rec: Record, model: str) -> EventStream:
+    """The response's live stream (its events observed by the record)."""
+    stream = rec.stream = _stream(rec, rec.live_plan(), model, observe=True, live=True)
+    return stream
+
+
+def _follow(rec: Record, after: int, app: Services, model: str) -> StreamResponse:
     """Resume after event ``after``: the replay continues the numbering from ``after + 1``."""
     return StreamResponse(_stream(rec, rec.follow_plan(after, app.clock.now()), model,
                                   first_seq=after + 1))
 
 
-async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
-    """``POST /v1/responses`` (and WebSocket ``response.create`` through dispatch)."""
-    st = state(app)
-    p, seed, asked, echo = await prepare_create(req, app)
-    rr = p.rr
-    cfg = app.config.responses
-    if p.conversation is not None:  # the input joins the conversation: it must fit there
-        st.conversation_item_sizes(p.input_items, "input")
-    if rr.store and st.shared is not None:
-        st.shared.check()  # --state redis: 503 now if Redis is down (it must be stored there)
-    if rr.background:
-        if not st.store.enabled:
-            raise E.background_needs_store.at("background")
-        if st.active_background >= cfg.background_max_active:
-            raise E.too_many_background.at("background", limit=cfg.background_max_active)
-    rid, created_at = new_id("resp_"), int(app.clock.time())
-    if asked is not None:
-        rng = rng_of(seed)
-        lat = app.latency(rr.profile)
-        decision = app.answer_now(asked, rng, lat) or \
-            await app.answer(req, "responses", asked, rng, lat, response_id=rid)
+class Responses(Family):
+    """``POST /v1/responses`` (WebSocket ``response.create`` too, through dispatch) on the
+    request pipeline; the parse assembles the context (chain, conversation, item
+    references), the hooks keep the state: ``admit`` (conversation, store and background
+    limits; a WebSocket warm-up), ``after_decide`` (output items, hosted tools, compaction;
+    the stored :class:`Record`; a background run), ``open_stream``, ``on_complete``."""
+
+    endpoint = "responses"
+    seed_path = "/v1/responses"
+    dialect = RESPONSES
+    id_prefix = "resp_"
+    memo = True
+    chained = True  # previous_response_id continues a scripted session
+
+    async def parse(self, req: Request, app: Services) -> Parsed:
+        body = req.json_object()
+        pr = await prepare(req, app, body)
+        rr = pr.rr
+        pr.echo = render.echo_fields(rr)
+        a = ask(rr, pr.context, pr.input_tokens, pr.cached_tokens, json_hint(req.body))
+        return Parsed(a, rr.model, rr.stream, body, pr, lambda: _cache_blocks(pr),
+                      rr.prompt_cache_retention)
+
+    def keep(self, p: Parsed) -> Any:
+        return replace(p, info=_Kept(p.info)) if p.info.keeps() else None
+
+    def reuse(self, kept: Any) -> Parsed:
+        k: Parsed = kept  # (built directly: dataclasses.replace costs microseconds)
+        return Parsed(k.ask, k.model, k.stream, k.body, k.info.prepared(), k.cache_blocks,
+                      k.retention)
+
+    def cached(self, app: Services, p: Parsed, seg: Segments | None) -> int:
+        """The longest cached prefix (OpenAI's rule), when longer than what the chain's
+        previous turn left cached."""
+        pr = p.info
+        read = openai_cached(app, seg, pr.input_tokens, pr.rr.prompt_cache_retention)
+        if read > pr.cached_tokens:
+            pr.cached_tokens = read
+            return read
+        return 0
+
+    def admit(self, req: Request, app: Services, p: Parsed) -> Result | None:
+        st = state(app)
+        pr = p.info
+        rr = pr.rr
+        cfg = app.config.responses
+        if pr.conversation is not None:  # the input joins the conversation: it must fit there
+            st.conversation_item_sizes(pr.input_items, "input")
+        if rr.store and st.shared is not None:
+            st.shared.check()  # --state redis: 503 now if Redis is down (it must be stored there)
+        if rr.background:
+            if not st.store.enabled:
+                raise E.background_needs_store.at("background")
+            if st.active_background >= cfg.background_max_active:
+                raise E.too_many_background.at("background", limit=cfg.background_max_active)
+        if rr.generate:
+            return None
+        # WebSocket warm-up: state only, no model output (always streamed, never background)
+        out = render.no_output(new_id(self.id_prefix), int(app.clock.time()), pr.input_tokens,
+                               pr.cached_tokens)
+        return StreamResponse(_live(_new_record(req, app, pr, out), rr.model),
+                              usage=out.counts)
+
+    def after_decide(self, req: Request, app: Services, p: Parsed, d: Decision,
+                     meta: Meta) -> Result | None:
+        pr = p.info
+        rr = pr.rr
+        assert meta.ask is not None and meta.rng is not None and meta.lat is not None
         if hosted.involved(rr):
-            out = hosted.response_out(decision, asked, rr, p.context, p.input_items,
-                                      app.config, rng, lat, rid, created_at)
+            out = hosted.response_out(d, meta.ask, rr, pr.context, pr.input_items, app.config,
+                                      meta.rng, meta.lat, meta.id, meta.created)
         else:
-            out = render.response_out(decision, rid, created_at)
-        if rr.compact_threshold is not None and p.input_tokens > rr.compact_threshold:
-            item, summary = compaction.auto(p.context, p.input_tokens, lat)
+            out = render.response_out(d, meta.id, meta.created)
+        if rr.compact_threshold is not None and pr.input_tokens > rr.compact_threshold:
+            item, summary = compaction.auto(pr.context, pr.input_tokens, meta.lat)
             out.items.insert(0, item)
             out.extra += item.seconds
             u = out.counts
             out.counts = type(u)(u.prompt_tokens, u.output_tokens + summary,
                                  u.reasoning_tokens, u.cached_tokens)
-    else:  # WebSocket warm-up: state only, no model output
-        out = render.no_output(rid, created_at, p.input_tokens, p.cached_tokens)
-    rec = Record(app, echo, out, p.input_items, p.parent, background=rr.background,
-                 conversation=p.conversation, ws_context=_previous_responses(req),
+        rec = meta.state = _new_record(req, app, pr, out)
+        meta.usage = out.counts
+        if rr.background:
+            return _start_background(req, rec, app, rr)
+        meta.wait = out.duration
+        return None
+
+    def open_stream(self, p: Parsed, d: Decision, meta: Meta) -> EventStream:
+        return _live(meta.state, p.model)
+
+    def render(self, p: Parsed, d: Decision, meta: Meta) -> Any:
+        rec = meta.state
+        return render.final_snapshot(rec.echo, rec.out)
+
+    def on_complete(self, p: Parsed, d: Decision, meta: Meta, data: Any) -> None:
+        rec = meta.state
+        rec.done_output = list(data["output"])
+        rec.finish(data)
+
+    def on_abandon(self, p: Parsed, d: Decision, meta: Meta) -> None:
+        meta.state.cancel()  # the client went away: a foreground response stops generating
+
+
+FAMILY = Responses()
+
+
+def _new_record(req: Request, app: Services, pr: Prepared, out: RespOut) -> Record:
+    """The response's :class:`Record`, stored when asked (and published to the other
+    workers); a background response too big to store is refused."""
+    st = state(app)
+    rr = pr.rr
+    assert pr.echo is not None
+    rec = Record(app, pr.echo, out, pr.input_items, pr.parent, background=rr.background,
+                 conversation=pr.conversation, ws_context=_previous_responses(req),
                  warmup=not rr.generate)
     st.measure(rec, req.body)
     if rr.store and st.put(rec):
@@ -400,28 +443,16 @@ async def create(req: Request, app: App) -> JSONResponse | StreamResponse:
         # a foreground response too big to store is answered and not kept (as if evicted at
         # once: clients already see stored responses expire); a background one must be kept
         raise E.response_too_large_to_store.at("background", size=rec.nbytes,
-                                               budget=cfg.store_max_bytes)
-    if rr.background:
-        return _start_background(rec, app, st, rr)
-    if rr.stream:
-        stream = _stream(rec, rec.live_plan(), rr.model, observe=True, live=True)
-        rec.stream = stream
-        return StreamResponse(stream, usage=out.counts)
-    try:
-        await deliver_after(app, rr.model, out.duration)  # (counted as running meanwhile)
-    except BaseException:
-        rec.cancel()  # the client went away: a foreground response stops generating
-        raise
-    final = render.final_snapshot(echo, out)
-    rec.done_output = list(final["output"])
-    rec.finish(final)
-    return JSONResponse(final, usage=out.counts)
+                                               budget=app.config.responses.store_max_bytes)
+    return rec
 
 
-def _start_background(rec: Record, app: App, st: ResponsesState,
+def _start_background(req: Request, rec: Record, app: Services,
                       rr: RespRequest) -> JSONResponse | StreamResponse:
-    """Run the response on the shared clock with no client (events go to the record);
-    the caller gets the queued Response, or a stream that follows the record live."""
+    """Run the response on the shared clock with no client (events go to the record;
+    :func:`..pipeline.run_detached`: counted as running, through the engine); the caller
+    gets the queued Response, or a stream that follows the record live."""
+    st = state(app)
     queued = rec.response()
     stream = _stream(rec, rec.live_plan(background=True), rr.model, live=True)
     rec.stream = stream
@@ -458,11 +489,9 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
         elif reason == "completed":  # (the edge of a response no transport writes)
             accounting.billed(app, rec.out.counts)
 
-    pump = Pump(stream, app.clock, lambda t, d: b"", NullSink(), on_done=done,
-                observer=lambda t, d, now: rec.observe(t, d))
-    rec.pump = pump
-    # start on the next clock pass, after the POST has been answered with "queued"
-    app.clock.call_at(app.clock.now(), pump.start)
+    # (it starts on the next clock pass, after the POST has been answered with "queued")
+    rec.pump = run_detached(req, app, stream, done,
+                            observer=lambda t, d, now: rec.observe(t, d))
     if rr.stream:
         return _follow(rec, -1, app, rr.model)
     return JSONResponse(queued)
@@ -472,7 +501,7 @@ def _start_background(rec: Record, app: App, st: ResponsesState,
 # Stored responses
 # ------------------------------------------------------------------------------------------
 
-def _record(app: App, req: Request) -> Record | Snapshot:
+def _record(app: Services, req: Request) -> Record | Snapshot:
     rid = req.params.get("id", "")
     rec = _lookup(state(app), rid)
     if rec is None:
@@ -504,7 +533,7 @@ def _int_query(req: Request, name: str, default: int, lo: int, hi: int) -> int:
     return n
 
 
-async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
+async def retrieve(req: Request, app: Services) -> JSONResponse | StreamResponse:
     """``GET /v1/responses/{id}`` (``?stream=true&starting_after=N`` replays/follows)."""
     rec = _record(app, req)
     if _bool_query(req, "stream"):
@@ -521,7 +550,7 @@ async def retrieve(req: Request, app: App) -> JSONResponse | StreamResponse:
     return JSONResponse(rec.response())
 
 
-async def delete(req: Request, app: App) -> JSONResponse:
+async def delete(req: Request, app: Services) -> JSONResponse:
     """``DELETE /v1/responses/{id}`` (a running background response is stopped)."""
     rid = req.params.get("id", "")
     st = state(app)
@@ -542,7 +571,7 @@ async def delete(req: Request, app: App) -> JSONResponse:
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
 
-async def cancel(req: Request, app: App) -> JSONResponse:
+async def cancel(req: Request, app: Services) -> JSONResponse:
     """``POST /v1/responses/{id}/cancel``: only background responses can be cancelled; one
     already in a terminal state (completed, failed, incomplete, cancelled) is returned
     unchanged with 200, as the real API does."""
@@ -559,7 +588,7 @@ async def cancel(req: Request, app: App) -> JSONResponse:
     return JSONResponse(rec.response())
 
 
-async def _cancel_remote(app: App, snap: Snapshot) -> dict[str, Any]:
+async def _cancel_remote(app: Services, snap: Snapshot) -> dict[str, Any]:
     """Cancel a background response running on another worker: leave a cancel entry for its
     owner (it looks every ``WATCH_S``) and wait up to ``REMOTE_CANCEL_WAIT_S`` for the
     cancelled snapshot it publishes. An owner that never answers (killed) cannot run the
@@ -604,13 +633,13 @@ def _page(req: Request, items: list[Item]) -> dict[str, Any]:
             "last_id": data[-1]["id"] if data else None, "has_more": len(seq) > limit}
 
 
-async def input_items(req: Request, app: App) -> JSONResponse:
+async def input_items(req: Request, app: Services) -> JSONResponse:
     """``GET /v1/responses/{id}/input_items``."""
     rec = _record(app, req)
     return JSONResponse(_page(req, rec.input_items))
 
 
-async def input_tokens(req: Request, app: App) -> JSONResponse:
+async def input_tokens(req: Request, app: Services) -> JSONResponse:
     """``POST /v1/responses/input_tokens``: the input tokens a create would be billed."""
     body = req.json_object()
     p = await prepare(req, app, body, count_only=True)
@@ -621,7 +650,7 @@ async def input_tokens(req: Request, app: App) -> JSONResponse:
 # Conversations (minimal: what ``conversation`` needs)
 # ------------------------------------------------------------------------------------------
 
-def _conv(app: App, req: Request) -> Conversation:
+def _conv(app: Services, req: Request) -> Conversation:
     cid = req.params.get("id", "")
     conv = state(app).conversations.get(cid)
     if conv is None:
@@ -637,7 +666,7 @@ def _items_body(body: dict[str, Any], key: str = "items") -> list[Item]:
     return items
 
 
-async def conv_create(req: Request, app: App) -> JSONResponse:
+async def conv_create(req: Request, app: Services) -> JSONResponse:
     st = state(app)
     if not st.conversations.enabled:
         raise E.conversations_disabled.at()
@@ -651,11 +680,11 @@ async def conv_create(req: Request, app: App) -> JSONResponse:
     return JSONResponse(conv.json())
 
 
-async def conv_get(req: Request, app: App) -> JSONResponse:
+async def conv_get(req: Request, app: Services) -> JSONResponse:
     return JSONResponse(_conv(app, req).json())
 
 
-async def conv_update(req: Request, app: App) -> JSONResponse:
+async def conv_update(req: Request, app: Services) -> JSONResponse:
     conv = _conv(app, req)
     body = req.json_object()
     md = V(body).metadata()
@@ -666,18 +695,18 @@ async def conv_update(req: Request, app: App) -> JSONResponse:
     return JSONResponse(conv.json())
 
 
-async def conv_delete(req: Request, app: App) -> JSONResponse:
+async def conv_delete(req: Request, app: Services) -> JSONResponse:
     cid = req.params.get("id", "")
     if state(app).conversations.pop(cid) is None:
         raise E.conversation_not_found.at(id=cid)
     return JSONResponse({"id": cid, "object": "conversation.deleted", "deleted": True})
 
 
-async def conv_items(req: Request, app: App) -> JSONResponse:
+async def conv_items(req: Request, app: Services) -> JSONResponse:
     return JSONResponse(_page(req, list(_conv(app, req).items)))
 
 
-async def conv_add_items(req: Request, app: App) -> JSONResponse:
+async def conv_add_items(req: Request, app: Services) -> JSONResponse:
     conv = _conv(app, req)
     items = _items_body(req.json_object())
     conv.extend(items, state(app).conversation_item_sizes(items, "items"))
@@ -686,13 +715,13 @@ async def conv_add_items(req: Request, app: App) -> JSONResponse:
                          "last_id": items[-1]["id"] if items else None, "has_more": False})
 
 
-async def _on_start(app: App) -> None:
+async def _on_start(app: Host) -> None:
     """--state redis: this replica's liveness key (others fail its orphans once it stops)."""
     if app.shared_state is not None:
         app.shared_state.start_heartbeat()
 
 
-async def _on_stop(app: App) -> None:
+async def _on_stop(app: Host) -> None:
     """Server shutdown: stop every running background response (no timer outlives it)."""
     for rec in list(state(app).store.values()):
         if rec.pump is not None:
@@ -701,27 +730,25 @@ async def _on_stop(app: App) -> None:
         await app.shared_state.close()
 
 
-async def _compact(req: Request, app: App) -> JSONResponse:
+async def _compact(req: Request, app: Services) -> JSONResponse:
     """``POST /v1/responses/compact`` (:func:`.compaction.compact`, with this package's
     ``prepare``)."""
     return await compaction.compact(req, app, prepare)
 
 
-async def upgrade_required(req: Request, app: App) -> JSONResponse:
+async def upgrade_required(req: Request, app: Services) -> JSONResponse:
     """``GET /v1/responses`` without ``Upgrade: websocket``."""
     raise E.websocket_upgrade_required.at(
         headers=[("upgrade", "websocket"), ("sec-websocket-version", "13")])
 
 
-def register(app: App) -> None:
+def register(app: Host) -> None:
     """Add the Responses and Conversations routes."""
-    state(app)
-    app.memos[MEMO] = BodyMemo()
-    app.memos[WS_MEMO] = BodyMemo()
+    install(app)
     app.on_start.append(_on_start)
     app.on_stop.append(_on_stop)
+    serve(app, FAMILY, [("POST", "/v1/responses")], aliases=True)  # (its memos: MEMO, WS_MEMO)
     r = app.router
-    r.add("POST", "/v1/responses", create, "responses", stream_capable=True)
     r.add("POST", "/v1/responses/input_tokens", input_tokens, "responses.input_tokens")
     r.add("POST", "/v1/responses/compact", _compact, "responses.compact")
     r.add("GET", "/v1/responses/{id}", retrieve, "responses.retrieve", stream_capable=True)

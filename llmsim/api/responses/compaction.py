@@ -21,8 +21,8 @@ from ...sim.rng import new_id
 from .render import HostedOut
 
 if TYPE_CHECKING:
-    from ...app import App
     from ...sim.latency import Latency
+    from ..services import Services
 
 __all__ = ["prune", "call_ids", "compact_items", "auto", "compact", "COMPACT_FIELDS"]
 
@@ -112,10 +112,10 @@ def auto(context: list[Item], tokens: int, lat: Latency) -> tuple[HostedOut, int
 
 
 # how the package assembles a create's context (validated, counted): ``prepare(req, app, body)``
-Prepare = Callable[[Request, "App", dict[str, Any]], Awaitable[Any]]
+Prepare = Callable[[Request, "Services", dict[str, Any]], Awaitable[Any]]
 
 
-async def compact(req: Request, app: App, prepare: Prepare) -> JSONResponse:
+async def compact(req: Request, app: Services, prepare: Prepare) -> JSONResponse:
     """``POST /v1/responses/compact``: the ``response.compaction`` object (the context's user
     messages, then one compaction item), after the time the summary takes; usage billed.
     ``prepare`` assembles the context as a create's (the package's ``prepare``)."""

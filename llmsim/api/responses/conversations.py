@@ -10,8 +10,8 @@ from ...state.redis_store import RedisStore
 from ...state.store import BoundedStore
 
 if TYPE_CHECKING:
-    from ...app import App
     from ...state.redisconn import SharedState
+    from ..services import Services
 from .record import Conversation, Item, Record
 
 __all__ = ["RedisConversations", "ItemIndex", "value_limit"]
@@ -77,7 +77,7 @@ class RedisConversations:
         """A new conversation changed before it was first stored: :meth:`put` writes it."""
 
 
-def value_limit(app: App) -> int:
+def value_limit(app: Services) -> int:
     """The largest value one entry may write to Redis: a stored response holds one request's
     items (at most the body limit) and its output; twice the body limit bounds both."""
     return 2 * app.config.max_body_bytes

@@ -22,7 +22,7 @@ from . import hosted
 from .request import CALLABLE_TOOLS, RespRequest
 
 if TYPE_CHECKING:
-    from ...app import App
+    from ..services import Services
 
 __all__ = ["RespRequest", "parse_body", "normalize_input", "ask", "KNOWN_FIELDS", "TOOL_TYPES"]
 
@@ -381,7 +381,7 @@ def _text(v: V, work: sch.Work) -> tuple[dict[str, Any], str]:
 # The body
 # ------------------------------------------------------------------------------------------
 
-def parse_body(body: dict[str, Any], app: App, *, transport: str = "http",
+def parse_body(body: dict[str, Any], app: Services, *, transport: str = "http",
                count_only: bool = False) -> RespRequest:
     """Validate a ``POST /v1/responses`` body (or an ``input_tokens`` body: ``count_only``)."""
     for key in body:

@@ -18,8 +18,8 @@ from . import render
 from .render import CallOut, HostedOut, MessageOut, ReasoningOut, RespOut
 
 if TYPE_CHECKING:
-    from ...app import App
     from ...streaming.flow import Pump
+    from ..services import Services
 
 
 __all__ = ["Record", "Snapshot", "Conversation", "PreviousResponses", "Publisher", "Item",
@@ -46,7 +46,7 @@ class ChainBudget(Protocol):
 RESPONSES: Key[Any] = Key("responses")
 
 
-def _budget(app: App) -> ChainBudget:
+def _budget(app: Services) -> ChainBudget:
     return cast(ChainBudget, app.feature(RESPONSES))
 
 
@@ -133,7 +133,7 @@ class Record:
                  "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
                  "nbytes", "refs")
 
-    def __init__(self, app: App, echo: dict[str, Any], out: RespOut, input_items: list[Item],
+    def __init__(self, app: Services, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
                  conversation: Conversation | None = None,
                  ws_context: PreviousResponses | None = None,
@@ -414,7 +414,7 @@ class Snapshot:
             items.extend(turn)
         return items
 
-    def replay(self, app: App) -> Record:
+    def replay(self, app: Services) -> Record:
         """A detached, terminal :class:`Record` that re-renders this response's events (the
         replay of ``GET ?stream=true`` on a worker that did not run it)."""
         rec = Record(app, self.echo, self.out, self.input_items, None,

@@ -39,7 +39,7 @@ from ...errors import E
 from ...state.store import BoundedStore
 
 if TYPE_CHECKING:
-    from ...app import App
+    from ..services import Host, Services
 from .conversations import ItemIndex, RedisConversations, _min_bound, value_limit
 from .record import (
     CONVERSATION_BYTES,
@@ -73,7 +73,7 @@ class ResponsesState:
     ``store.extra_bytes``, and it leaves the count when its last holder does.
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         cfg = app.config.responses
         now = app.clock.now
         self.store: BoundedStore[Record] = BoundedStore(
@@ -193,7 +193,15 @@ class ResponsesState:
 
 
 
-def state(app: App) -> ResponsesState:
+def state(app: Services) -> ResponsesState:
+    """The app's Responses state (made by :func:`install` when the family registers)."""
+    st = cast("ResponsesState | None", app.feature(RESPONSES))
+    assert st is not None, "the Responses family is not installed"
+    return st
+
+
+def install(app: Host) -> ResponsesState:
+    """Give the app its Responses state (once: a second call keeps the first)."""
     st = cast("ResponsesState | None", app.feature(RESPONSES))
     if st is None:
         st = ResponsesState(app)

@@ -52,7 +52,7 @@ from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_eve
 from .ws_lanes import LaneLimitError, LaneScheduler
 
 if TYPE_CHECKING:
-    from ...app import App
+    from ..services import Host
 
 __all__ = ["ResponsesWS", "error_event", "STREAM_ID_RE", "PATHS"]
 
@@ -138,7 +138,7 @@ class ResponsesWS(WSMode):
     """The Responses mode of one connection: its lanes, its jobs, its previous-response
     cache."""
 
-    def __init__(self, app: App, handshake: Request) -> None:
+    def __init__(self, app: Host, handshake: Request) -> None:
         self.app = app
         cfg = app.config.websocket
         # which create runs when (pure: ws_lanes); the jobs it started
