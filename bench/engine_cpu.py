@@ -27,13 +27,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as B  # noqa: E402  (bench/run.py: servers, load generator, CPU accounting)
 
 
+def writes(pid: int) -> int:
+    """Write system calls of a process so far (/proc/<pid>/io ``syscw``; 0 where unreadable):
+    how many tokens a write carries."""
+    try:
+        with open(f"/proc/{pid}/io") as fh:
+            return next(int(x.split()[1]) for x in fh if x.startswith("syscw"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 def one(args: list[str], n: int, seconds: float) -> dict[str, Any]:
     timing = ["--ttft-ms", str(B.TTFT_MS), "--itl-ms", str(B.ITL_MS), "--loop", "uvloop"
               if B.importlib.util.find_spec("uvloop") else "asyncio"]
     with B.llmsim(*timing, *args) as s:  # (a later --itl-ms wins)
         if len(os.sched_getaffinity(0)) >= 2:
             s.pin({0}, {1})
+        w0 = writes(s.pid)
         r = B.stream(s, n, seconds)
+        r["writes_per_token"] = (writes(s.pid) - w0) / max(r["tokens"], 1)
     r["cpu_us_per_token"] = 1e6 * r["server_cpu_s"] / max(r["tokens"], 1)
     # the client's gap error is against the benchmark's gap: the gap itself is that plus it
     r["gap_ms"] = r["gap_err_ms"]["p50"] + B.ITL_MS
@@ -61,18 +73,20 @@ def main() -> int:
         gap = max(1.0, round(eng["gap_ms"]))
         got["off_same_rate"].append(one(["--itl-ms", str(gap)], a.streams, a.seconds))
         print(f"round {i + 1}: " + ", ".join(
-            f"{k} {v[-1]['cpu_us_per_token']:.1f} us/token (gap {v[-1]['gap_ms']:.0f} ms)"
+            f"{k} {v[-1]['cpu_us_per_token']:.1f} us/token (gap {v[-1]['gap_ms']:.0f} ms, "
+            f"{v[-1]['writes_per_token']:.2f} writes/token)"
             for k, v in got.items()), flush=True)
     med = {k: B.median_result(v) for k, v in got.items()}
     print(f"\n| server ({a.streams} streams) | gap p50 ms | tokens | server CPU s | "
-          "CPU per token us | engine ÷ this |")
-    print("|---|---|---|---|---|---|")
+          "CPU per token us | writes per token | engine ÷ this |")
+    print("|---|---|---|---|---|---|---|")
     e = med["engine"]["cpu_us_per_token"]
     names = {"off": "capacity off, bench gap", "engine": f"--engine {a.engine} {' '.join(scale)}",
              "off_same_rate": "capacity off, the engine's gap"}
     for k, r in med.items():
         print(f"| {names[k]} | {r['gap_ms']:.0f} | {r['tokens']} | {r['server_cpu_s']:.2f} | "
-              f"{r['cpu_us_per_token']:.1f} | {e / r['cpu_us_per_token']:.2f} |")
+              f"{r['cpu_us_per_token']:.1f} | {r['writes_per_token']:.2f} | "
+              f"{e / r['cpu_us_per_token']:.2f} |")
     return 0
 
 
