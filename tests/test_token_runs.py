@@ -233,6 +233,35 @@ def test_a_wrapper_and_a_reader_see_every_token_event() -> None:
     assert pre  # (the same prefix shape as render.plan)
 
 
+def test_a_wrapper_that_asks_for_runs_gets_them_whole() -> None:
+    """``wrap(fn, runs=True)`` (the engine's pacing): the wrapper gets the plan's runs as
+    one item each, and one that expands them itself hands the stream the same events; a
+    wrapper added after it sees them one by one."""
+    seen: list[Any] = []
+    later: list[Any] = []
+
+    def wrapper(plan: Any) -> Any:
+        for item in plan:
+            seen.append(type(item[2]))
+            if type(item[2]) is TokenRun:
+                yield from item[2].events(item[1], item[0])
+            else:
+                yield item
+
+    def outer(plan: Any) -> Any:
+        for item in plan:
+            later.append(type(item[2]))
+            yield item
+
+    s = EventStream(iter(responses_plan(GAPS)), RESPONSES)
+    s.wrap(wrapper, runs=True)
+    s.wrap(outer)
+    got = s.drain()
+    assert seen.count(TokenRun) == 1 and TokenRun not in later
+    plain = EventStream(iter(responses_plan(GAPS)), RESPONSES)
+    assert got == plain.drain()
+
+
 def test_an_observed_type_is_pulled_event_by_event() -> None:
     """A stream whose on_event observes the run's type hands its events over one by one,
     each observed, even to a pump that takes runs."""

@@ -36,15 +36,16 @@ does not matter. The stream's end (completed, cancelled, disconnected) ends the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, E
 from ..messages import JSONResponse, Request, Result, StreamResponse
 from ..routing import Route
-from ..sim.engine import Engine, EngineProfile, Seq, hosted_profile, profile
+from ..sim.engine import DONE, Engine, EngineProfile, Seq, hosted_profile, profile
 from ..sim.faults import retry_headers
-from ..streaming.stream import close_plan
+from ..streaming.encode import TOKEN_JSON
+from ..streaming.stream import TokenRun, close_plan
 from .faults import CAPACITY, _body
 from .validate import SERVING
 
@@ -257,14 +258,14 @@ class Serving:
         lead = 0.0
         if eng.profile.hosted:
             head: list[PlanItem] = []
-            s.wrap(lambda plan: _peeked(plan, s, head))
+            s.wrap(lambda plan: _peeked(plan, s, head), runs=True)
             # the plan's own time to first token (the first event _paced holds)
             ttft = head[-1][0] if head else 0.0
             k = min(first, max(0, s.usage.output_tokens - 1))
             lead = eng.lead(s.usage.prompt_tokens, s.usage.cached_tokens, k,
                             ttft + self.cap_prefill(eng.name, s.usage.prompt_tokens))
         seq = self.add(eng, s.usage, _body(req), lead=lead)
-        s.wrap(lambda plan: _paced(plan, self, eng, seq, s, first))
+        s.wrap(lambda plan: _paced(plan, self, eng, seq, s, first), runs=True)
         prev = res.on_close
         queued = self._watch(seq, req)
 
@@ -364,16 +365,18 @@ class _Queued:
 
 def _peeked(plan: Iterator[PlanItem], stream: EventStream,
             head: list[PlanItem]) -> Iterator[PlanItem]:
-    """The plan, its first events read now into ``head`` up to the first one
-    :func:`_paced` holds for a token (at most :data:`PEEK`), then handed on unchanged."""
+    """The plan, its first items read now into ``head`` up to the first one
+    :func:`_paced` holds for a token (at most :data:`PEEK`; a run of tokens whole), then
+    handed on unchanged."""
     is_token = stream.dialect.is_token
     types = stream.dialect.token_types
     it = iter(plan)
     for item in it:
         head.append(item)
         off, etype, data = item
-        if off > 0.0 or (etype in types if types is not None else is_token(etype, data)) \
-                or len(head) >= PEEK:
+        tok = (_tokens(data, etype, types, is_token) if type(data) is TokenRun else
+               etype in types if types is not None else is_token(etype, data))
+        if off > 0.0 or tok or len(head) >= PEEK:
             break
     return _then_plan(head[:], it)
 
@@ -389,34 +392,89 @@ def _then_plan(head: list[PlanItem], rest: Iterator[PlanItem]) -> Iterator[PlanI
 def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
            stream: EventStream, first: int) -> Iterator[PlanItem]:
     """The plan with each spaced-out event due when the engine produces its token (see the
-    module doc)."""
+    module doc). A run of token events (a :class:`TokenRun` the plan hands over whole) is
+    read here, not expanded by a generator under this one: per token, the deadline is the
+    sequence's step end read straight from it, and the engine is asked more only when that
+    step is not yet known."""
     now_fn = serving.app.clock.now_fn()
     slack = serving.slack
     is_token = stream.dialect.is_token
     types = stream.dialect.token_types  # (a set to look in, when the dialect declares one)
+    last = seq.max_out - 1
     j = first
     try:
-        for off, etype, data in plan:
-            tok = etype in types if types is not None else is_token(etype, data)
-            if tok or off > 0.0:
-                k = j if j < seq.max_out else seq.max_out - 1
-                if tok:
+        for item in plan:
+            run = item[2]
+            if type(run) is TokenRun and _tokens(run, item[1], types, is_token):
+                etype = item[1]
+                pre, post, gaps = run.pre, run.post, run.gaps
+                more = False
+                for piece in run.pieces:
+                    if more:
+                        next(gaps, 0.0)  # (drawn as the run would: the plan may share gaps)
+                    more = True
+                    k = j if j <= last else last
                     j += 1
-                while True:
+                    # the step that gives token k, known already (the common case), else
+                    # asked of the engine until it is
                     now = now_fn()
                     if eng.step_end <= now + slack:
                         eng.advance(now + slack)
                         serving.arm(eng)
-                    t = seq.due(k, now)
-                    if t is not None or eng.step_end < 0.0:
-                        break
-                    # not known until the step in flight ends: look again then
-                    yield max(eng.step_end - stream.deadline, 0.0), ENGINE_WAIT, None
-                off = max((t if t is not None else now) - stream.deadline, 0.0)
-            yield off, etype, data
+                    if k < seq.produced or seq.state == DONE:
+                        t = now
+                    elif k == seq.produced and seq.next_at >= 0.0:
+                        t = seq.next_at
+                    else:
+                        t = yield from _wait(serving, eng, seq, stream, k, now)
+                    yield (max(t - stream.deadline, 0.0), etype,
+                           pre + TOKEN_JSON[piece] + post)
+                continue
+            # event by event (a run of another type: its events)
+            for off, etype, data in (run.events(item[1], item[0]) if type(run) is TokenRun
+                                     else (item,)):
+                tok = etype in types if types is not None else is_token(etype, data)
+                if tok or off > 0.0:
+                    k = j if j <= last else last
+                    if tok:
+                        j += 1
+                    t = yield from _wait(serving, eng, seq, stream, k, -1.0)
+                    off = max(t - stream.deadline, 0.0)
+                yield off, etype, data
     finally:
         close_plan(plan)
         serving.end(eng, seq)
+
+
+def _tokens(run: TokenRun, etype: str, types: frozenset[str] | None,
+            is_token: Callable[[str, Any], bool]) -> bool:
+    """Are a run's events token events? (One type, payloads rendered alike: one answer.)"""
+    if types is not None:
+        return etype in types
+    return is_token(etype, run.pre + TOKEN_JSON[run.pieces[0]] + run.post)
+
+
+def _wait(serving: Serving, eng: Engine, seq: Seq, stream: EventStream, k: int,
+          now: float) -> Generator[PlanItem, None, float]:
+    """When output token ``k`` is due: while its step is not yet known (the sequence is
+    queued, prefilling in chunks or preempted), a control item due when the step in flight
+    ends, then a look again (``now`` >= 0: looked once already, at ``now``)."""
+    now_fn = serving.app.clock.now_fn()
+    slack = serving.slack
+    looked = now >= 0.0
+    while True:
+        if not looked:
+            now = now_fn()
+            if eng.step_end <= now + slack:
+                eng.advance(now + slack)
+                serving.arm(eng)
+            t = seq.due(k, now)
+            if t is not None:
+                return t
+        if eng.step_end < 0.0:
+            return now  # (an idle engine: nothing to wait for)
+        looked = False
+        yield max(eng.step_end - stream.deadline, 0.0), ENGINE_WAIT, None
 
 
 def register(app: Host) -> None:

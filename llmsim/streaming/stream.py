@@ -265,14 +265,16 @@ class EventStream:
             self.on_event(etype, data)
         return self.deadline, etype, data
 
-    def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]]) -> None:
+    def wrap(self, fn: Callable[[Iterator[PlanItem]], Iterable[PlanItem]],
+             runs: bool = False) -> None:
         """Replace the plan by ``fn(plan)`` (a generator around it: faults, capacity pacing).
 
         Call before the stream starts; ``fn`` must close the inner plan when it is closed
         (a generator's ``finally: inner.close()``) so the plan's cleanup still runs. The
-        wrapper sees every event one by one (a :class:`TokenRun` is expanded under it).
+        wrapper sees every event one by one (a :class:`TokenRun` is expanded under it), or
+        with ``runs`` the plan's runs whole: then ``fn`` must hand over no run itself.
         """
-        inner = self._it if self._wrapped else expand_runs(self._it)
+        inner = self._it if self._wrapped or runs else expand_runs(self._it)
         self._wrapped = True
         self._it = iter(fn(inner))
 
