@@ -422,3 +422,32 @@ async def test_embeddings_beyond_the_queue_get_the_capacity_error(
     assert err["message"].startswith("That model is currently overloaded")
     eng = engine_of(srv, SERVED)
     assert eng.rejected == 1 and eng.success == {"stop": 2} and not eng.running
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1beta/models/emb-m:embedContent",
+     {"content": {"parts": [{"text": "word " * 2000}]}}),
+    ("/v1beta/models/emb-m:batchEmbedContents",
+     {"requests": [{"model": "models/emb-m", "content": {"parts": [{"text": "word " * 1000}]}}
+                   for _ in range(2)]}),
+    ("/api/embed", {"model": "emb-m", "input": ["word " * 1000, "word " * 1000]}),
+])
+async def test_gemini_and_ollama_embeddings_are_prefill_only_sequences(
+        monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]) -> None:
+    """Gemini's embedContent/batchEmbedContents and Ollama's /api/embed join the model's
+    engine as /v1/embeddings does: counted while their prompt is computed, finished "stop"
+    with no output token, the answer held until then."""
+    prof = replace(H100, name="test-slow-prefill", c_ms=0.5)
+    monkeypatch.setitem(sim_engine.PROFILES, "test-slow-prefill", prof)
+    clock = FakeClock()
+    srv = server(clock, engine="test-slow-prefill", latency="realistic")
+    t0 = clock.now()
+    task = asyncio.ensure_future(exchange(srv, body, path=path))
+    await _spin(lambda: "emb-m" in srv.app.feature(SERVING).engines
+                and bool(engine_of(srv, "emb-m").running))
+    eng = engine_of(srv, "emb-m")
+    ex = await task
+    assert ex.status == 200, ex.body
+    assert eng.success == {"stop": 1} and eng.generation_tokens == 0
+    assert eng.prompt_tokens >= 2000
+    assert clock.now() - t0 > 2000 * prof.c_ms / 1000  # held for its prefill at least

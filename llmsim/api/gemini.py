@@ -37,7 +37,17 @@ from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request
 from ..sim import schema as sch
 from ..sim import tokens as tok
-from ..sim.decide import AUTO, TEXT, TOOL_CHOICES, Ask, Decision, Output, Tool, ToolChoice
+from ..sim.decide import (
+    AUTO,
+    TEXT,
+    TOOL_CHOICES,
+    Ask,
+    Decision,
+    Output,
+    Tool,
+    ToolChoice,
+    Usage,
+)
 from ..sim.embed import embed
 from ..sim.prompt import chat_prompt_steps
 from ..sim.rng import request_rng
@@ -591,7 +601,8 @@ async def count_tokens(req: Request, app: Services) -> JSONResponse:
 
 
 def _embed_one(app: Services, model: str, req_body: dict[str, Any], where: str,
-               seed: int) -> dict[str, Any]:
+               seed: int) -> tuple[dict[str, Any], int]:
+    """One ContentEmbedding and the tokens of its input."""
     profile = app.model(model, kind="embedding")
     content = req_body.get("content")
     parts = _parts(content, f"{where}content")
@@ -603,16 +614,15 @@ def _embed_one(app: Services, model: str, req_body: dict[str, Any], where: str,
     pieces = tok.split_pieces(text, profile.encoding) if text else [""]
     if len(pieces) > profile.context_window:
         raise _bad(f"{where}content", f"at most {profile.context_window} tokens")
-    return {"values": embed(pieces, profile.dimensions, dims, seed)}
+    return {"values": embed(pieces, profile.dimensions, dims, seed)}, len(pieces)
 
 
 async def embed_content(req: Request, app: Services) -> JSONResponse:
     body = req.json_object()
     model = _model_of(req)
     seed = request_rng(app.config.seed, "/v1beta:embedContent", body).getrandbits(32)
-    out = _embed_one(app, model, body, "", seed)
-    await deliver_after(app, model, app.latency(app.model(model, kind="embedding")).ttft(
-        request_rng(app.config.seed, "/v1beta:embedContent:t", body), 0))
+    out, n = _embed_one(app, model, body, "", seed)
+    await _held(req, app, model, body, "/v1beta:embedContent:t", n)
     return JSONResponse({"embedding": out}, model=model)
 
 
@@ -624,14 +634,27 @@ async def batch_embed(req: Request, app: Services) -> JSONResponse:
         raise _bad("requests", f"a list of 1 to {MAX_EMBED_BATCH} EmbedContentRequest objects")
     seed = request_rng(app.config.seed, "/v1beta:batchEmbedContents", body).getrandbits(32)
     out = []
+    total = 0
     for i, r in enumerate(reqs):
         if not isinstance(r, dict):
             raise _bad(f"requests[{i}]", "an EmbedContentRequest object is required")
         m = str(r.get("model") or model).removeprefix("models/")
         if m != model:
             raise _bad(f"requests[{i}].model", f"must be the batch's model models/{model}")
-        out.append(_embed_one(app, model, r, f"requests[{i}].", seed + i))
+        one, n = _embed_one(app, model, r, f"requests[{i}].", seed + i)
+        out.append(one)
+        total += n
+    await _held(req, app, model, body, "/v1beta:batchEmbedContents:t", total)
     return JSONResponse({"embeddings": out}, model=model)
+
+
+async def _held(req: Request, app: Services, model: str, body: Any, path: str,
+                tokens: int) -> None:
+    """Hold an embedding answer for the model's time over ``tokens`` of input, counted as
+    running; a prefill-only sequence when an engine serves the model (as /v1/embeddings)."""
+    lat = app.latency(app.model(model, kind="embedding"))
+    await deliver_after(app, model, lat.ttft(request_rng(app.config.seed, path, body), tokens),
+                        Usage(tokens), req)
 
 
 def _model_json(p: Any) -> dict[str, Any]:

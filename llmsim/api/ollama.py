@@ -36,7 +36,7 @@ from ..errors import APIError, E
 from ..messages import JSONResponse, RawResponse, Request, Result
 from ..sim import schema as sch
 from ..sim import tokens as tok
-from ..sim.decide import AUTO, TEXT, Ask, Decision, Output, Tool
+from ..sim.decide import AUTO, TEXT, Ask, Decision, Output, Tool, Usage
 from ..sim.embed import embed
 from ..sim.prompt import IMAGE_TOKENS, chat_prompt_steps
 from ..sim.rng import request_rng
@@ -466,7 +466,8 @@ async def _embed(req: Request, app: Services, legacy: bool) -> JSONResponse:
         vecs.append(embed(pieces, prof.dimensions, dims, seed))
     rng = request_rng(app.config.seed, "/api/embed", body)
     seconds = app.latency(prof).ttft(rng, total)
-    await deliver_after(app, body["model"], seconds)
+    # (a prefill-only sequence when an engine serves the model, as /v1/embeddings)
+    await deliver_after(app, body["model"], seconds, Usage(total), req)
     if legacy:
         return JSONResponse({"embedding": vecs[0]}, model=body["model"])
     ns = max(1, round(seconds * NS))
