@@ -1,10 +1,12 @@
 """Token runs (``stream.TokenRun``, issue 15's per-token hot path): a plan hands a run of
-token events over as one item and the pump renders the tokens itself. These tests pin that
-the wire is byte for byte, and write for write on the FakeClock, what the same events
-yielded one by one give, in every dialect that uses runs and on both kinds of sink, across
-the end of the pre-rendered stamp table; that numbers stay in order around an out-of-band
-claim; that a pause shifts the rest of a run; and that whoever needs the events one by one
-(a wrapper, an observer of that type, a reader of the plan) gets them."""
+token events over as one item (pieces, gaps and the key of the dialect's token template)
+and the pump renders the tokens itself. These tests pin that the wire is byte for byte, and
+write for write on the FakeClock, what the same events give one by one (as runs of one
+token, and rendered by the stream for an encoder without a token frame), in every dialect
+that uses runs and on both kinds of sink, across the end of the stamp table; that numbers
+stay in order around an out-of-band claim; that a pause shifts the rest of a run; and that
+whoever needs the events one by one (a wrapper, an observer of that type, a reader of the
+plan) gets them."""
 
 from __future__ import annotations
 
@@ -19,15 +21,22 @@ from llmsim.api.anthropic import ANTHROPIC
 from llmsim.api.chat import CHAT
 from llmsim.api.completions import COMPLETIONS
 from llmsim.api.responses import RESPONSES
-from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
 from llmsim.streaming import encode
 from llmsim.streaming import stream as stream_mod
 from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.dialect import Dialect
 from llmsim.streaming.flow import Pump
 from llmsim.streaming.stream import EventStream, TokenRun, expand_runs
 
 PIECES = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", "", " end"]
 GAPS = [0.01, 0.013, 0.0, 0.007, 0.01, 0.0004, 0.02, 0.01]  # one fewer than PIECES
+CHAT_KEY = ({"id": "c%1"}, 0)  # chat's template key: the chunk head, the choice
+MSG = ("msg_1", 0)  # Responses' template key: the message item's id, its output index
+# a dialect whose token event is the piece in brackets (what the pump writes, plainly)
+BRACKETS = Dialect("brackets", numbered=False, sse=encode.sse_chat, sse_error=CHAT.sse_error,
+                   error_events=CHAT.error_events, is_token=CHAT.is_token,
+                   terminals=CHAT.terminals, token_type="chunk",
+                   token_json=lambda key: (b"[", b"]"))
 
 
 class WireSink:
@@ -63,31 +72,31 @@ class FrameLog(WireSink):
 
 
 def chat_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
-    pre = b'{"id":"c%1","choices":[{"index":0,"delta":{"content":'
-    post = b'},"finish_reason":null}]}'
     return [(0.1, "chunk", {"role": "assistant"}),
-            (0.0, "chunk", TokenRun(PIECES, iter(gaps), pre, post)),
+            (0.0, "chunk", TokenRun(PIECES, iter(gaps), CHAT_KEY)),
             (0.0, "chunk", {"finish": "stop"}), (0.0, "done", None)]
 
 
 def responses_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
     it = iter([0.0, *gaps, 0.03])  # shared with what follows the run, as render.plan does
-    pre = _TEXT_DELTA % (orjson.dumps('msg_"odd%id'), 2)
     return [(0.0, "response.created", {"type": "response.created"}),
             (next(it), "response.output_text.delta",
-             TokenRun(PIECES, it, pre, _TEXT_DELTA_END)),
+             TokenRun(PIECES, it, ('msg_"odd%id', 2))),
             (next(it, 0.0), "response.output_text.done", {"type": "response.output_text.done"}),
             (0.0, "response.completed", {"type": "response.completed"})]
 
 
 async def run(plan: list[tuple[float, str, Any]], dialect: Any, encoder: Any, sink_cls: Any,
-              *, runs: bool, first_seq: int = 0) -> list[tuple[float, bytes]]:
+              *, runs: bool | None, first_seq: int = 0) -> list[tuple[float, bytes]]:
+    """``runs``: True, the plan's runs; False, each token a run of one (expand_runs); None,
+    every token event rendered by the stream and framed by the encoder (no token frame)."""
     clock = FakeClock(start=0.0)
     sink = sink_cls(clock)
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     s = EventStream(iter(plan) if runs else expand_runs(plan), dialect, first_seq=first_seq)
-    p = Pump(s, clock, encoder, sink, on_done=done.set_result)
-    assert s.take_runs
+    enc = encoder if runs is not None else (lambda t, d: encoder(t, d))
+    p = Pump(s, clock, enc, sink, on_done=done.set_result)
+    assert s.take_runs is (runs is not None)
     p.start()
     assert await asyncio.wait_for(done, 5) == "completed"
     return sink.writes  # type: ignore[no-any-return]
@@ -95,17 +104,14 @@ async def run(plan: list[tuple[float, str, Any]], dialect: Any, encoder: Any, si
 
 def anthropic_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
     it = iter([0.0, *gaps, 0.03])
-    pre = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
     return [(0.2, "message_start", {"type": "message_start"}),
-            (next(it), "content_block_delta", TokenRun(PIECES, it, pre, b"}}")),
+            (next(it), "content_block_delta", TokenRun(PIECES, it, 0)),
             (0.0, "content_block_stop", {"type": "content_block_stop", "index": 0}),
             (next(it, 0.0), "message_stop", {"type": "message_stop"})]
 
 
 def completions_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
-    pre = b'{"id":"cmpl-1","object":"text_completion","choices":[{"text":'
-    post = b',"index":0,"logprobs":null,"finish_reason":null}]}'
-    return [(0.1, "token", TokenRun(PIECES, iter(gaps), pre, post)),
+    return [(0.1, "token", TokenRun(PIECES, iter(gaps), ({"id": "cmpl-1"}, 0))),
             (0.0, "chunk", {"finish": "length"}), (0.0, "done", None)]
 
 
@@ -128,8 +134,9 @@ async def test_a_run_writes_what_its_events_one_by_one_write(
         monkeypatch.setattr(stream_mod, "_SUFFIXES", {})
         monkeypatch.setattr(stream_mod, "_MAX_SUFFIXES", 0)
     fast = await run(make(GAPS), dialect, encoder, sink_cls, runs=True, first_seq=first_seq)
-    slow = await run(make(GAPS), dialect, encoder, sink_cls, runs=False, first_seq=first_seq)
-    assert fast == slow
+    ones = await run(make(GAPS), dialect, encoder, sink_cls, runs=False, first_seq=first_seq)
+    slow = await run(make(GAPS), dialect, encoder, sink_cls, runs=None, first_seq=first_seq)
+    assert fast == ones == slow
     assert len(fast) >= len(PIECES) - 2  # (the 0-gap tokens share a write)
     if dialect is RESPONSES:  # numbered in order across the end of the stamp table
         blob = b"".join(w for _, w in fast)
@@ -140,7 +147,7 @@ async def test_a_run_writes_what_its_events_one_by_one_write(
 @pytest.mark.asyncio
 async def test_fewer_gaps_than_tokens_sends_the_rest_at_once() -> None:
     fast = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=True)
-    slow = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=False)
+    slow = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=None)
     assert fast == slow
     assert fast[-1][0] == round(0.1 + sum(GAPS[:3]), 9)
 
@@ -148,10 +155,12 @@ async def test_fewer_gaps_than_tokens_sends_the_rest_at_once() -> None:
 def test_a_run_draws_a_gap_only_for_a_token_that_follows() -> None:
     """A plan may share its gaps with what follows the run (Responses): the run must draw
     exactly one gap per later token, in the pump as in its events."""
-    gaps = iter([0.5, 0.25, 9.0])
-    run_ = TokenRun(["a", "b", "c"], gaps, b"", b"")
-    assert [d for d, _, _ in run_.events("t", 1.0)] == [1.0, 0.5, 0.25]
-    assert next(gaps) == 9.0
+    for split in (True, False):
+        gaps = iter([0.5, 0.25, 9.0])
+        run_ = TokenRun(["a", "b", "c"], gaps, CHAT_KEY)
+        items = run_.split("chunk", 1.0) if split else run_.events("chunk", 1.0, CHAT)
+        assert [d for d, _, _ in items] == [1.0, 0.5, 0.25]
+        assert next(gaps) == 9.0
 
 
 def _manual(plan: list[tuple[float, str, Any]], dialect: Any = RESPONSES
@@ -175,10 +184,9 @@ def _seqs(sink: Any) -> list[int]:
 async def test_a_claim_in_the_middle_of_a_run_takes_the_next_number() -> None:
     """A WebSocket error or steer answer written mid-run takes the next number; the run's
     next token continues after it (the client sees 0, 1, 2, ... in order)."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.0, "response.output_text.delta",
-             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), pre, _TEXT_DELTA_END)),
+             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), MSG)),
             (0.0, "response.completed", {"type": "response.completed"})]
     clock, sink, p, s = _manual(plan)
     p.start()  # created + token a
@@ -194,9 +202,9 @@ async def test_a_claim_in_the_middle_of_a_run_takes_the_next_number() -> None:
 
 @pytest.mark.asyncio
 async def test_a_pause_in_the_middle_of_a_run_shifts_the_rest() -> None:
-    plan = [(0.0, "chunk", TokenRun(["a", "b", "c"], iter([0.01, 0.01]), b"[", b"]")),
+    plan = [(0.0, "chunk", TokenRun(["a", "b", "c"], iter([0.01, 0.01]))),
             (0.0, "done", None)]
-    clock, sink, p, s = _manual(plan, CHAT)
+    clock, sink, p, s = _manual(plan, BRACKETS)
     p.encode = encode.sse_chat
     p.start()  # a at 0
     sink.paused = True
@@ -210,7 +218,7 @@ async def test_a_pause_in_the_middle_of_a_run_shifts_the_rest() -> None:
 
 
 def test_a_wrapper_and_a_reader_see_every_token_event() -> None:
-    pre = _TEXT_DELTA % (b'"m"', 0)
+    """A wrapper and a reader of the plan see each token as a run of one (no bytes)."""
 
     def make() -> list[tuple[float, str, Any]]:
         return responses_plan(GAPS)
@@ -219,18 +227,19 @@ def test_a_wrapper_and_a_reader_see_every_token_event() -> None:
 
     def wrapper(plan: Any) -> Any:
         for item in plan:
-            seen.append(type(item[2]))
+            seen.append(item[2])
             yield item
 
     s = EventStream(iter(make()), RESPONSES)
     s.take_runs = True  # even so: the wrapper reads the events one by one
     s.wrap(wrapper)
     got = s.drain()
-    assert TokenRun not in seen and len(got) == len(PIECES) + 3
+    runs = [d for d in seen if type(d) is TokenRun]
+    assert [r.pieces for r in runs] == [[p] for p in PIECES] and len(got) == len(PIECES) + 3
+    assert not any(type(d) is bytes for d in seen)
     # a reader of the plan (a replay counting numbers) gets the same items
     flat = list(expand_runs(make()))
     assert [t for _, t, _ in flat] == [t for t, _ in got]
-    assert pre  # (the same prefix shape as render.plan)
 
 
 def test_an_observed_type_is_pulled_event_by_event() -> None:
@@ -258,7 +267,7 @@ def test_closing_a_stream_mid_run_closes_the_plan() -> None:
 
     def plan() -> Any:
         try:
-            yield 0.0, "chunk", TokenRun(["a", "b"], iter([0.01]), b"", b"")
+            yield 0.0, "chunk", TokenRun(["a", "b"], iter([0.01]), CHAT_KEY)
             yield 0.0, "done", None
         finally:
             closed.append(True)
@@ -278,25 +287,31 @@ def test_the_stamp_suffix_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     assert stream_mod.stamped_suffixes(b"x" * 100) == []  # too long a suffix: not kept
 
 
-def test_a_run_of_another_type_than_the_dialects_bytes_type_is_expanded() -> None:
-    """Responses frames bytes payloads as ``event: response.output_text.delta``: a run of
-    another type is handed over event by event (the encoder frames each)."""
+def test_a_run_of_another_type_than_the_dialects_token_type_is_refused() -> None:
+    """A run's events are the dialect's token event (its one template): a run of another
+    type is a plan's mistake, refused where the stream reads it (a pump ends the stream
+    with its error frame) instead of being rendered as the wrong event."""
     s = EventStream(iter([(0.0, "response.reasoning_summary_text.delta",
-                           TokenRun(["a"], iter(()), b'{"x":', b',"sequence_number":'))]),
-                    RESPONSES)
+                           TokenRun(["a"], key=MSG))]), RESPONSES)
     s.take_runs = True
+    with pytest.raises(ValueError, match="reasoning_summary_text"):
+        s.pull()
+    # the template: the run's token as the dict the dialect's event would be
+    s = EventStream(iter([(0.0, "response.output_text.delta", TokenRun(["a"], key=MSG))]),
+                    RESPONSES, first_seq=4)
     ev = s.pull()
-    assert ev is not None and ev[2] == b'{"x":"a","sequence_number":0}'
+    assert ev is not None and orjson.loads(ev[2]) == {
+        "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+        "content_index": 0, "delta": "a", "logprobs": [], "sequence_number": 4}
 
 
 @pytest.mark.asyncio
 async def test_a_claim_while_a_run_waits_for_its_first_token_numbers_before_it() -> None:
     """The run is pulled (held until its first token is due) when a claim comes: the claim
     takes the next number and the run's tokens follow it."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.05, "response.output_text.delta",
-             TokenRun(["a", "b"], iter([0.01]), pre, _TEXT_DELTA_END)),
+             TokenRun(["a", "b"], iter([0.01]), MSG)),
             (0.0, "response.completed", {"type": "response.completed"})]
     clock, sink, p, s = _manual(plan)
     p.start()  # created; the run is held for 0.05
@@ -324,9 +339,8 @@ async def test_equal_gaps_write_what_the_same_gaps_read_one_by_one_write(
 
     def plan(const: bool) -> Any:  # (a generator: it reads on after the run, as render's)
         g: Any = ConstantGaps(0.01, supply) if const else iter([0.01] * supply)
-        pre = _TEXT_DELTA % (orjson.dumps("msg_1"), 0)
         yield 0.0, "response.created", {"type": "response.created"}
-        yield 0.05, "response.output_text.delta", TokenRun(PIECES, g, pre, _TEXT_DELTA_END)
+        yield 0.05, "response.output_text.delta", TokenRun(PIECES, g, MSG)
         yield next(g, 0.0), "response.output_text.done", {"type": "t.done"}
         yield next(g, 0.0), "response.completed", {"type": "r.completed"}
 
@@ -391,14 +405,13 @@ async def test_a_pump_finished_while_armed_leaves_the_clock() -> None:
 
 @pytest.mark.asyncio
 async def test_the_stream_knows_the_next_number_when_a_run_stops_midway() -> None:
-    """The pump numbers a run's tokens itself: when the stream ends mid-run (the client
-    gone), the stream's own count (what a stored response's cancel reads) is the number
-    after the last token written, and the stream's end callback already sees it."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
+    """The pump takes a run's numbers from the stream's count as it writes: when the stream
+    ends mid-run (the client gone), that count (what a stored response's cancel reads) is
+    the number after the last token written, and the stream's end callback sees it."""
     seen: list[int] = []
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.0, "response.output_text.delta",
-             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), pre, _TEXT_DELTA_END))]
+             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), MSG))]
     clock = FakeClock(start=0.0)
     sink = FrameLog(clock)
     s = EventStream(iter(plan), RESPONSES, on_end=lambda: seen.append(s.seq))

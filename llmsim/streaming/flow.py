@@ -7,9 +7,10 @@ or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing r
 :class:`~llmsim.streaming.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
 A run of tokens the plan hands over whole (:class:`~llmsim.streaming.stream.TokenRun`) costs less: the
-pump renders each token into its frame with one bytes format (the stream's and the sink's
-framing around the token's JSON), with no ``next()`` of the plan, no tuple and no
-concatenation per token, under the same coalescing rule.
+pump renders each token into its frame with one bytes format (the dialect's token template,
+``Dialect.template``, in the encoder's frame and the sink's chunk, compiled once per run),
+with no ``next()`` of the plan, no tuple and no concatenation per token (a numbered token
+adds its number, taken from the stream's count), under the same coalescing rule.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
@@ -44,8 +45,6 @@ log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
-_NO_FRAME = (b"", b"")  # Pump._pre, _post: no bytes frame (every payload goes through encode)
-_NO_WIRE = (b"", 0, b"")  # Pump._fmt, _extra, _plain: no wire format (the sink frames each)
 _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 
 
@@ -94,12 +93,12 @@ class Pump(Timer):
     pump fails (None: write nothing, e.g. no client)."""
 
     __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
-                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq",
+                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
                  "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
                  "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
                  "error_frame", "_paused_at", "_per_write", "_is_token", "_unobserved",
-                 "_bytes_frame", "_token_types", "_fold", "_each", "_wire", "_pre", "_post",
-                 "_fmt", "_extra", "_plain", "_run_gaps", "_run_post")
+                 "_frame", "_token_types", "_fold", "_each", "_plain", "_run_gaps",
+                 "_run_post")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -129,14 +128,11 @@ class Pump(Timer):
         # event's index, the run's length, its gap when constant, its pieces, its frame
         # format: ``fmt % (len(payload) + extra, payload)`` with the wire, ``fmt % payload``
         # without; the payload is the token's JSON, in a numbering dialect followed by
-        # ``post`` and the number (``stamps[seq]``, or rendered past the table)
+        # ``post`` and the number the stream's count gives (``stamps[seq]``, or rendered
+        # past the table)
         self._run_at = 0.0
         self._run_i = self._run_n = 0
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
-        # a numbered run's next sequence number: the stream's, held here while the run is
-        # written (the stream's own ``seq`` is brought up to date when the run ends, the
-        # pump finishes, or a number is claimed: :meth:`_sync_seq`)
-        self._seq = 0
         self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
         self._run_extra = 0
@@ -162,33 +158,30 @@ class Pump(Timer):
         # the per-event observer call, for an observer without the per-write protocol
         self._each: Callable[[str, Any, float], None] | None = (
             observer if self._per_write is None else None)
-        # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
-        # and suffix (both declared: the dialect's ``bytes_tokens`` and ``bytes_type``, the
-        # encoder's ``bytes_frame(type)``); None: every payload goes through ``encode``
+        # the encoder's frame of the dialect's token event (its ``bytes_frame(type)``: the
+        # bytes around the event's JSON), in which the pump renders runs from the dialect's
+        # template; None: no token template or no such frame, every event is encoded
         dialect = stream.dialect
-        frame_of = getattr(encode, "bytes_frame", None) if dialect.bytes_tokens else None
-        self._bytes_frame: tuple[bytes, bytes] | None = (
-            frame_of(dialect.bytes_type) if frame_of is not None else None)
-        # the sink's wire format (see Sink): token payloads rendered straight to wire
-        # bytes with ``(fmt, extra)``, encoded events with ``plain``, written by write_wire
-        self._wire: tuple[bytes, int, bytes] | None = None
+        frame_of = (getattr(encode, "bytes_frame", None) if dialect.token_type is not None
+                    else None)
+        self._frame: tuple[bytes, bytes] | None = (
+            frame_of(dialect.token_type) if frame_of is not None else None)
+        # the sink's wire format (see Sink): encoded events rendered straight to wire bytes
+        # with ``plain % (len(x), x)`` (a run's tokens with the run's own format), written
+        # by write_wire
+        self._plain = b""
         wire_format = getattr(sink, "wire_format", None)
         if wire_format is not None:
             plain = wire_format(b"", b"")
-            fmt = wire_format(*self._bytes_frame) if self._bytes_frame is not None else plain
-            if plain is not None and fmt is not None:
-                self._wire = (fmt[0], fmt[1], plain[0])
+            if plain is not None:
+                self._plain = plain[0]
                 self._wired = True
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
         self._run_post = b""
-        # runs are rendered here when every token event gets the bytes frame and no
-        # per-event observer (else the stream hands the run's events over one by one)
-        stream.take_runs = self._bytes_frame is not None and self._each is None
-        frame: tuple[bytes, bytes] = self._bytes_frame or _NO_FRAME
-        wire: tuple[bytes, int, bytes] = self._wire or _NO_WIRE
-        self._pre, self._post = frame
-        self._fmt, self._extra, self._plain = wire
+        # runs are rendered here when the token event has a frame and there is no per-event
+        # observer (else the stream hands the run's events over one by one)
+        stream.take_runs = self._frame is not None and self._each is None
 
     def start(self, received_at: float | None = None) -> None:
         """Begin the stream: its schedule counts from ``received_at`` (clock time), when the
@@ -228,7 +221,6 @@ class Pump(Timer):
         if self._done:
             return
         self._done = True
-        self._sync_seq()  # (before the stream closes: its end callbacks read the number)
         self._in_run = False
         self._run_gaps = None
         self._run_pieces = _NO_PIECES
@@ -243,17 +235,10 @@ class Pump(Timer):
 
     def claim(self) -> int:
         """A sequence number for an event of this stream written now, ahead of the event
-        the pump holds until its deadline (:meth:`EventStream.claim`)."""
-        self._sync_seq()
+        the pump holds until its deadline (:meth:`EventStream.claim`; a run's next token
+        has no number yet: it takes the stream's next)."""
         n, self._pending = self.stream.claim_ahead(self._pending)
-        if self._in_run:
-            self._seq = self.stream.seq
         return n
-
-    def _sync_seq(self) -> None:
-        """The stream's ``seq`` as the numbered run being written has moved it."""
-        if self._in_run and self._run_stamps is not None:
-            self.stream.seq = self._seq
 
     def _fail(self, frames: list[bytes]) -> None:
         """Called from an ``except`` block: end the stream with a terminal error frame."""
@@ -268,8 +253,8 @@ class Pump(Timer):
         if self.error_frame is not None:
             try:
                 last = self.error_frame(server_error(), seq)
-                if self._wire is not None:
-                    last = self._wire[2] % (len(last), last)
+                if self._wired:
+                    last = self._plain % (len(last), last)
                 out = [*frames, last]
             except Exception:
                 log.exception("cannot render the terminal error frame")
@@ -299,17 +284,14 @@ class Pump(Timer):
         # a next() on an iterator (and the objects behind it) per token
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
-        pre, post = self._bytes_frame  # type: ignore[misc]  # (take_runs: set)
-        head = pre + run.pre
+        head, post, tail = self.stream.dialect.template(
+            run.key, self._frame)  # type: ignore[arg-type]  # (take_runs: set)
         if self.stream.dialect.numbered:  # the payload: the token, ``post``, the number
-            self._seq = self.stream.seq
-            self._run_post = run.post
-            self._run_stamps = stamped_suffixes(run.post)
-            tail = post
+            self._run_post = post
+            self._run_stamps = stamped_suffixes(post)
         else:
             self._run_stamps = None
-            tail = run.post + post
-        wire = getattr(self.sink, "wire_format", None) if self._wire is not None else None
+        wire = getattr(self.sink, "wire_format", None) if self._wired else None
         fmt = wire(head, tail) if wire is not None else None
         if fmt is not None:
             self._run_fmt, self._run_extra = fmt
@@ -341,11 +323,10 @@ class Pump(Timer):
         """Write what is due, then arm the timer for the next deadline (or end the stream).
 
         The per-event path of every stream (issue 15): one call per firing, the plan's
-        ``next()``, the encode, one write and one observation per write, one heap push.
-        A payload that is ``bytes`` is one token's JSON rendered by the plan (the dialect's
-        ``bytes_tokens``): it is framed here with the encoder's ``bytes_frame`` prefix and
-        suffix, without an encoder or token-check call, and with the sink's wire format
-        when it has one (:class:`Sink`: the HTTP chunk in the same bytes format)."""
+        ``next()``, the encode, one write and one observation per write, one heap push; a
+        run's token costs a bytes format (:meth:`_start_run`) instead of the ``next()`` and
+        the encode. With the sink's wire format (:class:`Sink`: the HTTP chunk) an event is
+        framed for the wire in the same step."""
         if self._done:
             return
         frames: list[bytes] = []
@@ -387,8 +368,9 @@ class Pump(Timer):
                         x = TOKEN_JSON[self._run_pieces[i]]
                         stamps = self._run_stamps
                         if stamps is not None:  # numbered: the stream's next number
-                            seq = self._seq
-                            self._seq = seq + 1
+                            st = self.stream
+                            seq = st.seq
+                            st.seq = seq + 1
                             x += (stamps[seq] if seq < len(stamps)
                                   else self._run_post + (_STAMP % seq))
                         n = self._run_extra
@@ -402,7 +384,6 @@ class Pump(Timer):
                             self._run_at = deadline + (g if g >= 0.0
                                                        else next(self._run_gaps, 0.0))
                         else:  # the run is over: the plan's next offset counts from here
-                            self._sync_seq()
                             self._in_run = False
                             self._run_gaps = None
                             self.stream.deadline = deadline
@@ -415,16 +396,10 @@ class Pump(Timer):
                         end = etype
                         break
                     else:
-                        wire = self._wire
-                        if self._bytes_frame is not None and type(data) is bytes:  # (the plan's)
-                            frames.append(self._pre + data + self._post if wire is None
-                                          else self._fmt % (len(data) + self._extra, data))
+                        x = self.encode(etype, data)
+                        frames.append(self._plain % (len(x), x) if self._wired else x)
+                        if self._per_write is not None and self._counts(etype, data):
                             tokens += 1
-                        else:
-                            x = self.encode(etype, data)
-                            frames.append(x if wire is None else self._plain % (len(x), x))
-                            if self._per_write is not None and self._counts(etype, data):
-                                tokens += 1
                         observer = self._each
                         if observer is not None:
                             observer(etype, data, now)

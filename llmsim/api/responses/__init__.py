@@ -73,7 +73,7 @@ def _error_events(err: APIError) -> list[tuple[str, Any]]:
 RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
                     sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
                     error_events=_error_events, token_types=TOKEN_EVENTS,
-                    bytes_tokens=True, bytes_type="response.output_text.delta",
+                    token_type="response.output_text.delta", token_json=render.token_json,
                     terminals=frozenset({"response.completed", "response.incomplete",
                                          "response.failed", "error"}))
 """The Responses API on the wire: named SSE events or WebSocket JSON frames, every event

@@ -281,6 +281,14 @@ _TEXT_DELTA = b'{"type":"response.output_text.delta","item_id":%b,"output_index"
 _TEXT_DELTA_END = b',"logprobs":[],"sequence_number":'
 
 
+def token_json(key: tuple[str, int]) -> tuple[bytes, bytes]:
+    """The token event, the JSON around the piece: the ``response.output_text.delta`` of
+    message ``item_id`` at ``output_index`` (the plan's ``TokenRun`` key), cut before its
+    ``sequence_number`` value (the stream's number completes it)."""
+    item_id, output_index = key
+    return _TEXT_DELTA % (_dumps(item_id), output_index), _TEXT_DELTA_END
+
+
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
          warmup: bool = False) -> Iterator[PlanItem]:
     """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
@@ -377,12 +385,12 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
             lps = item.logprobs
-            if lps is None:  # the hot path: each delta rendered around the token's JSON,
-                # the bytes the dict below gives, numbered by the stream (stream.EventStream)
-                # the deltas as one run (stream.TokenRun), each a gap after the last
+            if lps is None:  # the hot path: the deltas as one run (stream.TokenRun, the
+                # dialect's token event: the bytes the dict below gives), each a gap after
+                # the last
                 if item.pieces:
                     yield step(), "response.output_text.delta", TokenRun(
-                        item.pieces, gaps, _TEXT_DELTA % (_dumps(rid), idx), _TEXT_DELTA_END)
+                        item.pieces, gaps, (rid, idx))
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
                     yield step(), "response.output_text.delta", {
