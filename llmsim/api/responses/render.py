@@ -27,14 +27,17 @@ import orjson
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
+from ...streaming import encode
+from ...streaming.dialect import Dialect
 from ...streaming.stream import TokenRun
 
 if TYPE_CHECKING:
+    from ...errors import APIError
     from .request import RespRequest
 
 __all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
-           "completed_at", "TERMINAL"]
+           "completed_at", "TERMINAL", "RESPONSES", "TOKEN_EVENTS", "token_json"]
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 PlanItem = tuple[float, str, Any]
@@ -287,6 +290,28 @@ def token_json(key: tuple[str, int]) -> tuple[bytes, bytes]:
     ``sequence_number`` value (the stream's number completes it)."""
     item_id, output_index = key
     return _TEXT_DELTA % (_dumps(item_id), output_index), _TEXT_DELTA_END
+
+
+TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_arguments.delta",
+                          "response.custom_tool_call_input.delta",
+                          "response.reasoning_summary_text.delta"))
+
+
+def _error_events(err: APIError) -> list[tuple[str, Any]]:
+    """A mid-stream failure of a stream with no response record: the ``error`` event (a
+    response's own stream reports ``response.failed`` instead, :meth:`Record.failed`)."""
+    return [("error", {"type": "error", "code": err.code, "message": err.message,
+                       "param": err.param})]
+
+
+RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
+                    sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
+                    error_events=_error_events, token_types=TOKEN_EVENTS,
+                    token_type="response.output_text.delta", token_json=token_json,
+                    terminals=frozenset({"response.completed", "response.incomplete",
+                                         "response.failed", "error"}))
+"""The Responses API on the wire: named SSE events or WebSocket JSON frames, every event
+numbered by the stream."""
 
 
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
