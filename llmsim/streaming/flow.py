@@ -37,7 +37,7 @@ from ..sim.latency import ConstantGaps
 from .clock import Clock, Timer
 from .encode import TOKEN_JSON
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
-from .wire import Wire
+from .wire import Framing, Wire
 
 __all__ = ["Pump", "Sink", "NullSink"]
 
@@ -46,6 +46,7 @@ log = logging.getLogger("llmsim")
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
+_NO_LEADS: list[bytes] = []  # Pump._leads without a wire frame (never read)
 
 
 class Sink(Protocol):
@@ -54,12 +55,12 @@ class Sink(Protocol):
     protocol itself for a body that is not chunked, or :class:`NullSink`.
     ``write_events`` consumes the list before it returns (the pump reuses it).
 
-    A sink that frames every event the same way may also offer ``wire_format(prefix,
-    suffix)``: a bytes format ``fmt`` and a length ``extra`` such that ``fmt % (len(payload)
-    + extra, payload)`` is the wire bytes of the event ``prefix + payload + suffix`` (None:
-    no such format), and ``write_wire(frames)``, which writes frames so rendered as they
-    are. The pump then renders each event once, not framed twice (HTTP chunked: the SSE
-    frame, then the chunk around it)."""
+    A sink that frames every event the same way may also offer ``wire_frame(prefix,
+    suffix)``: the parts of the wire bytes of the event ``prefix + payload + suffix`` around
+    the payload (:data:`~llmsim.streaming.wire.Framing`: a lead that depends on the length,
+    a head, a tail), and ``write_wire(parts)``, which writes the parts of events so framed
+    with one join. The pump then renders each event once, not framed twice (HTTP chunked:
+    the SSE frame, then the chunk around it; WebSocket: the JSON, then the frame)."""
 
     @property
     def paused(self) -> bool: ...
@@ -82,7 +83,8 @@ class NullSink:
 
 
 def _fired_by_clock() -> None:
-    """A pump's Timer callback, never called: the clock calls :meth:`Pump.fire`."""
+    """A pump's Timer callback, never called: the clock calls :meth:`Pump.fire` (the
+    pump's tick)."""
 
 
 class Pump(Timer):
@@ -94,11 +96,11 @@ class Pump(Timer):
 
     __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
-                 "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
-                 "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
-                 "error_frame", "_paused_at", "_per_write", "_is_token", "_unobserved",
-                 "_frame", "_token_types", "_fold", "_each", "_plain", "_run_gaps",
-                 "_run_post")
+                 "_run_pieces", "_run_stamps", "_run_extra", "_run_head", "_run_tail",
+                 "_leads", "_times", "_fold_every", "_pending", "clock", "encode",
+                 "on_done", "observer", "error_frame", "_paused_at", "_per_write",
+                 "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
+                 "_lead", "_tail", "_run_gaps", "_run_post")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -125,18 +127,19 @@ class Pump(Timer):
         self._same = clock.coalesce
         self._catch_up = clock.catch_up
         # a TokenRun being written (see _start_run): the deadline of its next event, the
-        # event's index, the run's length, its gap when constant, its pieces, its frame
-        # format: ``fmt % (len(payload) + extra, payload)`` with the wire, ``fmt % payload``
-        # without; the payload is the token's JSON, in a numbering dialect followed by
-        # ``post`` and the number the stream's count gives (``stamps[seq]``, or rendered
-        # past the table)
+        # event's index, the run's length, its gap when constant, its pieces, its frame:
+        # ``lead(len(payload) + extra) + head + payload + tail`` with the wire (the lead
+        # read from ``leads``), ``head + payload + tail`` without; the payload is the
+        # token's JSON, in a numbering dialect followed by ``post`` and the number the
+        # stream's count gives (``stamps[seq]``, or rendered past the table)
         self._run_at = 0.0
         self._run_i = self._run_n = 0
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
         self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
         self._run_extra = 0
-        self._run_fmt = b""
+        self._run_head = self._run_tail = b""
+        self._leads = _NO_LEADS
         # the per-write observer protocol (StreamTrack.observe): the write's time appended
         # to ``times`` once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
@@ -166,16 +169,16 @@ class Pump(Timer):
                     else None)
         self._frame: tuple[bytes, bytes] | None = (
             frame_of(dialect.token_type) if frame_of is not None else None)
-        # the sink's wire format (see Sink): encoded events rendered straight to wire bytes
-        # with ``plain % (len(x), x)`` (a run's tokens with the run's own format), written
-        # by write_wire
-        self._plain = b""
-        wire_format = getattr(sink, "wire_format", None)
-        if wire_format is not None:
-            plain = wire_format(b"", b"")
-            if plain is not None:
-                self._plain = plain[0]
-                self._wired = True
+        # the sink's wire frame (see Sink): an encoded event ``x`` goes out as the parts
+        # ``lead(len(x)), x, tail`` (a run's tokens with the run's own head and tail),
+        # written by write_wire
+        self._lead: Any = None
+        self._tail = b""
+        wire_frame = getattr(sink, "wire_frame", None)
+        if wire_frame is not None:
+            framing: Framing = wire_frame(b"", b"")
+            self._leads, self._lead, _, _, self._tail = framing
+            self._wired = True
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
         self._run_post = b""
@@ -193,10 +196,6 @@ class Pump(Timer):
         when it is done waiting, its wait part of what the client sees."""
         now = self._now()
         self.stream.begin(now if received_at is None or received_at > now else received_at)
-        self._tick()
-
-    def fire(self) -> None:
-        """The clock's call at the deadline the last tick armed (Timer)."""
         self._tick()
 
     def resume(self) -> None:
@@ -254,8 +253,9 @@ class Pump(Timer):
             try:
                 last = self.error_frame(server_error(), seq)
                 if self._wired:
-                    last = self._plain % (len(last), last)
-                out = [*frames, last]
+                    out = [*frames, self._lead(len(last)), last, self._tail]
+                else:
+                    out = [*frames, last]
             except Exception:
                 log.exception("cannot render the terminal error frame")
         try:
@@ -291,13 +291,10 @@ class Pump(Timer):
             self._run_stamps = stamped_suffixes(post)
         else:
             self._run_stamps = None
-        wire = getattr(self.sink, "wire_format", None) if self._wired else None
-        fmt = wire(head, tail) if wire is not None else None
-        if fmt is not None:
-            self._run_fmt, self._run_extra = fmt
-        else:  # (a sink without the wire format frames each event itself)
-            self._run_fmt = head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
-            self._run_extra = -1
+        if self._wired:  # (else a sink that frames each event itself: head + x + tail)
+            framing: Framing = self.sink.wire_frame(head, tail)  # type: ignore[attr-defined]
+            _, _, self._run_extra, head, tail = framing
+        self._run_head, self._run_tail = head, tail
         self._in_run = self._run_n > 0
 
     def _write(self, frames: list[bytes]) -> None:
@@ -324,9 +321,10 @@ class Pump(Timer):
 
         The per-event path of every stream (issue 15): one call per firing, the plan's
         ``next()``, the encode, one write and one observation per write, one heap push; a
-        run's token costs a bytes format (:meth:`_start_run`) instead of the ``next()`` and
-        the encode. With the sink's wire format (:class:`Sink`: the HTTP chunk) an event is
-        framed for the wire in the same step."""
+        run's token costs its parts (:meth:`_start_run`) instead of the ``next()`` and the
+        encode. With the sink's wire frame (:class:`Sink`: the HTTP chunk, the WebSocket
+        frame) an event is framed for the wire in the same step: ``frames`` then holds the
+        parts of the write's events, one join in the sink renders them."""
         if self._done:
             return
         frames: list[bytes] = []
@@ -364,6 +362,8 @@ class Pump(Timer):
                                             and deadline >= behind):
                         break
                     if in_run:
+                        # the token's parts, joined with the rest of the write (no bytes
+                        # built per token but its JSON and, when numbered, its number's)
                         i = self._run_i
                         x = TOKEN_JSON[self._run_pieces[i]]
                         stamps = self._run_stamps
@@ -371,11 +371,23 @@ class Pump(Timer):
                             st = self.stream
                             seq = st.seq
                             st.seq = seq + 1
-                            x += (stamps[seq] if seq < len(stamps)
-                                  else self._run_post + (_STAMP % seq))
-                        n = self._run_extra
-                        frames.append(self._run_fmt % (len(x) + n, x) if n >= 0
-                                      else self._run_fmt % x)
+                            y = (stamps[seq] if seq < len(stamps)
+                                 else self._run_post + (_STAMP % seq))
+                            if self._wired:
+                                n = len(x) + len(y) + self._run_extra
+                                leads = self._leads
+                                frames += (leads[n] if n < len(leads) else self._lead(n),
+                                           self._run_head, x, y, self._run_tail)
+                            else:
+                                frames.append(b"".join((self._run_head, x, y,
+                                                        self._run_tail)))
+                        elif self._wired:
+                            n = len(x) + self._run_extra
+                            leads = self._leads
+                            frames += (leads[n] if n < len(leads) else self._lead(n),
+                                       self._run_head, x, self._run_tail)
+                        else:
+                            frames.append(self._run_head + x + self._run_tail)
                         tokens += 1
                         i += 1
                         if i < self._run_n:
@@ -397,7 +409,12 @@ class Pump(Timer):
                         break
                     else:
                         x = self.encode(etype, data)
-                        frames.append(self._plain % (len(x), x) if self._wired else x)
+                        if self._wired:
+                            n = len(x)
+                            frames += (self._leads[n] if n < len(self._leads)
+                                       else self._lead(n), x, self._tail)
+                        else:
+                            frames.append(x)
                         if self._per_write is not None and self._counts(etype, data):
                             tokens += 1
                         observer = self._each
@@ -411,7 +428,10 @@ class Pump(Timer):
                         left = MAX_BATCH
                         break
                 if frames:
-                    self._write(frames)
+                    if nw is not None and self._wired:  # (_write, inlined: once per write)
+                        nw.write_wire(frames)
+                    else:
+                        self._write(frames)
                     frames = []
                     if tokens:
                         times = self._times
@@ -448,3 +468,7 @@ class Pump(Timer):
         except Exception:
             self._unobserved = tokens  # the frames _fail writes still count
             self._fail(frames)
+
+    # the clock's call at the deadline the last tick armed (Timer): the tick itself, no call
+    # in between (once per event)
+    fire = _tick
