@@ -423,3 +423,34 @@ async def test_the_stream_knows_the_next_number_when_a_run_stops_midway() -> Non
     assert _seqs(sink) == [0, 1, 2]
     p.cancel()
     assert s.seq == 3 and seen == [3]
+
+
+@pytest.mark.parametrize("wire_cls", ["http", "ws"])
+def test_a_wires_frame_parts_are_its_frame(wire_cls: str) -> None:
+    """``Wire.wire_frame``'s parts around a payload are the chunk (HTTP) or the text frame
+    (WebSocket) of the whole event, at every length class: the WebSocket header's 7-bit,
+    16-bit and 64-bit lengths, and either side of the end of the lead table."""
+    import struct
+
+    from llmsim.streaming import wire
+
+    def ws_frame(b: bytes) -> bytes:  # RFC 6455 §5.2, written out independently
+        n = len(b)
+        head = (struct.pack("!BB", 0x81, n) if n < 126 else
+                struct.pack("!BBH", 0x81, 126, n) if n < 65536 else
+                struct.pack("!BBQ", 0x81, 127, n))
+        return head + b
+
+    w: Any = wire.HTTPWire(None) if wire_cls == "http" else wire.WSWire(None)
+    whole = ((lambda b: b"%x\r\n%b\r\n" % (len(b), b)) if wire_cls == "http" else ws_frame)
+    prefix, suffix = b'event: x\ndata: {"a":', b"}\n\n"
+    for n in (0, 1, 100, 125, 126, 127, wire.LEADS - 1, wire.LEADS, wire.LEADS + 1,
+              65535, 65536, 70000):
+        payload = b"y" * max(0, n - len(prefix) - len(suffix))
+        leads, lead, extra, head, tail = w.wire_frame(prefix, suffix)
+        m = len(payload) + extra
+        assert (leads[m] if m < len(leads) else lead(m)) == lead(m)
+        assert lead(m) + head + payload + tail == whole(prefix + payload + suffix)
+        if wire_cls == "ws":
+            assert wire.ws_text_frame(prefix + payload + suffix) == whole(
+                prefix + payload + suffix)

@@ -393,8 +393,11 @@ class Pump(Timer):
                         if i < self._run_n:
                             self._run_i = i
                             g = self._run_gap
-                            self._run_at = deadline + (g if g >= 0.0
-                                                       else next(self._run_gaps, 0.0))
+                            nxt = self._run_at = deadline + (
+                                g if g >= 0.0 else next(self._run_gaps, 0.0))
+                            if nxt > limit:  # (the loop's first test, at once: on time,
+                                deadline = nxt  # a run's next token is not due yet)
+                                break
                         else:  # the run is over: the plan's next offset counts from here
                             self._in_run = False
                             self._run_gaps = None
