@@ -454,3 +454,34 @@ def test_a_wires_frame_parts_are_its_frame(wire_cls: str) -> None:
         if wire_cls == "ws":
             assert wire.ws_text_frame(prefix + payload + suffix) == whole(
                 prefix + payload + suffix)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("choices", [3, 20])
+@pytest.mark.parametrize("sink_cls", [WireSink, FrameLog])
+async def test_runs_of_choices_taking_turns_keep_their_own_template(
+        choices: int, sink_cls: Any) -> None:
+    """A multi-choice plan yields a run of one token per choice per step, the choices'
+    keys taking turns: each token is written in its own choice's template (the pump keeps
+    a few templates by key, starting again past its bound), as the stream renders it."""
+    from llmsim.streaming.flow import MAX_TEMPLATES
+
+    assert choices > MAX_TEMPLATES or choices < MAX_TEMPLATES
+    keys = [({"id": "chatcmpl-1", "n": k}, k) for k in range(choices)]
+
+    def plan() -> list[tuple[float, str, Any]]:
+        out: list[tuple[float, str, Any]] = [(0.1, "chunk", {"role": "assistant"})]
+        for step in range(3):
+            for k in range(choices):
+                out.append((0.01 if step and not k else 0.0, "chunk",
+                            TokenRun([f"s{step}c{k}"], key=keys[k])))
+        return [*out, (0.0, "done", None)]
+
+    fast = await run(plan(), CHAT, encode.sse_chat, sink_cls, runs=True)
+    slow = await run(plan(), CHAT, encode.sse_chat, sink_cls, runs=None)
+    assert fast == slow
+    blob = b"".join(w for _, w in fast)
+    for step in range(3):
+        for k in range(choices):
+            assert b'"n":%d,"choices":[{"index":%d,"delta":{"content":"s%dc%d"}' % (
+                k, k, step, k) in blob

@@ -645,6 +645,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
         yield (out.ttft if first else 0.0), "chunk", chunk(c.index, role)
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
+    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
     steps = max(len(s) for s in seqs)
     only = choices[0]
     if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
@@ -667,7 +668,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
                                                 logprobs={"content": [c.logprobs[k]],
                                                           "refusal": None})
                 else:  # (a run of one: the choices take turns)
-                    yield delay, "chunk", TokenRun([item], key=(head, c.index))
+                    yield delay, "chunk", TokenRun([item], key=keys[c.index])
             else:  # a tool-call delta
                 yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
             delay = 0.0

@@ -345,6 +345,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
     gaps = decision.timing.gaps(max(0, _steps(decision) - 1))
     delay = decision.timing.first
     offsets = [0] * len(choices)
+    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
     if cr.echo:
         for c in choices:
             prefix = _prefix(cr, c.index)
@@ -373,7 +374,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
                                       offsets[c.index])
                 yield delay, "token", chunk(c.index, piece, logprobs=lp)
             else:  # (a run of one: the choices take turns)
-                yield delay, "token", TokenRun([piece], key=(head, c.index))
+                yield delay, "token", TokenRun([piece], key=keys[c.index])
             offsets[c.index] += len(piece)
             delay = 0.0
     for c in choices:

@@ -47,6 +47,8 @@ MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
 _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
 _NO_LEADS: list[bytes] = []  # Pump._leads without a wire frame (never read)
+_NO_KEY = object()  # Pump._run_key before a run
+MAX_TEMPLATES = 16  # templates a pump keeps for the keys of its stream (then starts again)
 
 
 class Sink(Protocol):
@@ -100,7 +102,7 @@ class Pump(Timer):
                  "_leads", "_times", "_fold_every", "_pending", "clock", "encode",
                  "on_done", "observer", "error_frame", "_paused_at", "_per_write",
                  "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
-                 "_lead", "_tail", "_run_gaps", "_run_post")
+                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -182,6 +184,10 @@ class Pump(Timer):
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
         self._run_post = b""
+        # the key whose template the _run_ fields hold, and the templates of the stream's
+        # other keys (made at a second key: runs of one token of choices taking turns)
+        self._run_key: Any = _NO_KEY
+        self._templates: dict[int, tuple[Any, ...]] | None = None
         # runs are rendered here when the token event has a frame and there is no per-event
         # observer (else the stream hands the run's events over one by one)
         stream.take_runs = self._frame is not None and self._each is None
@@ -284,8 +290,22 @@ class Pump(Timer):
         # a next() on an iterator (and the objects behind it) per token
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
+        self._in_run = self._run_n > 0
+        key = run.key
+        if key is self._run_key:  # (the template the run before used)
+            return
+        cache = self._templates
+        if cache is not None or self._run_key is not _NO_KEY:  # a second key
+            if cache is None:
+                cache = self._templates = {}
+            got = cache.get(id(key))
+            if got is not None and got[0] is key:
+                (_, self._run_head, self._run_tail, self._run_extra, self._run_stamps,
+                 self._run_post) = got
+                self._run_key = key
+                return
         head, post, tail = self.stream.dialect.template(
-            run.key, self._frame)  # type: ignore[arg-type]  # (take_runs: set)
+            key, self._frame)  # type: ignore[arg-type]  # (take_runs: set)
         if self.stream.dialect.numbered:  # the payload: the token, ``post``, the number
             self._run_post = post
             self._run_stamps = stamped_suffixes(post)
@@ -295,7 +315,12 @@ class Pump(Timer):
             framing: Framing = self.sink.wire_frame(head, tail)  # type: ignore[attr-defined]
             _, _, self._run_extra, head, tail = framing
         self._run_head, self._run_tail = head, tail
-        self._in_run = self._run_n > 0
+        self._run_key = key
+        if cache is not None:  # (the entry holds the key: its id is not reused meanwhile)
+            if len(cache) >= MAX_TEMPLATES:
+                cache.clear()
+            cache[id(key)] = (key, head, tail, self._run_extra, self._run_stamps,
+                              self._run_post)
 
     def _write(self, frames: list[bytes]) -> None:
         # (a method call on the sink: no bound method object of this stream's to read, one
