@@ -348,10 +348,9 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
         gaps = iter(drawn)
     # token events: the first at once (every item's first event takes the first delay,
     # before any token), then one gap each
+    # (``lead.pop() if lead else next(gaps, 0.0)``: a token's wait, written out where one is
+    # yielded, no call per token)
     lead = [0.0]
-
-    def step() -> float:
-        return lead.pop() if lead else next(gaps, 0.0)
 
     def wait() -> float:
         nonlocal pending
@@ -373,7 +372,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                     "output_index": idx, "summary_index": si,
                     "part": {"type": "summary_text", "text": ""}}
                 for p in pieces:
-                    yield step(), "response.reasoning_summary_text.delta", {
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
                 text = "".join(pieces)
@@ -414,11 +414,13 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 # dialect's token event: the bytes the dict below gives), each a gap after
                 # the last
                 if item.pieces:
-                    yield step(), "response.output_text.delta", TokenRun(
-                        item.pieces, gaps, (rid, idx))
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.output_text.delta", TokenRun(item.pieces, gaps,
+                                                                    (rid, idx))
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
-                    yield step(), "response.output_text.delta", {
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.output_text.delta", {
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
@@ -442,8 +444,9 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
             for p in item.pieces:
-                yield step(), dtype, {"type": dtype, "item_id": rid,
-                                               "output_index": idx, "delta": p}
+                d = lead.pop() if lead else next(gaps, 0.0)
+                yield d, dtype, {"type": dtype, "item_id": rid, "output_index": idx,
+                                 "delta": p}
             if fn:
                 yield 0.0, "response.function_call_arguments.done", {
                     "type": "response.function_call_arguments.done", "item_id": rid,
