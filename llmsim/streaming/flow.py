@@ -7,10 +7,11 @@ or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing r
 :class:`~llmsim.streaming.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
 A run of tokens the plan hands over whole (:class:`~llmsim.streaming.stream.TokenRun`) costs less: the
-pump renders each token into its frame with one bytes format (the dialect's token template,
-``Dialect.template``, in the encoder's frame and the sink's chunk, compiled once per run),
-with no ``next()`` of the plan, no tuple and no concatenation per token (a numbered token
-adds its number, taken from the stream's count), under the same coalescing rule.
+pump renders each token from the dialect's token template (``Dialect.template``, in the
+encoder's frame and the wire's chunk or WebSocket frame, compiled once per run) as the parts
+around the token's JSON, joined once per write, with no ``next()`` of the plan, no tuple and
+no concatenation per token (a numbered token adds its number, taken from the stream's
+count), under the same coalescing rule.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
