@@ -2,8 +2,10 @@
 
 In-process: N chat (or Responses) streams are decided by the real App, driven by the real
 Pump on the shared timer heap (a manual clock jumps from deadline to deadline, so no time is
-spent waiting), and written into a sink that frames each write as an HTTP chunk (what the
-transport does) and drops it. Prints CPU microseconds per written event, end to end (request
+spent waiting), and written through the connection's ``HTTPWire`` (the HTTP chunk, as the
+server writes it) into a transport that counts and drops each write (``--sink ws``: the
+WebSocket session's ``WSWire`` and the dialect's WebSocket encoder, Responses only;
+``--sink plain``: a sink without the wire frame, which frames each write itself). Prints CPU microseconds per written event, end to end (request
 dispatch included) and for the pump path alone, beside the same measurement of the bare
 anchor's pacing (``baseline_h11.Pacer``: heap, json.dumps, chunk framing, one write per due
 event). ``--profile`` prints the top of cProfile.
@@ -31,6 +33,7 @@ from llmsim.messages import Request  # noqa: E402
 from llmsim.state import accounting  # noqa: E402
 from llmsim.streaming.clock import Clock  # noqa: E402
 from llmsim.streaming.flow import Pump  # noqa: E402
+from llmsim.streaming.wire import HTTPWire, WSWire  # noqa: E402
 
 
 class ManualClock(Clock):
@@ -73,7 +76,27 @@ class Sink:
         pass
 
 
-async def main(n: int, tokens: int, kind: str, profile: bool) -> None:
+class _Counting:
+    """The transport under an HTTPWire: counts the writes (into a Sink) and drops them."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def write(self, data: bytes) -> None:
+        self.sink.writes += 1
+        self.sink.bytes += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def wire_sink(sink: Sink, ws: bool = False) -> HTTPWire | WSWire:
+    w = (WSWire if ws else HTTPWire)(_Counting(sink))  # type: ignore[arg-type]
+    w.open = True
+    return w
+
+
+async def main(n: int, tokens: int, kind: str, profile: bool, sink_kind: str = "wire") -> None:
     clock = ManualClock()
     app = App(Config(port=0, latency="realistic", ttft_ms=100, itl_ms=10, seed=1, quiet=True,
                      max_tokens_mode="exact"), clock=clock)
@@ -98,8 +121,10 @@ async def main(n: int, tokens: int, kind: str, profile: bool) -> None:
         res = await app.dispatch(req)
         track = accounting.stream_started(app, req, "chat.completions", res)  # type: ignore[arg-type]
         st = res.stream  # type: ignore[union-attr]
-        pumps.append(Pump(st, clock, st.dialect.sse, sink, None, track.observe,
-                          st.dialect.sse_error))
+        ws = sink_kind == "ws"
+        pumps.append(Pump(st, clock, st.dialect.ws if ws else st.dialect.sse,
+                          sink if sink_kind == "plain" else wire_sink(sink, ws), None,
+                          track.observe, st.dialect.sse_error))
     c1 = time.process_time()
     if prof:
         prof.enable()
@@ -183,6 +208,9 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--kind", choices=["chat", "responses"], default="chat")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sink", choices=["wire", "ws", "plain"], default="wire")
     a = ap.parse_args()
     anchor(a.n, a.tokens)
-    asyncio.run(main(a.n, a.tokens, a.kind, a.profile))
+    if a.sink == "ws" and a.kind != "responses":
+        ap.error("--sink ws: --kind responses (the family with a WebSocket mode)")
+    asyncio.run(main(a.n, a.tokens, a.kind, a.profile, a.sink))

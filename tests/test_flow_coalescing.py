@@ -16,6 +16,7 @@ from llmsim.streaming.flow import Pump
 from llmsim.streaming.stream import EventStream, TokenRun
 
 GAP = 0.01  # 10 ms between tokens, as the bench streams
+KEY = ({"id": "chatcmpl-1"}, 0)  # chat's token template key: the chunk head, the choice
 
 
 class WriteLog:
@@ -38,13 +39,14 @@ def plan(tokens: int, runs: bool = False) -> list[tuple[float, str, object]]:
     # role chunk and first token due together, then one token per GAP, then the finish
     # chunk and [DONE] at the same instant as the last token; ``runs``: the tokens as one
     # TokenRun, which the pump renders itself under the same rule
+    # (else each token its own item: a run of one, as a multi-choice plan yields them)
     out: list[tuple[float, str, object]] = [(0.1, "chunk", {"role": "assistant"})]
     if runs:
         out.append((0.0, "chunk", TokenRun([str(i) for i in range(tokens)],
-                                           iter([GAP] * (tokens - 1)), b'{"t":', b"}")))
+                                           iter([GAP] * (tokens - 1)), KEY)))
     else:
-        out.append((0.0, "chunk", b'{"t":0}'))
-        out += [(GAP, "chunk", b'{"t":%d}' % i) for i in range(1, tokens)]
+        out.append((0.0, "chunk", TokenRun(["0"], key=KEY)))
+        out += [(GAP, "chunk", TokenRun([str(i)], key=KEY)) for i in range(1, tokens)]
     out += [(0.0, "chunk", {"finish": 1}), (0.0, "done", None)]
     return out
 

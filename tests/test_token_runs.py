@@ -1,10 +1,12 @@
 """Token runs (``stream.TokenRun``, issue 15's per-token hot path): a plan hands a run of
-token events over as one item and the pump renders the tokens itself. These tests pin that
-the wire is byte for byte, and write for write on the FakeClock, what the same events
-yielded one by one give, in every dialect that uses runs and on both kinds of sink, across
-the end of the pre-rendered stamp table; that numbers stay in order around an out-of-band
-claim; that a pause shifts the rest of a run; and that whoever needs the events one by one
-(a wrapper, an observer of that type, a reader of the plan) gets them."""
+token events over as one item (pieces, gaps and the key of the dialect's token template)
+and the pump renders the tokens itself. These tests pin that the wire is byte for byte, and
+write for write on the FakeClock, what the same events give one by one (as runs of one
+token, and rendered by the stream for an encoder without a token frame), in every dialect
+that uses runs and on both kinds of sink, across the end of the stamp table; that numbers
+stay in order around an out-of-band claim; that a pause shifts the rest of a run; and that
+whoever needs the events one by one (a wrapper, an observer of that type, a reader of the
+plan) gets them."""
 
 from __future__ import annotations
 
@@ -19,19 +21,27 @@ from llmsim.api.anthropic import ANTHROPIC
 from llmsim.api.chat import CHAT
 from llmsim.api.completions import COMPLETIONS
 from llmsim.api.responses import RESPONSES
-from llmsim.api.responses.render import _TEXT_DELTA, _TEXT_DELTA_END
 from llmsim.streaming import encode
 from llmsim.streaming import stream as stream_mod
 from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.dialect import Dialect
 from llmsim.streaming.flow import Pump
 from llmsim.streaming.stream import EventStream, TokenRun, expand_runs
 
 PIECES = ["Hello", " wor%ld", ' "q"', "\\", "é", "\n", "%d", "", " end"]
 GAPS = [0.01, 0.013, 0.0, 0.007, 0.01, 0.0004, 0.02, 0.01]  # one fewer than PIECES
+CHAT_KEY = ({"id": "c%1"}, 0)  # chat's template key: the chunk head, the choice
+MSG = ("msg_1", 0)  # Responses' template key: the message item's id, its output index
+# a dialect whose token event is the piece in brackets (what the pump writes, plainly)
+BRACKETS = Dialect("brackets", numbered=False, sse=encode.sse_chat, sse_error=CHAT.sse_error,
+                   error_events=CHAT.error_events, is_token=CHAT.is_token,
+                   terminals=CHAT.terminals, token_type="chunk",
+                   token_json=lambda key: (b"[", b"]"))
 
 
 class WireSink:
-    """Like the HTTP protocol: offers the wire format (an HTTP chunk around the frame)."""
+    """Like the HTTP protocol's wire: offers the wire frame (an HTTP chunk around the
+    event)."""
 
     paused = False
 
@@ -39,9 +49,10 @@ class WireSink:
         self.clock = clock
         self.writes: list[tuple[float, bytes]] = []
 
-    def wire_format(self, prefix: bytes, suffix: bytes) -> tuple[bytes, int]:
-        return (b"%x\r\n" + prefix.replace(b"%", b"%%") + b"%b" + suffix.replace(b"%", b"%%")
-                + b"\r\n", len(prefix) + len(suffix))
+    def wire_frame(self, prefix: bytes, suffix: bytes) -> Any:
+        # (a short table of leads: longer events take the lead function)
+        return ([b"%x\r\n" % n for n in range(64)], lambda n: b"%x\r\n" % n,
+                len(prefix) + len(suffix), prefix, suffix + b"\r\n")
 
     def write_wire(self, frames: list[bytes]) -> None:
         self.writes.append((round(self.clock.now(), 9), b"".join(frames)))
@@ -54,40 +65,40 @@ class WireSink:
 
 
 class FrameLog(WireSink):
-    """Like a WebSocket session: frames each event itself (no wire format)."""
+    """A sink that frames each event itself (no wire frame)."""
 
-    wire_format = None  # type: ignore[assignment]
+    wire_frame = None  # type: ignore[assignment]
 
     def write_events(self, frames: list[bytes]) -> None:
         self.writes.append((round(self.clock.now(), 9), b"|".join(frames)))
 
 
 def chat_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
-    pre = b'{"id":"c%1","choices":[{"index":0,"delta":{"content":'
-    post = b'},"finish_reason":null}]}'
     return [(0.1, "chunk", {"role": "assistant"}),
-            (0.0, "chunk", TokenRun(PIECES, iter(gaps), pre, post)),
+            (0.0, "chunk", TokenRun(PIECES, iter(gaps), CHAT_KEY)),
             (0.0, "chunk", {"finish": "stop"}), (0.0, "done", None)]
 
 
 def responses_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
     it = iter([0.0, *gaps, 0.03])  # shared with what follows the run, as render.plan does
-    pre = _TEXT_DELTA % (orjson.dumps('msg_"odd%id'), 2)
     return [(0.0, "response.created", {"type": "response.created"}),
             (next(it), "response.output_text.delta",
-             TokenRun(PIECES, it, pre, _TEXT_DELTA_END)),
+             TokenRun(PIECES, it, ('msg_"odd%id', 2))),
             (next(it, 0.0), "response.output_text.done", {"type": "response.output_text.done"}),
             (0.0, "response.completed", {"type": "response.completed"})]
 
 
 async def run(plan: list[tuple[float, str, Any]], dialect: Any, encoder: Any, sink_cls: Any,
-              *, runs: bool, first_seq: int = 0) -> list[tuple[float, bytes]]:
+              *, runs: bool | None, first_seq: int = 0) -> list[tuple[float, bytes]]:
+    """``runs``: True, the plan's runs; False, each token a run of one (expand_runs); None,
+    every token event rendered by the stream and framed by the encoder (no token frame)."""
     clock = FakeClock(start=0.0)
     sink = sink_cls(clock)
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     s = EventStream(iter(plan) if runs else expand_runs(plan), dialect, first_seq=first_seq)
-    p = Pump(s, clock, encoder, sink, on_done=done.set_result)
-    assert s.take_runs
+    enc = encoder if runs is not None else (lambda t, d: encoder(t, d))
+    p = Pump(s, clock, enc, sink, on_done=done.set_result)
+    assert s.take_runs is (runs is not None)
     p.start()
     assert await asyncio.wait_for(done, 5) == "completed"
     return sink.writes  # type: ignore[no-any-return]
@@ -95,17 +106,14 @@ async def run(plan: list[tuple[float, str, Any]], dialect: Any, encoder: Any, si
 
 def anthropic_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
     it = iter([0.0, *gaps, 0.03])
-    pre = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
     return [(0.2, "message_start", {"type": "message_start"}),
-            (next(it), "content_block_delta", TokenRun(PIECES, it, pre, b"}}")),
+            (next(it), "content_block_delta", TokenRun(PIECES, it, 0)),
             (0.0, "content_block_stop", {"type": "content_block_stop", "index": 0}),
             (next(it, 0.0), "message_stop", {"type": "message_stop"})]
 
 
 def completions_plan(gaps: list[float]) -> list[tuple[float, str, Any]]:
-    pre = b'{"id":"cmpl-1","object":"text_completion","choices":[{"text":'
-    post = b',"index":0,"logprobs":null,"finish_reason":null}]}'
-    return [(0.1, "token", TokenRun(PIECES, iter(gaps), pre, post)),
+    return [(0.1, "token", TokenRun(PIECES, iter(gaps), ({"id": "cmpl-1"}, 0))),
             (0.0, "chunk", {"finish": "length"}), (0.0, "done", None)]
 
 
@@ -128,8 +136,9 @@ async def test_a_run_writes_what_its_events_one_by_one_write(
         monkeypatch.setattr(stream_mod, "_SUFFIXES", {})
         monkeypatch.setattr(stream_mod, "_MAX_SUFFIXES", 0)
     fast = await run(make(GAPS), dialect, encoder, sink_cls, runs=True, first_seq=first_seq)
-    slow = await run(make(GAPS), dialect, encoder, sink_cls, runs=False, first_seq=first_seq)
-    assert fast == slow
+    ones = await run(make(GAPS), dialect, encoder, sink_cls, runs=False, first_seq=first_seq)
+    slow = await run(make(GAPS), dialect, encoder, sink_cls, runs=None, first_seq=first_seq)
+    assert fast == ones == slow
     assert len(fast) >= len(PIECES) - 2  # (the 0-gap tokens share a write)
     if dialect is RESPONSES:  # numbered in order across the end of the stamp table
         blob = b"".join(w for _, w in fast)
@@ -140,7 +149,7 @@ async def test_a_run_writes_what_its_events_one_by_one_write(
 @pytest.mark.asyncio
 async def test_fewer_gaps_than_tokens_sends_the_rest_at_once() -> None:
     fast = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=True)
-    slow = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=False)
+    slow = await run(chat_plan(GAPS[:3]), CHAT, encode.sse_chat, WireSink, runs=None)
     assert fast == slow
     assert fast[-1][0] == round(0.1 + sum(GAPS[:3]), 9)
 
@@ -148,10 +157,12 @@ async def test_fewer_gaps_than_tokens_sends_the_rest_at_once() -> None:
 def test_a_run_draws_a_gap_only_for_a_token_that_follows() -> None:
     """A plan may share its gaps with what follows the run (Responses): the run must draw
     exactly one gap per later token, in the pump as in its events."""
-    gaps = iter([0.5, 0.25, 9.0])
-    run_ = TokenRun(["a", "b", "c"], gaps, b"", b"")
-    assert [d for d, _, _ in run_.events("t", 1.0)] == [1.0, 0.5, 0.25]
-    assert next(gaps) == 9.0
+    for split in (True, False):
+        gaps = iter([0.5, 0.25, 9.0])
+        run_ = TokenRun(["a", "b", "c"], gaps, CHAT_KEY)
+        items = run_.split("chunk", 1.0) if split else run_.events("chunk", 1.0, CHAT)
+        assert [d for d, _, _ in items] == [1.0, 0.5, 0.25]
+        assert next(gaps) == 9.0
 
 
 def _manual(plan: list[tuple[float, str, Any]], dialect: Any = RESPONSES
@@ -175,10 +186,9 @@ def _seqs(sink: Any) -> list[int]:
 async def test_a_claim_in_the_middle_of_a_run_takes_the_next_number() -> None:
     """A WebSocket error or steer answer written mid-run takes the next number; the run's
     next token continues after it (the client sees 0, 1, 2, ... in order)."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.0, "response.output_text.delta",
-             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), pre, _TEXT_DELTA_END)),
+             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), MSG)),
             (0.0, "response.completed", {"type": "response.completed"})]
     clock, sink, p, s = _manual(plan)
     p.start()  # created + token a
@@ -194,9 +204,9 @@ async def test_a_claim_in_the_middle_of_a_run_takes_the_next_number() -> None:
 
 @pytest.mark.asyncio
 async def test_a_pause_in_the_middle_of_a_run_shifts_the_rest() -> None:
-    plan = [(0.0, "chunk", TokenRun(["a", "b", "c"], iter([0.01, 0.01]), b"[", b"]")),
+    plan = [(0.0, "chunk", TokenRun(["a", "b", "c"], iter([0.01, 0.01]))),
             (0.0, "done", None)]
-    clock, sink, p, s = _manual(plan, CHAT)
+    clock, sink, p, s = _manual(plan, BRACKETS)
     p.encode = encode.sse_chat
     p.start()  # a at 0
     sink.paused = True
@@ -210,7 +220,7 @@ async def test_a_pause_in_the_middle_of_a_run_shifts_the_rest() -> None:
 
 
 def test_a_wrapper_and_a_reader_see_every_token_event() -> None:
-    pre = _TEXT_DELTA % (b'"m"', 0)
+    """A wrapper and a reader of the plan see each token as a run of one (no bytes)."""
 
     def make() -> list[tuple[float, str, Any]]:
         return responses_plan(GAPS)
@@ -219,45 +229,47 @@ def test_a_wrapper_and_a_reader_see_every_token_event() -> None:
 
     def wrapper(plan: Any) -> Any:
         for item in plan:
-            seen.append(type(item[2]))
+            seen.append(item[2])
             yield item
 
     s = EventStream(iter(make()), RESPONSES)
     s.take_runs = True  # even so: the wrapper reads the events one by one
     s.wrap(wrapper)
     got = s.drain()
-    assert TokenRun not in seen and len(got) == len(PIECES) + 3
+    runs = [d for d in seen if type(d) is TokenRun]
+    assert [r.pieces for r in runs] == [[p] for p in PIECES] and len(got) == len(PIECES) + 3
+    assert not any(type(d) is bytes for d in seen)
     # a reader of the plan (a replay counting numbers) gets the same items
     flat = list(expand_runs(make()))
     assert [t for _, t, _ in flat] == [t for t, _ in got]
-    assert pre  # (the same prefix shape as render.plan)
 
 
 def test_a_wrapper_that_asks_for_runs_gets_them_whole() -> None:
     """``wrap(fn, runs=True)`` (the engine's pacing): the wrapper gets the plan's runs as
-    one item each, and one that expands them itself hands the stream the same events; a
-    wrapper added after it sees them one by one."""
+    one item each, and one that splits them itself hands the stream the same events; a
+    wrapper added after it sees them one token at a time."""
     seen: list[Any] = []
-    later: list[Any] = []
+    later: list[int] = []
 
     def wrapper(plan: Any) -> Any:
         for item in plan:
             seen.append(type(item[2]))
             if type(item[2]) is TokenRun:
-                yield from item[2].events(item[1], item[0])
+                yield from item[2].split(item[1], item[0])
             else:
                 yield item
 
     def outer(plan: Any) -> Any:
         for item in plan:
-            later.append(type(item[2]))
+            if type(item[2]) is TokenRun:
+                later.append(len(item[2].pieces))
             yield item
 
     s = EventStream(iter(responses_plan(GAPS)), RESPONSES)
     s.wrap(wrapper, runs=True)
     s.wrap(outer)
     got = s.drain()
-    assert seen.count(TokenRun) == 1 and TokenRun not in later
+    assert seen.count(TokenRun) == 1 and later and set(later) == {1}
     plain = EventStream(iter(responses_plan(GAPS)), RESPONSES)
     assert got == plain.drain()
 
@@ -287,7 +299,7 @@ def test_closing_a_stream_mid_run_closes_the_plan() -> None:
 
     def plan() -> Any:
         try:
-            yield 0.0, "chunk", TokenRun(["a", "b"], iter([0.01]), b"", b"")
+            yield 0.0, "chunk", TokenRun(["a", "b"], iter([0.01]), CHAT_KEY)
             yield 0.0, "done", None
         finally:
             closed.append(True)
@@ -307,25 +319,31 @@ def test_the_stamp_suffix_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     assert stream_mod.stamped_suffixes(b"x" * 100) == []  # too long a suffix: not kept
 
 
-def test_a_run_of_another_type_than_the_dialects_bytes_type_is_expanded() -> None:
-    """Responses frames bytes payloads as ``event: response.output_text.delta``: a run of
-    another type is handed over event by event (the encoder frames each)."""
+def test_a_run_of_another_type_than_the_dialects_token_type_is_refused() -> None:
+    """A run's events are the dialect's token event (its one template): a run of another
+    type is a plan's mistake, refused where the stream reads it (a pump ends the stream
+    with its error frame) instead of being rendered as the wrong event."""
     s = EventStream(iter([(0.0, "response.reasoning_summary_text.delta",
-                           TokenRun(["a"], iter(()), b'{"x":', b',"sequence_number":'))]),
-                    RESPONSES)
+                           TokenRun(["a"], key=MSG))]), RESPONSES)
     s.take_runs = True
+    with pytest.raises(ValueError, match="reasoning_summary_text"):
+        s.pull()
+    # the template: the run's token as the dict the dialect's event would be
+    s = EventStream(iter([(0.0, "response.output_text.delta", TokenRun(["a"], key=MSG))]),
+                    RESPONSES, first_seq=4)
     ev = s.pull()
-    assert ev is not None and ev[2] == b'{"x":"a","sequence_number":0}'
+    assert ev is not None and orjson.loads(ev[2]) == {
+        "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+        "content_index": 0, "delta": "a", "logprobs": [], "sequence_number": 4}
 
 
 @pytest.mark.asyncio
 async def test_a_claim_while_a_run_waits_for_its_first_token_numbers_before_it() -> None:
     """The run is pulled (held until its first token is due) when a claim comes: the claim
     takes the next number and the run's tokens follow it."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.05, "response.output_text.delta",
-             TokenRun(["a", "b"], iter([0.01]), pre, _TEXT_DELTA_END)),
+             TokenRun(["a", "b"], iter([0.01]), MSG)),
             (0.0, "response.completed", {"type": "response.completed"})]
     clock, sink, p, s = _manual(plan)
     p.start()  # created; the run is held for 0.05
@@ -353,9 +371,8 @@ async def test_equal_gaps_write_what_the_same_gaps_read_one_by_one_write(
 
     def plan(const: bool) -> Any:  # (a generator: it reads on after the run, as render's)
         g: Any = ConstantGaps(0.01, supply) if const else iter([0.01] * supply)
-        pre = _TEXT_DELTA % (orjson.dumps("msg_1"), 0)
         yield 0.0, "response.created", {"type": "response.created"}
-        yield 0.05, "response.output_text.delta", TokenRun(PIECES, g, pre, _TEXT_DELTA_END)
+        yield 0.05, "response.output_text.delta", TokenRun(PIECES, g, MSG)
         yield next(g, 0.0), "response.output_text.done", {"type": "t.done"}
         yield next(g, 0.0), "response.completed", {"type": "r.completed"}
 
@@ -420,14 +437,13 @@ async def test_a_pump_finished_while_armed_leaves_the_clock() -> None:
 
 @pytest.mark.asyncio
 async def test_the_stream_knows_the_next_number_when_a_run_stops_midway() -> None:
-    """The pump numbers a run's tokens itself: when the stream ends mid-run (the client
-    gone), the stream's own count (what a stored response's cancel reads) is the number
-    after the last token written, and the stream's end callback already sees it."""
-    pre = _TEXT_DELTA % (b'"msg_1"', 0)
+    """The pump takes a run's numbers from the stream's count as it writes: when the stream
+    ends mid-run (the client gone), that count (what a stored response's cancel reads) is
+    the number after the last token written, and the stream's end callback sees it."""
     seen: list[int] = []
     plan = [(0.0, "response.created", {"type": "response.created"}),
             (0.0, "response.output_text.delta",
-             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), pre, _TEXT_DELTA_END))]
+             TokenRun(["a", "b", "c", "d"], iter([0.01] * 3), MSG))]
     clock = FakeClock(start=0.0)
     sink = FrameLog(clock)
     s = EventStream(iter(plan), RESPONSES, on_end=lambda: seen.append(s.seq))
@@ -437,3 +453,65 @@ async def test_the_stream_knows_the_next_number_when_a_run_stops_midway() -> Non
     assert _seqs(sink) == [0, 1, 2]
     p.cancel()
     assert s.seq == 3 and seen == [3]
+
+
+@pytest.mark.parametrize("wire_cls", ["http", "ws"])
+def test_a_wires_frame_parts_are_its_frame(wire_cls: str) -> None:
+    """``Wire.wire_frame``'s parts around a payload are the chunk (HTTP) or the text frame
+    (WebSocket) of the whole event, at every length class: the WebSocket header's 7-bit,
+    16-bit and 64-bit lengths, and either side of the end of the lead table."""
+    import struct
+
+    from llmsim.streaming import wire
+
+    def ws_frame(b: bytes) -> bytes:  # RFC 6455 §5.2, written out independently
+        n = len(b)
+        head = (struct.pack("!BB", 0x81, n) if n < 126 else
+                struct.pack("!BBH", 0x81, 126, n) if n < 65536 else
+                struct.pack("!BBQ", 0x81, 127, n))
+        return head + b
+
+    w: Any = wire.HTTPWire(None) if wire_cls == "http" else wire.WSWire(None)
+    whole = ((lambda b: b"%x\r\n%b\r\n" % (len(b), b)) if wire_cls == "http" else ws_frame)
+    prefix, suffix = b'event: x\ndata: {"a":', b"}\n\n"
+    for n in (0, 1, 100, 125, 126, 127, wire.LEADS - 1, wire.LEADS, wire.LEADS + 1,
+              65535, 65536, 70000):
+        payload = b"y" * max(0, n - len(prefix) - len(suffix))
+        leads, lead, extra, head, tail = w.wire_frame(prefix, suffix)
+        m = len(payload) + extra
+        assert (leads[m] if m < len(leads) else lead(m)) == lead(m)
+        assert lead(m) + head + payload + tail == whole(prefix + payload + suffix)
+        if wire_cls == "ws":
+            assert wire.ws_text_frame(prefix + payload + suffix) == whole(
+                prefix + payload + suffix)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("choices", [3, 20])
+@pytest.mark.parametrize("sink_cls", [WireSink, FrameLog])
+async def test_runs_of_choices_taking_turns_keep_their_own_template(
+        choices: int, sink_cls: Any) -> None:
+    """A multi-choice plan yields a run of one token per choice per step, the choices'
+    keys taking turns: each token is written in its own choice's template (the pump keeps
+    a few templates by key, starting again past its bound), as the stream renders it."""
+    from llmsim.streaming.flow import MAX_TEMPLATES
+
+    assert choices > MAX_TEMPLATES or choices < MAX_TEMPLATES
+    keys = [({"id": "chatcmpl-1", "n": k}, k) for k in range(choices)]
+
+    def plan() -> list[tuple[float, str, Any]]:
+        out: list[tuple[float, str, Any]] = [(0.1, "chunk", {"role": "assistant"})]
+        for step in range(3):
+            for k in range(choices):
+                out.append((0.01 if step and not k else 0.0, "chunk",
+                            TokenRun([f"s{step}c{k}"], key=keys[k])))
+        return [*out, (0.0, "done", None)]
+
+    fast = await run(plan(), CHAT, encode.sse_chat, sink_cls, runs=True)
+    slow = await run(plan(), CHAT, encode.sse_chat, sink_cls, runs=None)
+    assert fast == slow
+    blob = b"".join(w for _, w in fast)
+    for step in range(3):
+        for k in range(choices):
+            assert b'"n":%d,"choices":[{"index":%d,"delta":{"content":"s%dc%d"}' % (
+                k, k, step, k) in blob

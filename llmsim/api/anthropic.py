@@ -95,6 +95,13 @@ def anthropic_error(err: APIError) -> RawResponse:
 # named SSE events (``event: <type>`` then ``data:``): the frame Responses uses, with its
 # bytes_frame declaration for the text deltas the plan hands over as a TokenRun
 _sse = encode.sse_responses
+_TEXT_DELTA = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":'
+
+
+def token_json(index: int) -> tuple[bytes, bytes]:
+    """The token event, the JSON around the piece: the text delta of content block
+    ``index`` (the plan's ``TokenRun`` key)."""
+    return _TEXT_DELTA % index, b"}}"
 
 
 _TOKEN_DELTAS = frozenset(("text_delta", "input_json_delta", "thinking_delta"))
@@ -104,7 +111,7 @@ def is_token_event(etype: str, data: Any) -> bool:
     """A delta that carries one generated token (text, tool input or thinking)."""
     if etype != "content_block_delta":
         return False
-    if type(data) is bytes:  # hot text deltas rendered by hand
+    if type(data) is not dict:  # a text delta of the template (TokenRun, or its rendering)
         return True
     return data["delta"]["type"] in _TOKEN_DELTAS
 
@@ -114,7 +121,7 @@ ANTHROPIC = Dialect("anthropic.messages", numbered=False, sse=_sse,
                     error_events=lambda err: [("error", _error_object(err))],
                     is_token=is_token_event,
                     terminals=frozenset({"message_stop", "error"}),
-                    bytes_tokens=True, bytes_type="content_block_delta")
+                    token_type="content_block_delta", token_json=token_json)
 """Anthropic Messages on the wire: named SSE events, no sequence numbers, ``message_stop`` at
 the end, a mid-stream failure as the ``error`` event."""
 
@@ -385,11 +392,9 @@ def _plan(mid: str, model: str, d: Decision) -> Iterator[tuple[float, str, Any]]
                 "type": "content_block_delta", "index": idx,
                 "delta": {"type": "signature_delta", "signature": block["signature"]}}
         elif t == "text":
-            pre = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta",' \
-                  b'"text":' % idx
             if c.pieces:  # the deltas as one run (stream.TokenRun), each a gap after the last
                 yield 0.0 if due else next(gaps, 0.0), "content_block_delta", TokenRun(
-                    c.pieces, gaps, pre, b"}}")
+                    c.pieces, gaps, idx)
                 due = False
         else:
             call = c.calls[idx - len(final["content"]) + len(c.calls)]

@@ -163,6 +163,8 @@ INVOKE_STREAM = Dialect("bedrock.invoke", numbered=False, sse=_invoke_frame,
                         sse_error=lambda err, seq: _exception_frame(err),
                         error_events=lambda err: [("exception", err)],
                         token_types=frozenset({"content_block_delta"}),
+                        # (the Anthropic plan's text deltas: its token template)
+                        token_type="content_block_delta", token_json=anth.token_json,
                         terminals=frozenset({"message_stop", "exception"}),
                         stream_headers=_STREAM_HEADERS)
 NOVA_STREAM = Dialect("bedrock.invoke", numbered=False, sse=_invoke_frame,

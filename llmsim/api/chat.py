@@ -41,7 +41,6 @@ from ..sim.models import ModelProfile
 from ..sim.prompt import chat_prompt_steps, content_text
 from ..streaming import encode
 from ..streaming.dialect import Dialect
-from ..streaming.encode import TOKEN_JSON
 from ..streaming.stream import TokenRun
 from .caching import check_retention
 from .pipeline import Family, Meta, Parsed, Plan, generate
@@ -631,14 +630,6 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
             "model": cr.model, "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
     if cr.include_usage:
         head["usage"] = None
-    # "...,"choices":[{"index":I,"delta":{"content":<TOKEN>},"logprobs":null,
-    # "finish_reason":null}]<,"usage":null>}" rendered by hand around the token's JSON
-    head_json = _dumps({**head, "choices": None})
-    pre = head_json[: head_json.index(b'"choices":null')]
-    post = head_json[head_json.index(b'"choices":null') + len(b'"choices":null'):]
-    tok_pre = [pre + b'"choices":[{"index":%d,"delta":{"content":' % c.index
-               for c in out.choices]
-    tok_post = b'},"logprobs":null,"finish_reason":null}]' + post
 
     def chunk(choice: int, delta: dict[str, Any], finish: str | None = None,
               logprobs: Any = None) -> dict[str, Any]:
@@ -654,6 +645,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
         yield (out.ttft if first else 0.0), "chunk", chunk(c.index, role)
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
+    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
     steps = max(len(s) for s in seqs)
     only = choices[0]
     if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
@@ -662,7 +654,7 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
         # hot path, issue 15), the first due with the role chunk, then a gap each (the
         # rest at once if the gaps run out, as in the loop below)
         if only.pieces:
-            yield 0.0, "chunk", TokenRun(only.pieces, gaps, tok_pre[only.index], tok_post)
+            yield 0.0, "chunk", TokenRun(only.pieces, gaps, (head, only.index))
         steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
@@ -675,8 +667,8 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
                     yield delay, "chunk", chunk(c.index, {"content": item},
                                                 logprobs={"content": [c.logprobs[k]],
                                                           "refusal": None})
-                else:
-                    yield delay, "chunk", tok_pre[c.index] + TOKEN_JSON[item] + tok_post
+                else:  # (a run of one: the choices take turns)
+                    yield delay, "chunk", TokenRun([item], key=keys[c.index])
             else:  # a tool-call delta
                 yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
             delay = 0.0
@@ -691,13 +683,23 @@ def is_token_event(etype: str, data: Any) -> bool:
     """A chunk that carries one generated token (content or tool-call argument fragment)."""
     if etype != "chunk":
         return False
-    if type(data) is bytes:
+    if type(data) is not dict:  # a token of the template (TokenRun, or its rendering)
         return True
     ch = data.get("choices")
     if not ch:
         return False
     d = ch[0].get("delta") or {}
     return bool(d.get("content")) or bool(d.get("tool_calls")) and "id" not in d["tool_calls"][0]
+
+
+def token_json(key: tuple[dict[str, Any], int]) -> tuple[bytes, bytes]:
+    """Chat's token event, the JSON around the piece: a chunk of the stream's ``head`` whose
+    one choice (``index``) carries the piece as its content (the plan's ``TokenRun`` key)."""
+    head, index = key
+    head_json = _dumps({**head, "choices": None})
+    cut = head_json.index(b'"choices":null')
+    return (head_json[:cut] + b'"choices":[{"index":%d,"delta":{"content":' % index,
+            b'},"logprobs":null,"finish_reason":null}]' + head_json[cut + 14:])
 
 
 def error_events(err: APIError) -> list[tuple[str, Any]]:
@@ -708,7 +710,7 @@ def error_events(err: APIError) -> list[tuple[str, Any]]:
 CHAT = Dialect("chat.completions", numbered=False, sse=encode.sse_chat,
                sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
                error_events=error_events, is_token=is_token_event,
-               terminals=frozenset({"done"}), bytes_tokens=True)
+               terminals=frozenset({"done"}), token_type="chunk", token_json=token_json)
 """Chat Completions on the wire: ``chat.completion.chunk`` SSE, no sequence numbers,
 ``[DONE]`` at the end, no WebSocket mode."""
 

@@ -40,7 +40,6 @@ from ..sim.decide import TEXT, Ask, Decision
 from ..sim.models import ModelProfile
 from ..streaming import encode
 from ..streaming.dialect import Dialect
-from ..streaming.encode import TOKEN_JSON
 from ..streaming.stream import TokenRun
 from .caching import check_retention, openai_cached, openai_segments
 from .chat import FINGERPRINT, SERVER_EXTENSIONS, error_events, min_tokens_of, stop_list
@@ -74,10 +73,20 @@ def is_token_event(etype: str, data: Any) -> bool:
     return etype == "token"
 
 
+def token_json(key: tuple[dict[str, Any], int]) -> tuple[bytes, bytes]:
+    """The token event, the JSON around the piece: a ``text_completion`` chunk of the
+    stream's ``head`` whose one choice (``index``) carries the piece as its text."""
+    head, index = key
+    return (_dumps(head)[:-1] + b',"choices":[{"text":',
+            b',"index":%d,"logprobs":null,"finish_reason":null}],"system_fingerprint":"%s"}'
+            % (index, FINGERPRINT.encode()))
+
+
 COMPLETIONS = Dialect("completions", numbered=False, sse=encode.sse_chat,
                       sse_error=lambda err, seq: encode.sse_error_chat(err.to_dict(), seq),
                       error_events=error_events, is_token=is_token_event,
-                      terminals=frozenset({"done"}), bytes_tokens=True)
+                      terminals=frozenset({"done"}), token_type="token",
+                      token_json=token_json)
 """Legacy completions on the wire: ``text_completion`` SSE chunks (``data:`` lines only, as
 chat), a mid-stream failure as the error chunk then ``[DONE]``, no WebSocket mode."""
 
@@ -325,11 +334,6 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
     """The SSE plan: the echoed prompts (if any) at TTFT, one token per chunk per step (all
     choices in lock-step), a finish chunk per choice, the optional usage chunk, [DONE]."""
     head = {"id": cid, "object": "text_completion", "created": created, "model": cr.model}
-    # '{..., "choices":[{"text":<TOKEN>,"index":I,"logprobs":null,"finish_reason":null}],
-    # "system_fingerprint":...}' rendered by hand around the token's JSON
-    pre = _dumps(head)[:-1] + b',"choices":[{"text":'
-    tok_post = [b',"index":%d,"logprobs":null,"finish_reason":null}],"system_fingerprint":"%s"}'
-                % (c.index, FINGERPRINT.encode()) for c in decision.choices]
 
     def chunk(index: int, text: str, finish: str | None = None,
               logprobs: Any = None) -> dict[str, Any]:
@@ -341,6 +345,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
     gaps = decision.timing.gaps(max(0, _steps(decision) - 1))
     delay = decision.timing.first
     offsets = [0] * len(choices)
+    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
     if cr.echo:
         for c in choices:
             prefix = _prefix(cr, c.index)
@@ -353,8 +358,7 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
         # the common case: the tokens as one run (stream.TokenRun; the pump renders them,
         # hot path, issue 15), the first at ``delay``, then a gap each (the loop below)
         if choices[0].pieces:
-            yield delay, "token", TokenRun(choices[0].pieces, gaps, pre,
-                                           tok_post[choices[0].index])
+            yield delay, "token", TokenRun(choices[0].pieces, gaps, (head, choices[0].index))
             delay = 0.0
         steps = 0
     for k in range(steps):
@@ -369,8 +373,8 @@ def stream_plan(cr: CompletionRequest, decision: Decision, cid: str,
                 lp = _legacy_logprobs(cr, [piece], [(c.logprobs or [])[k]], "",
                                       offsets[c.index])
                 yield delay, "token", chunk(c.index, piece, logprobs=lp)
-            else:
-                yield delay, "token", pre + TOKEN_JSON[piece] + tok_post[c.index]
+            else:  # (a run of one: the choices take turns)
+                yield delay, "token", TokenRun([piece], key=keys[c.index])
             offsets[c.index] += len(piece)
             delay = 0.0
     for c in choices:

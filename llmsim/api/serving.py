@@ -36,7 +36,7 @@ does not matter. The stream's end (completed, cancelled, disconnected) ends the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, E
@@ -44,7 +44,6 @@ from ..messages import JSONResponse, Request, Result, StreamResponse
 from ..routing import Route
 from ..sim.engine import DONE, Engine, EngineProfile, Seq, hosted_profile, profile
 from ..sim.faults import retry_headers
-from ..streaming.encode import TOKEN_JSON
 from ..streaming.stream import TokenRun, close_plan
 from .faults import CAPACITY, _body
 from .validate import SERVING
@@ -374,8 +373,8 @@ def _peeked(plan: Iterator[PlanItem], stream: EventStream,
     for item in it:
         head.append(item)
         off, etype, data = item
-        tok = (_tokens(data, etype, types, is_token) if type(data) is TokenRun else
-               etype in types if types is not None else is_token(etype, data))
+        tok = (type(data) is TokenRun or  # (a run is always the dialect's token event)
+               (etype in types if types is not None else is_token(etype, data)))
         if off > 0.0 or tok or len(head) >= PEEK:
             break
     return _then_plan(head[:], it)
@@ -405,9 +404,9 @@ def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
     try:
         for item in plan:
             run = item[2]
-            if type(run) is TokenRun and _tokens(run, item[1], types, is_token):
+            if type(run) is TokenRun:  # (a run is always the dialect's token event)
                 etype = item[1]
-                pre, post, gaps = run.pre, run.post, run.gaps
+                key, gaps = run.key, run.gaps
                 more = False
                 for piece in run.pieces:
                     if more:
@@ -428,30 +427,20 @@ def _paced(plan: Iterator[PlanItem], serving: Serving, eng: Engine, seq: Seq,
                     else:
                         t = yield from _wait(serving, eng, seq, stream, k, now)
                     yield (max(t - stream.deadline, 0.0), etype,
-                           pre + TOKEN_JSON[piece] + post)
+                           TokenRun([piece], key=key))
                 continue
-            # event by event (a run of another type: its events)
-            for off, etype, data in (run.events(item[1], item[0]) if type(run) is TokenRun
-                                     else (item,)):
-                tok = etype in types if types is not None else is_token(etype, data)
-                if tok or off > 0.0:
-                    k = j if j <= last else last
-                    if tok:
-                        j += 1
-                    t = yield from _wait(serving, eng, seq, stream, k, -1.0)
-                    off = max(t - stream.deadline, 0.0)
-                yield off, etype, data
+            off, etype, data = item
+            tok = etype in types if types is not None else is_token(etype, data)
+            if tok or off > 0.0:
+                k = j if j <= last else last
+                if tok:
+                    j += 1
+                t = yield from _wait(serving, eng, seq, stream, k, -1.0)
+                off = max(t - stream.deadline, 0.0)
+            yield off, etype, data
     finally:
         close_plan(plan)
         serving.end(eng, seq)
-
-
-def _tokens(run: TokenRun, etype: str, types: frozenset[str] | None,
-            is_token: Callable[[str, Any], bool]) -> bool:
-    """Are a run's events token events? (One type, payloads rendered alike: one answer.)"""
-    if types is not None:
-        return etype in types
-    return is_token(etype, run.pre + TOKEN_JSON[run.pieces[0]] + run.post)
 
 
 def _wait(serving: Serving, eng: Engine, seq: Seq, stream: EventStream, k: int,

@@ -13,11 +13,14 @@ layers ask it:
   "fail after N tokens");
 - ``token_types``: when given, exactly the events of these types are token events (then
   ``is_token`` is derived from it, and the pump checks the type without a call);
-- ``bytes_tokens``: a ``bytes`` payload in this family's plans is always one token's event,
-  already rendered as JSON by the plan (the hot path: the pump frames it with the encoder's
-  ``bytes_frame`` without calling the encoder or ``is_token``, see :class:`~llmsim.streaming.flow.Pump`);
-  ``bytes_type``: the event type of every such payload (None: any), for an encoder whose
-  frame names the type (Responses SSE: ``event: <type>``; the encoder's ``bytes_frame``);
+- ``token_type`` and ``token_json``: the one template of the family's token event. A plan
+  hands its tokens over as :class:`~llmsim.streaming.stream.TokenRun` items of type
+  ``token_type`` (the pieces, their gaps and a ``key``: what varies from run to run, e.g. the
+  choice index or the output item); ``token_json(key)`` gives the JSON around one token's
+  piece, ``(pre, post)``, rendered once per run (in a numbering dialect ``post`` stops just
+  before the ``sequence_number`` value, which the stream's number completes). Families build
+  no token bytes: :meth:`Dialect.template` frames this JSON for the encoder in use (SSE or
+  WebSocket, the encoder's ``bytes_frame``) and the pump renders each token from it;
 - ``terminals``: the event types that end a stream (a fault due after the last token fires
   before these);
 - ``error_events(err)``: a mid-stream failure as events of the family (chat: the error chunk
@@ -54,7 +57,7 @@ class Dialect:
     once at import; tests may monkeypatch one (e.g. an encoder that fails)."""
 
     __slots__ = ("endpoint", "numbered", "sse", "ws", "is_token", "terminals",
-                 "error_events", "sse_error", "bytes_tokens", "bytes_type",
+                 "error_events", "sse_error", "token_type", "token_json",
                  "token_types", "stream_headers")
 
     def __init__(self, endpoint: str, *, numbered: bool,
@@ -64,7 +67,8 @@ class Dialect:
                  is_token: Callable[[str, Any], bool] = _no_token,
                  terminals: frozenset[str] = frozenset(),
                  ws: Callable[[str, Any], bytes] | None = None,
-                 bytes_tokens: bool = False, bytes_type: str | None = None,
+                 token_type: str | None = None,
+                 token_json: Callable[[Any], tuple[bytes, bytes]] | None = None,
                  token_types: frozenset[str] | None = None,
                  stream_headers: bytes | None = None) -> None:
         self.endpoint = endpoint
@@ -83,10 +87,23 @@ class Dialect:
         self.terminals = terminals
         self.error_events = error_events
         self.sse_error = sse_error
-        self.bytes_tokens = bytes_tokens
-        self.bytes_type = bytes_type
+        if (token_type is None) != (token_json is None):
+            raise ValueError("give token_type and token_json together")
+        self.token_type = token_type
+        self.token_json = token_json
         # the streamed response's content headers (``name: value\r\n`` lines; None: SSE's)
         self.stream_headers = stream_headers
+
+    def template(self, key: Any, frame: tuple[bytes, bytes]) -> tuple[bytes, bytes, bytes]:
+        """The token event of a run with ``key`` in an encoder's ``frame`` (its
+        ``bytes_frame(token_type)``: the bytes around an event's JSON) as ``(head, post,
+        tail)``: a token is ``head + piece JSON + tail`` in a dialect that does not number
+        (``post`` empty), ``head + piece JSON + post + number + b"}" + tail`` in one that
+        does. Rendered once per run."""
+        pre, post = self.token_json(key)  # type: ignore[misc]  # (token_type: set)
+        if self.numbered:
+            return frame[0] + pre, post, frame[1]
+        return frame[0] + pre, b"", post + frame[1]
 
     def __repr__(self) -> str:
         return f"Dialect({self.endpoint!r})"

@@ -1,7 +1,7 @@
 """Pure encoders: stream events → SSE bytes or WebSocket text. The only place that knows frame
 syntax. Prefixes are precomputed; payloads are serialised with orjson once per event. A payload
-may also arrive as ``bytes`` that are already JSON (hot per-token chunks rendered from a
-precomputed prefix/suffix), which is written as is."""
+may also arrive as ``bytes`` that are already JSON (a token event the stream rendered from its
+dialect's template), which is written as is."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def _chat_frame(etype: str | None) -> tuple[bytes, bytes]:
 
 
 sse_chat.bytes_frame = _chat_frame  # type: ignore[attr-defined]
-# ``bytes_frame(type)`` (an encoder's declaration, flow.Pump's hot path): the frame of a
-# ``bytes`` payload of that event type (Dialect.bytes_type; None: of any type) is
+# ``bytes_frame(type)`` (an encoder's declaration, flow.Pump's hot path): the frame of an
+# event of that type (the dialect's token_type) whose JSON is ``payload`` is
 # ``prefix + payload + suffix``; None: no fixed frame, the encoder frames each payload
 
 

@@ -7,9 +7,11 @@ or when the pump is behind by more than ``Clock.catch_up`` (the one coalescing r
 :class:`~llmsim.streaming.clock.Clock`): on time, every event is its own write at its own deadline. No
 task and no ``sleep`` per stream: the per-token cost is a ``next()``, an encode and a heap push.
 A run of tokens the plan hands over whole (:class:`~llmsim.streaming.stream.TokenRun`) costs less: the
-pump renders each token into its frame with one bytes format (the stream's and the sink's
-framing around the token's JSON), with no ``next()`` of the plan, no tuple and no
-concatenation per token, under the same coalescing rule.
+pump renders each token from the dialect's token template (``Dialect.template``, in the
+encoder's frame and the wire's chunk or WebSocket frame, compiled once per run) as the parts
+around the token's JSON, joined once per write, with no ``next()`` of the plan, no tuple and
+no concatenation per token (a numbered token adds its number, taken from the stream's
+count), under the same coalescing rule.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
@@ -36,7 +38,7 @@ from ..sim.latency import ConstantGaps
 from .clock import Clock, Timer
 from .encode import TOKEN_JSON
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
-from .wire import Wire
+from .wire import Framing, Wire
 
 __all__ = ["Pump", "Sink", "NullSink"]
 
@@ -44,9 +46,10 @@ log = logging.getLogger("llmsim")
 
 MAX_BATCH = 256  # events per write before the pump re-checks backpressure
 _FULL = ""  # Pump._tick: the write ended at MAX_BATCH (no event type is empty)
-_NO_FRAME = (b"", b"")  # Pump._pre, _post: no bytes frame (every payload goes through encode)
-_NO_WIRE = (b"", 0, b"")  # Pump._fmt, _extra, _plain: no wire format (the sink frames each)
 _NO_PIECES: list[str] = []  # Pump: no token run (never changed)
+_NO_LEADS: list[bytes] = []  # Pump._leads without a wire frame (never read)
+_NO_KEY = object()  # Pump._run_key before a run
+MAX_TEMPLATES = 16  # templates a pump keeps for the keys of its stream (then starts again)
 
 
 class Sink(Protocol):
@@ -55,12 +58,12 @@ class Sink(Protocol):
     protocol itself for a body that is not chunked, or :class:`NullSink`.
     ``write_events`` consumes the list before it returns (the pump reuses it).
 
-    A sink that frames every event the same way may also offer ``wire_format(prefix,
-    suffix)``: a bytes format ``fmt`` and a length ``extra`` such that ``fmt % (len(payload)
-    + extra, payload)`` is the wire bytes of the event ``prefix + payload + suffix`` (None:
-    no such format), and ``write_wire(frames)``, which writes frames so rendered as they
-    are. The pump then renders each event once, not framed twice (HTTP chunked: the SSE
-    frame, then the chunk around it)."""
+    A sink that frames every event the same way may also offer ``wire_frame(prefix,
+    suffix)``: the parts of the wire bytes of the event ``prefix + payload + suffix`` around
+    the payload (:data:`~llmsim.streaming.wire.Framing`: a lead that depends on the length,
+    a head, a tail), and ``write_wire(parts)``, which writes the parts of events so framed
+    with one join. The pump then renders each event once, not framed twice (HTTP chunked:
+    the SSE frame, then the chunk around it; WebSocket: the JSON, then the frame)."""
 
     @property
     def paused(self) -> bool: ...
@@ -83,7 +86,8 @@ class NullSink:
 
 
 def _fired_by_clock() -> None:
-    """A pump's Timer callback, never called: the clock calls :meth:`Pump.fire`."""
+    """A pump's Timer callback, never called: the clock calls :meth:`Pump.fire` (the
+    pump's tick)."""
 
 
 class Pump(Timer):
@@ -94,12 +98,12 @@ class Pump(Timer):
     pump fails (None: write nothing, e.g. no client)."""
 
     __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
-                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap", "_seq",
-                 "_run_pieces", "_run_stamps", "_run_extra", "_run_fmt", "_times",
-                 "_fold_every", "_pending", "clock", "encode", "on_done", "observer",
-                 "error_frame", "_paused_at", "_per_write", "_is_token", "_unobserved",
-                 "_bytes_frame", "_token_types", "_fold", "_each", "_wire", "_pre", "_post",
-                 "_fmt", "_extra", "_plain", "_run_gaps", "_run_post")
+                 "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
+                 "_run_pieces", "_run_stamps", "_run_extra", "_run_head", "_run_tail",
+                 "_leads", "_times", "_fold_every", "_pending", "clock", "encode",
+                 "on_done", "observer", "error_frame", "_paused_at", "_per_write",
+                 "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
+                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -126,21 +130,19 @@ class Pump(Timer):
         self._same = clock.coalesce
         self._catch_up = clock.catch_up
         # a TokenRun being written (see _start_run): the deadline of its next event, the
-        # event's index, the run's length, its gap when constant, its pieces, its frame
-        # format: ``fmt % (len(payload) + extra, payload)`` with the wire, ``fmt % payload``
-        # without; the payload is the token's JSON, in a numbering dialect followed by
-        # ``post`` and the number (``stamps[seq]``, or rendered past the table)
+        # event's index, the run's length, its gap when constant, its pieces, its frame:
+        # ``lead(len(payload) + extra) + head + payload + tail`` with the wire (the lead
+        # read from ``leads``), ``head + payload + tail`` without; the payload is the
+        # token's JSON, in a numbering dialect followed by ``post`` and the number the
+        # stream's count gives (``stamps[seq]``, or rendered past the table)
         self._run_at = 0.0
         self._run_i = self._run_n = 0
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
-        # a numbered run's next sequence number: the stream's, held here while the run is
-        # written (the stream's own ``seq`` is brought up to date when the run ends, the
-        # pump finishes, or a number is claimed: :meth:`_sync_seq`)
-        self._seq = 0
         self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
         self._run_extra = 0
-        self._run_fmt = b""
+        self._run_head = self._run_tail = b""
+        self._leads = _NO_LEADS
         # the per-write observer protocol (StreamTrack.observe): the write's time appended
         # to ``times`` once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
@@ -162,33 +164,34 @@ class Pump(Timer):
         # the per-event observer call, for an observer without the per-write protocol
         self._each: Callable[[str, Any, float], None] | None = (
             observer if self._per_write is None else None)
-        # bytes payloads are tokens rendered by the plan, framed with the encoder's prefix
-        # and suffix (both declared: the dialect's ``bytes_tokens`` and ``bytes_type``, the
-        # encoder's ``bytes_frame(type)``); None: every payload goes through ``encode``
+        # the encoder's frame of the dialect's token event (its ``bytes_frame(type)``: the
+        # bytes around the event's JSON), in which the pump renders runs from the dialect's
+        # template; None: no token template or no such frame, every event is encoded
         dialect = stream.dialect
-        frame_of = getattr(encode, "bytes_frame", None) if dialect.bytes_tokens else None
-        self._bytes_frame: tuple[bytes, bytes] | None = (
-            frame_of(dialect.bytes_type) if frame_of is not None else None)
-        # the sink's wire format (see Sink): token payloads rendered straight to wire
-        # bytes with ``(fmt, extra)``, encoded events with ``plain``, written by write_wire
-        self._wire: tuple[bytes, int, bytes] | None = None
-        wire_format = getattr(sink, "wire_format", None)
-        if wire_format is not None:
-            plain = wire_format(b"", b"")
-            fmt = wire_format(*self._bytes_frame) if self._bytes_frame is not None else plain
-            if plain is not None and fmt is not None:
-                self._wire = (fmt[0], fmt[1], plain[0])
-                self._wired = True
+        frame_of = (getattr(encode, "bytes_frame", None) if dialect.token_type is not None
+                    else None)
+        self._frame: tuple[bytes, bytes] | None = (
+            frame_of(dialect.token_type) if frame_of is not None else None)
+        # the sink's wire frame (see Sink): an encoded event ``x`` goes out as the parts
+        # ``lead(len(x)), x, tail`` (a run's tokens with the run's own head and tail),
+        # written by write_wire
+        self._lead: Any = None
+        self._tail = b""
+        wire_frame = getattr(sink, "wire_frame", None)
+        if wire_frame is not None:
+            framing: Framing = wire_frame(b"", b"")
+            self._leads, self._lead, _, _, self._tail = framing
+            self._wired = True
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
         self._run_post = b""
-        # runs are rendered here when every token event gets the bytes frame and no
-        # per-event observer (else the stream hands the run's events over one by one)
-        stream.take_runs = self._bytes_frame is not None and self._each is None
-        frame: tuple[bytes, bytes] = self._bytes_frame or _NO_FRAME
-        wire: tuple[bytes, int, bytes] = self._wire or _NO_WIRE
-        self._pre, self._post = frame
-        self._fmt, self._extra, self._plain = wire
+        # the key whose template the _run_ fields hold, and the templates of the stream's
+        # other keys (made at a second key: runs of one token of choices taking turns)
+        self._run_key: Any = _NO_KEY
+        self._templates: dict[int, tuple[Any, ...]] | None = None
+        # runs are rendered here when the token event has a frame and there is no per-event
+        # observer (else the stream hands the run's events over one by one)
+        stream.take_runs = self._frame is not None and self._each is None
 
     def start(self, received_at: float | None = None) -> None:
         """Begin the stream: its schedule counts from ``received_at`` (clock time), when the
@@ -200,10 +203,6 @@ class Pump(Timer):
         when it is done waiting, its wait part of what the client sees."""
         now = self._now()
         self.stream.begin(now if received_at is None or received_at > now else received_at)
-        self._tick()
-
-    def fire(self) -> None:
-        """The clock's call at the deadline the last tick armed (Timer)."""
         self._tick()
 
     def resume(self) -> None:
@@ -228,7 +227,6 @@ class Pump(Timer):
         if self._done:
             return
         self._done = True
-        self._sync_seq()  # (before the stream closes: its end callbacks read the number)
         self._in_run = False
         self._run_gaps = None
         self._run_pieces = _NO_PIECES
@@ -243,17 +241,10 @@ class Pump(Timer):
 
     def claim(self) -> int:
         """A sequence number for an event of this stream written now, ahead of the event
-        the pump holds until its deadline (:meth:`EventStream.claim`)."""
-        self._sync_seq()
+        the pump holds until its deadline (:meth:`EventStream.claim`; a run's next token
+        has no number yet: it takes the stream's next)."""
         n, self._pending = self.stream.claim_ahead(self._pending)
-        if self._in_run:
-            self._seq = self.stream.seq
         return n
-
-    def _sync_seq(self) -> None:
-        """The stream's ``seq`` as the numbered run being written has moved it."""
-        if self._in_run and self._run_stamps is not None:
-            self.stream.seq = self._seq
 
     def _fail(self, frames: list[bytes]) -> None:
         """Called from an ``except`` block: end the stream with a terminal error frame."""
@@ -268,9 +259,10 @@ class Pump(Timer):
         if self.error_frame is not None:
             try:
                 last = self.error_frame(server_error(), seq)
-                if self._wire is not None:
-                    last = self._wire[2] % (len(last), last)
-                out = [*frames, last]
+                if self._wired:
+                    out = [*frames, self._lead(len(last)), last, self._tail]
+                else:
+                    out = [*frames, last]
             except Exception:
                 log.exception("cannot render the terminal error frame")
         try:
@@ -299,24 +291,37 @@ class Pump(Timer):
         # a next() on an iterator (and the objects behind it) per token
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
-        pre, post = self._bytes_frame  # type: ignore[misc]  # (take_runs: set)
-        head = pre + run.pre
+        self._in_run = self._run_n > 0
+        key = run.key
+        if key is self._run_key:  # (the template the run before used)
+            return
+        cache = self._templates
+        if cache is not None or self._run_key is not _NO_KEY:  # a second key
+            if cache is None:
+                cache = self._templates = {}
+            got = cache.get(id(key))
+            if got is not None and got[0] is key:
+                (_, self._run_head, self._run_tail, self._run_extra, self._run_stamps,
+                 self._run_post) = got
+                self._run_key = key
+                return
+        head, post, tail = self.stream.dialect.template(
+            key, self._frame)  # type: ignore[arg-type]  # (take_runs: set)
         if self.stream.dialect.numbered:  # the payload: the token, ``post``, the number
-            self._seq = self.stream.seq
-            self._run_post = run.post
-            self._run_stamps = stamped_suffixes(run.post)
-            tail = post
+            self._run_post = post
+            self._run_stamps = stamped_suffixes(post)
         else:
             self._run_stamps = None
-            tail = run.post + post
-        wire = getattr(self.sink, "wire_format", None) if self._wire is not None else None
-        fmt = wire(head, tail) if wire is not None else None
-        if fmt is not None:
-            self._run_fmt, self._run_extra = fmt
-        else:  # (a sink without the wire format frames each event itself)
-            self._run_fmt = head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
-            self._run_extra = -1
-        self._in_run = self._run_n > 0
+        if self._wired:  # (else a sink that frames each event itself: head + x + tail)
+            framing: Framing = self.sink.wire_frame(head, tail)  # type: ignore[attr-defined]
+            _, _, self._run_extra, head, tail = framing
+        self._run_head, self._run_tail = head, tail
+        self._run_key = key
+        if cache is not None:  # (the entry holds the key: its id is not reused meanwhile)
+            if len(cache) >= MAX_TEMPLATES:
+                cache.clear()
+            cache[id(key)] = (key, head, tail, self._run_extra, self._run_stamps,
+                              self._run_post)
 
     def _write(self, frames: list[bytes]) -> None:
         # (a method call on the sink: no bound method object of this stream's to read, one
@@ -341,11 +346,11 @@ class Pump(Timer):
         """Write what is due, then arm the timer for the next deadline (or end the stream).
 
         The per-event path of every stream (issue 15): one call per firing, the plan's
-        ``next()``, the encode, one write and one observation per write, one heap push.
-        A payload that is ``bytes`` is one token's JSON rendered by the plan (the dialect's
-        ``bytes_tokens``): it is framed here with the encoder's ``bytes_frame`` prefix and
-        suffix, without an encoder or token-check call, and with the sink's wire format
-        when it has one (:class:`Sink`: the HTTP chunk in the same bytes format)."""
+        ``next()``, the encode, one write and one observation per write, one heap push; a
+        run's token costs its parts (:meth:`_start_run`) instead of the ``next()`` and the
+        encode. With the sink's wire frame (:class:`Sink`: the HTTP chunk, the WebSocket
+        frame) an event is framed for the wire in the same step: ``frames`` then holds the
+        parts of the write's events, one join in the sink renders them."""
         if self._done:
             return
         frames: list[bytes] = []
@@ -383,26 +388,43 @@ class Pump(Timer):
                                             and deadline >= behind):
                         break
                     if in_run:
+                        # the token's parts, joined with the rest of the write (no bytes
+                        # built per token but its JSON and, when numbered, its number's)
                         i = self._run_i
                         x = TOKEN_JSON[self._run_pieces[i]]
                         stamps = self._run_stamps
                         if stamps is not None:  # numbered: the stream's next number
-                            seq = self._seq
-                            self._seq = seq + 1
-                            x += (stamps[seq] if seq < len(stamps)
-                                  else self._run_post + (_STAMP % seq))
-                        n = self._run_extra
-                        frames.append(self._run_fmt % (len(x) + n, x) if n >= 0
-                                      else self._run_fmt % x)
+                            st = self.stream
+                            seq = st.seq
+                            st.seq = seq + 1
+                            y = (stamps[seq] if seq < len(stamps)
+                                 else self._run_post + (_STAMP % seq))
+                            if self._wired:
+                                n = len(x) + len(y) + self._run_extra
+                                leads = self._leads
+                                frames += (leads[n] if n < len(leads) else self._lead(n),
+                                           self._run_head, x, y, self._run_tail)
+                            else:
+                                frames.append(b"".join((self._run_head, x, y,
+                                                        self._run_tail)))
+                        elif self._wired:
+                            n = len(x) + self._run_extra
+                            leads = self._leads
+                            frames += (leads[n] if n < len(leads) else self._lead(n),
+                                       self._run_head, x, self._run_tail)
+                        else:
+                            frames.append(self._run_head + x + self._run_tail)
                         tokens += 1
                         i += 1
                         if i < self._run_n:
                             self._run_i = i
                             g = self._run_gap
-                            self._run_at = deadline + (g if g >= 0.0
-                                                       else next(self._run_gaps, 0.0))
+                            nxt = self._run_at = deadline + (
+                                g if g >= 0.0 else next(self._run_gaps, 0.0))
+                            if nxt > limit:  # (the loop's first test, at once: on time,
+                                deadline = nxt  # a run's next token is not due yet)
+                                break
                         else:  # the run is over: the plan's next offset counts from here
-                            self._sync_seq()
                             self._in_run = False
                             self._run_gaps = None
                             self.stream.deadline = deadline
@@ -415,16 +437,15 @@ class Pump(Timer):
                         end = etype
                         break
                     else:
-                        wire = self._wire
-                        if self._bytes_frame is not None and type(data) is bytes:  # (the plan's)
-                            frames.append(self._pre + data + self._post if wire is None
-                                          else self._fmt % (len(data) + self._extra, data))
-                            tokens += 1
+                        x = self.encode(etype, data)
+                        if self._wired:
+                            n = len(x)
+                            frames += (self._leads[n] if n < len(self._leads)
+                                       else self._lead(n), x, self._tail)
                         else:
-                            x = self.encode(etype, data)
-                            frames.append(x if wire is None else self._plain % (len(x), x))
-                            if self._per_write is not None and self._counts(etype, data):
-                                tokens += 1
+                            frames.append(x)
+                        if self._per_write is not None and self._counts(etype, data):
+                            tokens += 1
                         observer = self._each
                         if observer is not None:
                             observer(etype, data, now)
@@ -436,7 +457,10 @@ class Pump(Timer):
                         left = MAX_BATCH
                         break
                 if frames:
-                    self._write(frames)
+                    if nw is not None and self._wired:  # (_write, inlined: once per write)
+                        nw.write_wire(frames)
+                    else:
+                        self._write(frames)
                     frames = []
                     if tokens:
                         times = self._times
@@ -473,3 +497,7 @@ class Pump(Timer):
         except Exception:
             self._unobserved = tokens  # the frames _fail writes still count
             self._fail(frames)
+
+    # the clock's call at the deadline the last tick armed (Timer): the tick itself, no call
+    # in between (once per event)
+    fire = _tick

@@ -9,14 +9,14 @@ lazy generation keeps memory per stream small however long the output is.
 :class:`EventStream` wraps the plan, turns offsets into absolute deadlines anchored at the
 stream's start (so delays never accumulate lateness), and, when its
 :class:`~llmsim.streaming.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
-every event in the order the transport will emit them. A payload is a dict, or ``bytes``: an
-object the plan rendered itself (the per-token hot path); in a numbering dialect such bytes
-stop just before the ``sequence_number`` value (they end with ``"sequence_number":``) and the
-stream appends the number and the closing brace. It is the only place that decides a
-sequence number: a resumed stream starts at ``first_seq``, an out-of-band event that belongs to
-the stream (a WebSocket error or steer answer) takes :meth:`EventStream.claim`, and a replay
-counts events with :func:`numbered` (the same rule). The same EventStream feeds SSE (HTTP) and
-WebSocket text frames: the transports ask ``stream.dialect`` for the encoder.
+every event in the order the transport will emit them. A plan's payload is a dict or a
+:class:`TokenRun`; plans build no bytes. It is the only place that decides a sequence number:
+``seq``, the next number, is the one count of the stream. A resumed stream starts at
+``first_seq``; an out-of-band event that belongs to the stream (a WebSocket error or steer
+answer, the terminal error frame of a failed stream) takes :meth:`EventStream.claim`; a pump
+writing a run takes its tokens' numbers from ``seq`` as it writes them; a replay counts events
+with :func:`numbered` (the same rule). The same EventStream feeds SSE (HTTP) and WebSocket text
+frames: the transports ask ``stream.dialect`` for the encoder.
 
 What generic layers (faults, capacity, rate limits, stats) need to know about a stream without
 knowing its API family is typed: ``dialect`` (token events, terminal events, error events),
@@ -25,13 +25,17 @@ for pacing and late rate-limit charges; billing is the transport's, from the res
 ``fail`` (this stream's own error events, e.g. a Responses ``response.failed`` carrying the
 output so far; default: the dialect's).
 
-A plan may hand over a run of token events whole: an item ``(offset, type, TokenRun(...))``
-stands for one event per piece of text, the first ``offset`` after the previous event, each
-later one a gap after it (:class:`TokenRun`). A pump that renders runs itself (it set
-``take_runs``) gets the run as one item and writes its tokens without a ``next()``, a tuple
-or a concatenation per token (issue 15); everyone else (:meth:`EventStream.drain`, a stream
-that observes that type or is wrapped, :func:`expand_runs` for a plan read directly) sees
-the same events one by one, with the same payloads, offsets and numbers.
+A plan hands its tokens over as runs: an item ``(offset, type, TokenRun(...))`` stands for
+one token event per piece of text, the first ``offset`` after the previous event, each later
+one a gap after it (:class:`TokenRun`); the event is the dialect's token event (its one
+template, :attr:`Dialect.token_json <llmsim.streaming.dialect.Dialect>`). A pump that renders
+runs itself (it set ``take_runs``) gets the run as one item and writes its tokens without a
+``next()``, a tuple or a concatenation per token (issue 15). Everyone else
+(:meth:`EventStream.drain`, an encoder without a token frame, a stream that observes that
+type) gets the same events one by one from :meth:`EventStream.pull`, the payloads rendered
+from the template as ``bytes`` (JSON; in a numbering dialect with its number), the offsets
+and numbers the same. A reader of a plan itself (a wrapper, a replay that counts numbers)
+sees each token as a run of one (:func:`expand_runs`).
 
 Control types (never sent to the client): :data:`DISCONNECT` drops the connection at that
 point without a terminal event (fault injection), :data:`STOP` ends the stream cleanly at that
@@ -62,45 +66,58 @@ Plan = Iterable[PlanItem]
 
 def numbered(etype: str, data: Any) -> bool:
     """Does this plan event take a sequence number (in a numbering dialect)? Every event the
-    client sees (not a control type) whose payload is an object: a dict, or ``bytes`` (an
-    object rendered by the plan, see :class:`EventStream`)."""
-    return etype[0] != "_" and (type(data) is dict or type(data) is bytes)
+    client sees (not a control type) whose payload is an object: a dict, a token (a
+    :class:`TokenRun` of one piece, as :func:`expand_runs` yields them) or its rendering
+    (``bytes``, see :class:`EventStream`)."""
+    return etype[0] != "_" and (type(data) is dict or type(data) is TokenRun
+                                or type(data) is bytes)
 
 
 def _stamped(data: bytes, seq: int) -> bytes:
-    """A pre-rendered event (JSON cut just before its ``sequence_number`` value) numbered."""
+    """A token event rendered from its template (JSON cut just before its
+    ``sequence_number`` value) numbered."""
     return data + (_STAMPS[seq] if seq < _NSTAMPS else _STAMP % seq)
 
 
-_STAMP = b"%d}"  # what numbers a pre-rendered event (EventStream.pull inlines _stamped)
+_STAMP = b"%d}"  # what numbers a token event (EventStream.pull inlines _stamped)
 # the stamps of the first numbers, rendered once (~80 KB): a token's stamp is a list read,
 # not a bytes format (issue 15)
 _NSTAMPS = 2048
 _STAMPS = [_STAMP % i for i in range(_NSTAMPS)]
 _ENDED: Iterator[Any] = iter(())  # the plan of an ended stream (EventStream._release)
+_NO_GAPS: Iterator[float] = iter(())  # the gaps of a run of one token (never drawn)
 
 
 class TokenRun:
-    """A run of token events of one type, handed over by a plan as one item
-    ``(offset, type, run)``: event ``k`` carries the bytes payload ``pre +
-    TOKEN_JSON[pieces[k]] + post`` (in a numbering dialect ``post`` ends just before the
-    ``sequence_number`` value, as every pre-rendered payload does); event 0 waits ``offset``
-    after the previous event, each later one ``next(gaps, 0.0)`` after the one before it,
-    drawn only when that event comes (a plan may share ``gaps`` with what follows the run).
-    ``pieces`` must not be empty and must not change while the run is read."""
+    """A run of the dialect's token events, handed over by a plan as one item ``(offset,
+    token_type, run)``: event ``k`` is the token ``pieces[k]`` in the dialect's template for
+    ``key`` (``Dialect.token_json(key)``: what varies from run to run, e.g. the choice index
+    or the output item; the plan renders nothing). Event 0 waits ``offset`` after the
+    previous event, each later one ``next(gaps, 0.0)`` after the one before it, drawn only
+    when that event comes (a plan may share ``gaps`` with what follows the run). ``pieces``
+    must not be empty and must not change while the run is read."""
 
-    __slots__ = ("pieces", "gaps", "pre", "post")
+    __slots__ = ("pieces", "gaps", "key")
 
-    def __init__(self, pieces: list[str], gaps: Iterator[float], pre: bytes,
-                 post: bytes) -> None:
+    def __init__(self, pieces: list[str], gaps: Iterator[float] = _NO_GAPS,
+                 key: Any = None) -> None:
         self.pieces = pieces
         self.gaps = gaps
-        self.pre = pre
-        self.post = post
+        self.key = key
 
-    def events(self, etype: str, offset: float) -> Iterator[PlanItem]:
-        """The run's events one by one, as a plan would yield them."""
-        pre, post, gaps = self.pre, self.post, self.gaps
+    def split(self, etype: str, offset: float) -> Iterator[PlanItem]:
+        """The run as runs of one token, one item each, as a plan would yield them."""
+        key, gaps = self.key, self.gaps
+        first = True
+        for piece in self.pieces:
+            yield (offset if first else next(gaps, 0.0)), etype, TokenRun([piece], _NO_GAPS, key)
+            first = False
+
+    def events(self, etype: str, offset: float, dialect: Dialect) -> Iterator[PlanItem]:
+        """The run's events one by one, each payload rendered from ``dialect``'s template
+        (in a numbering dialect cut before the number, which the stream appends)."""
+        pre, post = dialect.token_json(self.key)  # type: ignore[misc]  # (a token dialect)
+        gaps = self.gaps
         first = True
         for piece in self.pieces:
             yield (offset if first else next(gaps, 0.0)), etype, pre + TOKEN_JSON[piece] + post
@@ -115,15 +132,15 @@ def close_plan(plan: Iterable[Any]) -> None:
 
 
 def expand_runs(plan: Iterable[PlanItem]) -> Iterator[PlanItem]:
-    """``plan`` with every :class:`TokenRun` item replaced by its events (for a reader that
-    needs every event as an item: a wrapper, a replay that counts numbers). Closing it
-    closes ``plan``."""
+    """``plan`` with every :class:`TokenRun` item replaced by runs of one token, one item
+    each (for a reader that needs every event as an item: a wrapper, a replay that counts
+    numbers; still no bytes). Closing it closes ``plan``."""
     it = iter(plan)
     try:
         for item in it:
             data = item[2]
-            if type(data) is TokenRun:
-                yield from data.events(item[1], item[0])
+            if type(data) is TokenRun and len(data.pieces) > 1:
+                yield from data.split(item[1], item[0])
             else:
                 yield item
     finally:
@@ -208,8 +225,9 @@ class EventStream:
 
     def claim_ahead(self, unsent: PlanItem | None) -> tuple[int, PlanItem | None]:
         """:meth:`claim` ahead of ``unsent``, the ``(deadline, type, data)`` pulled but not
-        yet written: returns the number and ``unsent`` as it must now be written (a
-        pre-rendered event cannot be renumbered in place: it comes back re-rendered)."""
+        yet written: returns the number and ``unsent`` as it must now be written (a token
+        event rendered from its template cannot be renumbered in place: it comes back
+        re-rendered)."""
         if unsent is None or type(unsent[2]) is not bytes or not self._numbered:
             return self.claim(unsent[2] if unsent is not None else None), unsent
         data = unsent[2]
@@ -239,12 +257,13 @@ class EventStream:
             self._release()
             return None
         if type(data) is TokenRun:
-            bt = self.dialect.bytes_type  # (a pump frames runs as bytes of this type)
-            if not (self.take_runs and (bt is None or bt == etype) and (
+            if etype != self.dialect.token_type:  # (the template is of that type only)
+                raise ValueError(f"a TokenRun of {etype!r} in a {self.dialect} stream")
+            if not (self.take_runs and (
                     self.on_event is None or (
                         self._observed is not None and etype not in self._observed))):
                 # not taken whole: its events one by one, in front of the rest of the plan
-                self._it = _then(data.events(etype, offset), self._it)
+                self._it = _then(data.events(etype, offset, self.dialect), self._it)
                 return self.pull()
             # the pump renders the run (numbering its events from ``seq`` as it writes them);
             # its offset counts here, the later gaps in the pump, which sets ``deadline`` to
@@ -254,7 +273,7 @@ class EventStream:
         self.deadline += offset
         if self._numbered and etype[0] != "_":  # numbered(), inlined
             seq = self.seq
-            if type(data) is bytes:  # (_stamped, inlined: once per token)
+            if type(data) is bytes:  # a token (_stamped, inlined)
                 data = data + (_STAMPS[seq] if seq < _NSTAMPS else _STAMP % seq)
                 self.seq = seq + 1
             elif type(data) is dict:

@@ -6,14 +6,15 @@ bytes around each event and writes them in one ``transport.write``. This module 
 place that knows that syntax:
 
 - **HTTP/1.1 chunked bodies** (:data:`CHUNK`, re-exported by :mod:`llmsim.streaming.encode`):
-  :class:`HTTPWire` renders a whole chunk with one bytes format (:meth:`HTTPWire.wire_format`)
-  and writes chunks so rendered as they are. The HTTP protocol owns it (one per connection)
+  :class:`HTTPWire` gives a pump the parts of a chunk around an event
+  (:meth:`Wire.wire_frame`) and writes the parts of a write with one join. The HTTP protocol owns it (one per connection)
   and decides, with the response head, whether the body is chunked and a stream is on the
   wire (:attr:`Wire.open`).
 - **WebSocket text frames** (:func:`ws_text_frame`, re-exported by :mod:`llmsim.streaming.encode`):
   every event the server sends on a WebSocket (a streamed response's events, errors) is one
   unfragmented, unmasked text frame (RFC 6455 §5.2). :class:`WSWire` is what a session's
-  pumps write through. wsproto still parses every client frame and writes every control
+  pumps write through, with the same parts (the frame header for the payload's length)
+  as an HTTP chunk's. wsproto still parses every client frame and writes every control
   frame (ping answers, the close handshake); its state is unaffected, because a complete
   message never leaves an open fragment behind. Whether text may still be written is the
   session's to decide (it owns the wsproto connection): it sets :attr:`Wire.open` whenever
@@ -25,16 +26,40 @@ call, instead of reading the protocol object's attributes and method generically
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["CHUNK", "HTTPWire", "WSWire", "Wire", "ws_text_frame"]
+__all__ = ["CHUNK", "Framing", "HTTPWire", "WSWire", "Wire", "chunk_lead", "ws_lead",
+           "ws_text_frame"]
 
 CHUNK = b"%x\r\n%b\r\n"  # one chunk of a chunked body: CHUNK % (len(payload), payload)
 
 _LEN7 = [bytes((i,)) for i in range(126)]  # the one-byte lengths, rendered once
+
+
+def chunk_lead(n: int) -> bytes:
+    """What starts an HTTP chunk of ``n`` bytes (its size line)."""
+    return b"%x\r\n" % n
+
+
+def ws_lead(n: int) -> bytes:
+    """What starts a WebSocket text frame of ``n`` payload bytes: FIN + text opcode, then the
+    minimal length encoding RFC 6455 §5.2 requires (server → client: unmasked)."""
+    if n < 126:
+        return b"\x81" + _LEN7[n]
+    if n < 65536:
+        return b"\x81\x7e" + n.to_bytes(2, "big")
+    return b"\x81\x7f" + n.to_bytes(8, "big")
+
+
+# the leads of the lengths most events have, rendered once (a list read per event, not a
+# format or a call; ~2 x 180 KB)
+LEADS = 4096
+_CHUNK_LEADS = [chunk_lead(n) for n in range(LEADS)]
+_WS_LEADS = [ws_lead(n) for n in range(LEADS)]
 
 
 def ws_text_frame(payload: bytes) -> bytes:
@@ -42,11 +67,14 @@ def ws_text_frame(payload: bytes) -> bytes:
     6455 §5.2, with the minimal length encoding the RFC requires. ``payload`` must be UTF-8
     (orjson output is). ~0.7 µs a frame against ~15 µs through ``wsproto``'s ``send``."""
     n = len(payload)
-    if n < 126:
-        return b"\x81" + _LEN7[n] + payload
-    if n < 65536:
-        return b"\x81\x7e" + n.to_bytes(2, "big") + payload
-    return b"\x81\x7f" + n.to_bytes(8, "big") + payload
+    return (_WS_LEADS[n] if n < LEADS else ws_lead(n)) + payload
+
+
+Framing = tuple[list[bytes], Callable[[int], bytes], int, bytes, bytes]
+"""How a wire frames the events ``prefix + payload + suffix`` (:meth:`Wire.wire_frame`):
+``(leads, lead, extra, head, tail)``, the event's wire bytes being ``lead(n) + head + payload +
+tail`` with ``n = len(payload) + extra`` and ``lead(n)`` read as ``leads[n]`` for ``n <
+len(leads)``."""
 
 
 class Wire:
@@ -67,8 +95,14 @@ class Wire:
         """Frame each event payload and write them in one write (flow.Sink)."""
         raise NotImplementedError
 
+    def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:
+        """The parts of the wire bytes of an event ``prefix + payload + suffix`` around the
+        payload (:data:`Framing`; flow.Sink): a pump appends them to what it writes, one
+        join per write renders them."""
+        raise NotImplementedError
+
     def write_wire(self, frames: list[bytes]) -> None:
-        """Write frames already rendered to wire bytes (flow.Sink's ``wire_format``)."""
+        """Write the parts of events framed with :meth:`wire_frame`, joined (flow.Sink)."""
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -85,16 +119,15 @@ class HTTPWire(Wire):
 
     __slots__ = ()
 
-    def wire_format(self, prefix: bytes, suffix: bytes) -> tuple[bytes, int]:
-        """The chunk of a streamed event ``prefix + payload + suffix`` as one bytes format
-        (flow.Sink): ``fmt % (len(payload) + extra, payload)``."""
-        return (b"%x\r\n" + prefix.replace(b"%", b"%%") + b"%b" + suffix.replace(b"%", b"%%")
-                + b"\r\n", len(prefix) + len(suffix))
+    def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:
+        """The chunk of a streamed event ``prefix + payload + suffix``: its size line, the
+        event, the chunk's CRLF."""
+        return _CHUNK_LEADS, chunk_lead, len(prefix) + len(suffix), prefix, suffix + b"\r\n"
 
     def write_wire(self, frames: list[bytes]) -> None:
-        """Chunks rendered with :meth:`wire_format`, written as they are."""
+        """Chunks framed with :meth:`wire_frame`, in one write."""
         if self.open and self.transport is not None:
-            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+            self.transport.write(b"".join(frames))
 
     def write_events(self, frames: list[bytes]) -> None:
         """Each payload as one chunk, in one write."""
@@ -117,6 +150,17 @@ class WSWire(Wire):
     def __init__(self, transport: asyncio.Transport | None, paused: bool = False) -> None:
         super().__init__(transport, paused)
         self.open = transport is not None
+
+    def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:
+        """The text frame of an event ``prefix + payload + suffix``: its header, the event."""
+        return _WS_LEADS, ws_lead, len(prefix) + len(suffix), prefix, suffix
+
+    def write_wire(self, frames: list[bytes]) -> None:
+        """Text frames framed with :meth:`wire_frame`, in one write."""
+        tr = self.transport
+        if not self.open or tr is None or tr.is_closing():
+            return
+        tr.write(b"".join(frames))
 
     def write_events(self, frames: list[bytes]) -> None:
         """One text frame per event payload, in one write (flow.Sink)."""

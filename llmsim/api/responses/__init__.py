@@ -30,8 +30,6 @@ from ...sim.described import json_hint
 from ...sim.prompt import cached_prefix_tokens, input_steps
 from ...sim.rng import new_id
 from ...state import accounting
-from ...streaming import encode
-from ...streaming.dialect import Dialect
 from ...streaming.stream import EventStream
 from ..caching import openai_cached
 from ..pipeline import Family, Meta, Parsed, run_detached
@@ -39,7 +37,7 @@ from ..pipeline import register as serve
 from ..validate import V, check_request_work, paced
 from . import compaction, hosted, render, ws
 from .parse import ID_PREFIX, RespRequest, ask, generated_ids, normalize_input, parse_body
-from .render import RespOut
+from .render import RESPONSES, RespOut
 from .state import (
     CANCEL,
     DELETED,
@@ -61,26 +59,6 @@ Item = dict[str, Any]
 WATCH_S = 0.2  # --workers > 1: how often a running background response checks for a remote
 #               cancel/delete (one indexed sqlite read per running response per period)
 REMOTE_CANCEL_WAIT_S = 5.0  # a cancel on another worker waits this long for the owner
-TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_arguments.delta",
-                          "response.custom_tool_call_input.delta",
-                          "response.reasoning_summary_text.delta"))
-
-
-def _error_events(err: APIError) -> list[tuple[str, Any]]:
-    """A mid-stream failure of a stream with no response record: the ``error`` event (a
-    response's own stream reports ``response.failed`` instead, :meth:`Record.failed`)."""
-    return [("error", {"type": "error", "code": err.code, "message": err.message,
-                       "param": err.param})]
-
-
-RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
-                    sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
-                    error_events=_error_events, token_types=TOKEN_EVENTS,
-                    bytes_tokens=True, bytes_type="response.output_text.delta",
-                    terminals=frozenset({"response.completed", "response.incomplete",
-                                         "response.failed", "error"}))
-"""The Responses API on the wire: named SSE events or WebSocket JSON frames, every event
-numbered by the stream."""
 is_token_event = RESPONSES.is_token
 """An event that carries one generated token (text, summary or tool-call argument)."""
 

@@ -436,8 +436,17 @@ class Snapshot:
         err = E.response_orphaned.at()
         resp = render.snapshot(self.echo, self.out, "failed", self.output_items(),
                                error={"code": err.code, "message": err.message})
-        # created (+ queued if background) (+ in_progress if it had started), then failed
-        seq = 1 + int(self.background) + int(self.status == "in_progress")
+        # failed follows the events its last published status was told by: created
+        # (+ queued if background) (+ in_progress if it had started); its number is claimed
+        # from a stream of the plan read that far (the one numbering owner)
+        last = ("response.in_progress" if self.status == "in_progress"
+                else "response.queued" if self.background else "response.created")
+        told = EventStream(render.plan(self.echo, self.out, background=self.background,
+                                       warmup=self.warmup), render.RESPONSES)
+        while (ev := told.pull()) is not None and ev[1] != last:
+            pass
+        seq = told.claim()
+        told.close()
         self.failed_event = {"type": "response.failed", "sequence_number": seq,
                              "response": resp}
         self.response = resp

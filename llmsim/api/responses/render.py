@@ -27,14 +27,17 @@ import orjson
 from ...sim.decide import Decision, Timing, Usage
 from ...sim.latency import ConstantGaps
 from ...sim.rng import new_id
+from ...streaming import encode
+from ...streaming.dialect import Dialect
 from ...streaming.stream import TokenRun
 
 if TYPE_CHECKING:
+    from ...errors import APIError
     from .request import RespRequest
 
 __all__ = ["ReasoningOut", "MessageOut", "CallOut", "HostedOut", "RespOut", "response_out", "no_output",
            "echo_fields", "snapshot", "final_snapshot", "item_json", "plan", "output_text",
-           "completed_at", "TERMINAL"]
+           "completed_at", "TERMINAL", "RESPONSES", "TOKEN_EVENTS", "token_json"]
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 PlanItem = tuple[float, str, Any]
@@ -281,6 +284,36 @@ _TEXT_DELTA = b'{"type":"response.output_text.delta","item_id":%b,"output_index"
 _TEXT_DELTA_END = b',"logprobs":[],"sequence_number":'
 
 
+def token_json(key: tuple[str, int]) -> tuple[bytes, bytes]:
+    """The token event, the JSON around the piece: the ``response.output_text.delta`` of
+    message ``item_id`` at ``output_index`` (the plan's ``TokenRun`` key), cut before its
+    ``sequence_number`` value (the stream's number completes it)."""
+    item_id, output_index = key
+    return _TEXT_DELTA % (_dumps(item_id), output_index), _TEXT_DELTA_END
+
+
+TOKEN_EVENTS = frozenset(("response.output_text.delta", "response.function_call_arguments.delta",
+                          "response.custom_tool_call_input.delta",
+                          "response.reasoning_summary_text.delta"))
+
+
+def _error_events(err: APIError) -> list[tuple[str, Any]]:
+    """A mid-stream failure of a stream with no response record: the ``error`` event (a
+    response's own stream reports ``response.failed`` instead, :meth:`Record.failed`)."""
+    return [("error", {"type": "error", "code": err.code, "message": err.message,
+                       "param": err.param})]
+
+
+RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=encode.ws_text,
+                    sse_error=lambda err, seq: encode.sse_error_responses(err.to_dict(), seq),
+                    error_events=_error_events, token_types=TOKEN_EVENTS,
+                    token_type="response.output_text.delta", token_json=token_json,
+                    terminals=frozenset({"response.completed", "response.incomplete",
+                                         "response.failed", "error"}))
+"""The Responses API on the wire: named SSE events or WebSocket JSON frames, every event
+numbered by the stream."""
+
+
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
          warmup: bool = False) -> Iterator[PlanItem]:
     """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
@@ -315,10 +348,9 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
         gaps = iter(drawn)
     # token events: the first at once (every item's first event takes the first delay,
     # before any token), then one gap each
+    # (``lead.pop() if lead else next(gaps, 0.0)``: a token's wait, written out where one is
+    # yielded, no call per token)
     lead = [0.0]
-
-    def step() -> float:
-        return lead.pop() if lead else next(gaps, 0.0)
 
     def wait() -> float:
         nonlocal pending
@@ -340,7 +372,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                     "output_index": idx, "summary_index": si,
                     "part": {"type": "summary_text", "text": ""}}
                 for p in pieces:
-                    yield step(), "response.reasoning_summary_text.delta", {
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
                 text = "".join(pieces)
@@ -377,15 +410,17 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
             lps = item.logprobs
-            if lps is None:  # the hot path: each delta rendered around the token's JSON,
-                # the bytes the dict below gives, numbered by the stream (stream.EventStream)
-                # the deltas as one run (stream.TokenRun), each a gap after the last
+            if lps is None:  # the hot path: the deltas as one run (stream.TokenRun, the
+                # dialect's token event: the bytes the dict below gives), each a gap after
+                # the last
                 if item.pieces:
-                    yield step(), "response.output_text.delta", TokenRun(
-                        item.pieces, gaps, _TEXT_DELTA % (_dumps(rid), idx), _TEXT_DELTA_END)
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.output_text.delta", TokenRun(item.pieces, gaps,
+                                                                    (rid, idx))
             else:
                 for p, lp in zip(item.pieces, lps, strict=False):
-                    yield step(), "response.output_text.delta", {
+                    d = lead.pop() if lead else next(gaps, 0.0)
+                    yield d, "response.output_text.delta", {
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
@@ -409,8 +444,9 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
             for p in item.pieces:
-                yield step(), dtype, {"type": dtype, "item_id": rid,
-                                               "output_index": idx, "delta": p}
+                d = lead.pop() if lead else next(gaps, 0.0)
+                yield d, dtype, {"type": dtype, "item_id": rid, "output_index": idx,
+                                 "delta": p}
             if fn:
                 yield 0.0, "response.function_call_arguments.done", {
                     "type": "response.function_call_arguments.done", "item_id": rid,

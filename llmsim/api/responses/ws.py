@@ -334,8 +334,8 @@ class ResponsesWS(WSMode):
             return b
 
         if suffix is None and hasattr(ws_text, "bytes_frame"):
-            # a token the plan rendered (bytes: never response.failed) is its own payload
-            # then: the pump frames it without calling enc (issue 15)
+            # a token event (the dialect's template, never response.failed) is its own
+            # payload then: the pump renders runs without calling enc (issue 15)
             enc.bytes_frame = ws_text.bytes_frame  # type: ignore[attr-defined]
 
         def error_frame(err: APIError, seq: int) -> bytes:
