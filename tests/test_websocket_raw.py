@@ -666,7 +666,7 @@ def test_api_key_checked_at_the_handshake(make_server: Any) -> None:
 def test_steer_answer_is_numbered_by_the_steered_stream(make_server: Any) -> None:
     """``response.steer.failed`` for a response streaming on this connection takes the next
     number of that response's stream: the client sees one gap-free sequence 0, 1, 2, ...;
-    for a response not running here it is not part of any stream (0)."""
+    for a response not running here it takes the connection's own stream's (the first: 0)."""
     srv = make_server(latency="realistic", ttft_ms=1, itl_ms=5)
     c = RawWS(srv.url)
     try:

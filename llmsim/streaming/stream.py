@@ -13,10 +13,14 @@ every event in the order the transport will emit them. A plan's payload is a dic
 :class:`TokenRun`; plans build no bytes. It is the only place that decides a sequence number:
 ``seq``, the next number, is the one count of the stream. A resumed stream starts at
 ``first_seq``; an out-of-band event that belongs to the stream (a WebSocket error or steer
-answer, the terminal error frame of a failed stream) takes :meth:`EventStream.claim`; a pump
-writing a run takes its tokens' numbers from ``seq`` as it writes them; a replay counts events
-with :func:`numbered` (the same rule). The same EventStream feeds SSE (HTTP) and WebSocket text
-frames: the transports ask ``stream.dialect`` for the encoder.
+answer, the terminal error frame of a failed stream) takes :meth:`EventStream.claim` (the
+stream keeps the numbers so taken, ``claimed``); a pump writing a run takes its tokens' numbers
+from ``seq`` as it writes them; a replay of what a stream told is a stream of the same plan
+numbered again from 0 (:meth:`EventStream.replay`: it passes over the numbers the first one
+claimed and hands over the events after ``starting_after``). An event of no stream that must
+carry a number (a WebSocket steer answer for a response not running there) claims it from a
+stream of no events its connection keeps. The same EventStream feeds SSE (HTTP) and WebSocket
+text frames: the transports ask ``stream.dialect`` for the encoder.
 
 What generic layers (faults, capacity, rate limits, stats) need to know about a stream without
 knowing its API family is typed: ``dialect`` (token events, terminal events, error events),
@@ -34,8 +38,8 @@ runs itself (it set ``take_runs``) gets the run as one item and writes its token
 (:meth:`EventStream.drain`, an encoder without a token frame, a stream that observes that
 type) gets the same events one by one from :meth:`EventStream.pull`, the payloads rendered
 from the template as ``bytes`` (JSON; in a numbering dialect with its number), the offsets
-and numbers the same. A reader of a plan itself (a wrapper, a replay that counts numbers)
-sees each token as a run of one (:func:`expand_runs`).
+and numbers the same. A reader of a plan itself (a wrapper, a replay) sees each token as a
+run of one (:func:`expand_runs`).
 
 Control types (never sent to the client): :data:`DISCONNECT` drops the connection at that
 point without a terminal event (fault injection), :data:`STOP` ends the stream cleanly at that
@@ -84,6 +88,9 @@ _STAMP = b"%d}"  # what numbers a token event (EventStream.pull inlines _stamped
 # not a bytes format (issue 15)
 _NSTAMPS = 2048
 _STAMPS = [_STAMP % i for i in range(_NSTAMPS)]
+# the claimed numbers a stream keeps for its replays (past them a replay numbers the events
+# after the last kept one as if no claim had come)
+MAX_CLAIMED = 1024
 _ENDED: Iterator[Any] = iter(())  # the plan of an ended stream (EventStream._release)
 _NO_GAPS: Iterator[float] = iter(())  # the gaps of a run of one token (never drawn)
 
@@ -133,8 +140,8 @@ def close_plan(plan: Iterable[Any]) -> None:
 
 def expand_runs(plan: Iterable[PlanItem]) -> Iterator[PlanItem]:
     """``plan`` with every :class:`TokenRun` item replaced by runs of one token, one item
-    each (for a reader that needs every event as an item: a wrapper, a replay that counts
-    numbers; still no bytes). Closing it closes ``plan``."""
+    each (for a reader that needs every event as an item: a wrapper, a replay; still no
+    bytes). Closing it closes ``plan``."""
     it = iter(plan)
     try:
         for item in it:
@@ -182,7 +189,7 @@ class EventStream:
 
     __slots__ = ("_it", "dialect", "model", "id", "usage", "fail", "seq", "start", "deadline",
                  "finished", "on_event", "_numbered", "_observed", "_on_end", "take_runs",
-                 "_wrapped")
+                 "_wrapped", "claimed")
 
     def __init__(self, plan: Plan, dialect: Dialect, *, model: str | None = None,
                  id: str | None = None, usage: Usage | None = None,
@@ -208,6 +215,7 @@ class EventStream:
         self._on_end = on_end
         self.take_runs = False  # set by a pump that renders a TokenRun itself (see pull)
         self._wrapped = False  # a wrapper reads the plan: runs are expanded under it
+        self.claimed: list[int] | None = None  # the numbers claim() gave, in order (if any)
 
     def claim(self, unsent: Any = None) -> int:
         """A sequence number for an event of this stream sent now, outside its plan (a
@@ -221,7 +229,14 @@ class EventStream:
         if type(unsent) is dict and type(unsent.get("sequence_number")) is int:
             n = unsent["sequence_number"]
             unsent["sequence_number"] = n + 1
+        self._claimed(n)
         return n
+
+    def _claimed(self, n: int) -> None:
+        if self.claimed is None:
+            self.claimed = []
+        if len(self.claimed) < MAX_CLAIMED:  # (a client that floods steers: a bound)
+            self.claimed.append(n)
 
     def claim_ahead(self, unsent: PlanItem | None) -> tuple[int, PlanItem | None]:
         """:meth:`claim` ahead of ``unsent``, the ``(deadline, type, data)`` pulled but not
@@ -234,7 +249,44 @@ class EventStream:
         cut = data.rindex(b":") + 1  # (the number and the brace _stamped appended)
         n = int(data[cut:-1])
         self.seq += 1
+        self._claimed(n)
         return n, (unsent[0], unsent[1], _stamped(data[:cut], n + 1))
+
+    def replay(self, starting_after: int, claimed: Iterable[int] = (), end: int | None = None,
+               last: tuple[str, Any] | None = None) -> None:
+        """Make this stream a replay of one that told the same plan: it numbers the plan's
+        events from ``seq`` as that one did, passing over ``claimed`` (the numbers that one
+        gave events outside its plan: :attr:`claimed`), and hands over only the events
+        numbered after ``starting_after``; the offsets of those it keeps back count towards
+        the next one it hands over. It ends before number ``end`` (where that one ended
+        early), with ``last`` there (that one's terminal event, numbered ``end``) if given.
+        Call before the stream starts."""
+        self._it = self._replayed(expand_runs(self._it), starting_after, frozenset(claimed),
+                                  end, last)
+
+    def _replayed(self, plan: Iterator[PlanItem], after: int, claimed: frozenset[int],
+                  end: int | None, last: tuple[str, Any] | None) -> Iterator[PlanItem]:
+        held = 0.0
+        try:
+            for offset, etype, data in plan:
+                if not (self._numbered and numbered(etype, data)):
+                    yield offset, etype, data
+                    continue
+                while self.seq in claimed:
+                    self.seq += 1
+                n = self.seq  # the number pull gives this event
+                if end is not None and n >= end:
+                    if last is not None and n > after:
+                        yield 0.0, last[0], last[1]
+                    return
+                if n <= after:  # told already: numbered, not handed over
+                    self.seq = n + 1
+                    held += offset
+                    continue
+                yield held + offset, etype, data
+                held = 0.0
+        finally:
+            close_plan(plan)
 
     def begin(self, now: float) -> None:
         """Anchor the schedule at ``now`` (the moment the stream is handed to a transport)."""

@@ -290,9 +290,11 @@ def _live(rec: Record, model: str) -> EventStream:
 
 
 def _follow(rec: Record, after: int, app: Services, model: str) -> StreamResponse:
-    """Resume after event ``after``: the replay continues the numbering from ``after + 1``."""
-    return StreamResponse(_stream(rec, rec.follow_plan(after, app.clock.now()), model,
-                                  first_seq=after + 1))
+    """Resume after event ``after``: a stream of the plan again, numbered as the live one
+    (:meth:`Record.follow`), hands over the events after it."""
+    stream = _stream(rec, rec.follow_plan(app.clock.now()), model)
+    rec.follow(stream, after)
+    return StreamResponse(stream)
 
 
 class Responses(Family):

@@ -13,7 +13,7 @@ import orjson
 from ...errors import APIError, E
 from ...messages import Key
 from ...state.store import approx_bytes, json_bytes
-from ...streaming.stream import EventStream, expand_runs, numbered
+from ...streaming.stream import EventStream, expand_runs
 from . import render
 from .render import CallOut, HostedOut, MessageOut, ReasoningOut, RespOut
 
@@ -131,7 +131,7 @@ class Record:
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
                  "stream", "pump", "cancel_seq", "failed_event", "done_output",
                  "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
-                 "nbytes", "refs")
+                 "nbytes", "refs", "claimed")
 
     def __init__(self, app: Services, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
@@ -152,6 +152,9 @@ class Record:
         self.pump: Pump | None = None  # background only
         self.cancel_seq: int | None = None
         self.failed_event: dict[str, Any] | None = None
+        # the numbers the live stream gave events outside its plan (a record replayed from
+        # a Snapshot has no live stream: they come with it)
+        self.claimed: tuple[int, ...] = ()
         self.done_output: list[Item] = []
         self.final: dict[str, Any] | None = None
         self.conversation = conversation
@@ -297,36 +300,39 @@ class Record:
         if not self.terminal and not self.background:
             self.cancel()
 
-    def follow_plan(self, after: int, now: float) -> Iterator[tuple[float, str, Any]]:
-        """Replay events with ``sequence_number > after``: those already sent at once, the
-        rest on the live stream's schedule; stops where a cancel or failure ended it. The
-        plan is rendered again; ``k`` follows the live stream's numbering by the stream's own
-        rule (:func:`llmsim.streaming.stream.numbered`) and the replay stream continues it from
-        ``after + 1`` (``EventStream(first_seq=…)``)."""
+    def follow_plan(self, now: float) -> Iterator[tuple[float, str, Any]]:
+        """The live stream's plan rendered again on its schedule: the events it has sent
+        at once, the rest when it sends them (a stream of it numbers them and hands over
+        those the follower asked for: :meth:`follow`)."""
         live = self.stream
         origin = live.start if live is not None and live.start is not None else now
         # background streams were shifted by backpressure never (NullSink never pauses)
         cum = 0.0
         sent = 0.0
-        k = 0
-        for off, etype, data in expand_runs(render.plan(
+        for off, etype, data in expand_runs(render.plan(  # (each token on its own time)
                 self.echo, self.out, background=self.background, warmup=self.warmup)):
             cum += off
-            if self.cancel_seq is not None and k >= self.cancel_seq:
-                return
-            fe = self.failed_event
-            if fe is not None and k >= fe.get("sequence_number", k):
-                if k > after:
-                    yield 0.0, "response.failed", {"type": "response.failed",
-                                                   "response": fe["response"]}
-                return
-            if k > after:
-                target = 0.0 if self.terminal else max(0.0, origin + cum - now)
-                d = max(0.0, target - sent)
-                sent += d
-                yield d, etype, data
-            if numbered(etype, data):  # k: the number the live stream gave this event
-                k += 1
+            target = 0.0 if self.terminal else max(0.0, origin + cum - now)
+            d = max(0.0, target - sent)
+            sent += d
+            yield d, etype, data
+
+    def follow(self, stream: EventStream, after: int) -> None:
+        """Make ``stream`` (of :meth:`follow_plan`) replay the events numbered after
+        ``after``, numbered as the live stream numbered them (:meth:`EventStream.replay`);
+        it stops where a cancel or failure ended the live stream."""
+        live = self.stream
+        claimed = (live.claimed or ()) if live is not None else self.claimed
+        end: int | None = self.cancel_seq
+        last: tuple[str, Any] | None = None
+        fe = self.failed_event
+        if fe is not None:
+            at = fe.get("sequence_number", self.emitted)  # (not yet numbered: the next)
+            if end is None or at < end:
+                end = at
+                last = ("response.failed", {"type": "response.failed",
+                                            "response": fe["response"]})
+        stream.replay(after, claimed, end, last)
 
 
 class Snapshot:
@@ -337,14 +343,15 @@ class Snapshot:
     (its chain is followed from there, see :meth:`turns`), ``local_turns`` the turns of
     previous responses that are not in the shared store (WebSocket ``store=false`` turns
     cached by the connection; oldest first), ``echo``/``out``/``cancel_seq``/``failed_event``
-    what a terminal replay (``GET ?stream=true``) re-renders from, ``owner`` the pid of the
+    and ``claimed`` (the numbers the live stream gave events outside its plan) what a
+    terminal replay (``GET ?stream=true``) re-renders from, ``owner`` the pid of the
     worker running it while it is unfinished, ``deleted`` a hidden chain link.
     ``source`` (not pickled) is the :class:`SharedResponses` it was read from.
     """
 
     __slots__ = ("id", "response", "input_items", "parent_id", "local_turns", "depth",
-                 "background", "warmup", "echo", "out", "cancel_seq", "failed_event", "owner",
-                 "deleted", "source")
+                 "background", "warmup", "echo", "out", "cancel_seq", "failed_event", "claimed",
+                 "owner", "deleted", "source")
 
     def __init__(self, rec: Record, owner: int | str, max_depth: int) -> None:
         self.id = rec.id
@@ -367,6 +374,8 @@ class Snapshot:
         self.out = rec.out
         self.cancel_seq = rec.cancel_seq
         self.failed_event = rec.failed_event
+        live = rec.stream
+        self.claimed = tuple(live.claimed or ()) if live is not None else rec.claimed
         self.owner: int | str | None = None if rec.terminal else owner
         self.deleted = False
         self.source: Any = None  # (store.SharedResponses)
@@ -375,6 +384,7 @@ class Snapshot:
         return {k: getattr(self, k) for k in self.__slots__ if k != "source"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.claimed = ()  # (a snapshot pickled before it had them)
         for k, v in state.items():
             setattr(self, k, v)
         self.source = None
@@ -424,6 +434,7 @@ class Snapshot:
         rec.status = self.status
         rec.cancel_seq = self.cancel_seq
         rec.failed_event = self.failed_event
+        rec.claimed = self.claimed
         return rec
 
     def orphaned(self) -> Snapshot:

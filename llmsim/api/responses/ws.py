@@ -47,6 +47,8 @@ from ...sim.rng import new_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from ...streaming.flow import Pump
 from ...streaming.start import start_handler
+from ...streaming.stream import EventStream
+from .render import RESPONSES
 from .ws_cache import ConnectionCache
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_lanes import LaneLimitError, LaneScheduler
@@ -148,6 +150,9 @@ class ResponsesWS(WSMode):
         # previous_response_id cache (owned by the Responses state): one per named lane plus
         # the default lane
         self.cache = ConnectionCache(cfg.max_lanes + 1)
+        # the connection's own stream, of no events: a numbered event of no response
+        # running here (a steer answer) claims its number from it (0, 1, 2, ...)
+        self.own = EventStream((), RESPONSES)
 
     @property
     def busy(self) -> bool:
@@ -195,11 +200,11 @@ class ResponsesWS(WSMode):
     def _on_steer(self, ev: Steer) -> None:
         """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
         # the answer belongs to the steered response's stream when it is running here (the
-        # stream numbers it); a response not running on this connection has no stream: 0
+        # stream numbers it); else to the connection's own stream
         running = self._running_stream(ev.previous_id)
         self.conn.send_event({
             "type": "response.steer.failed",
-            "sequence_number": running.claim() if running is not None else 0,
+            "sequence_number": running.claim() if running is not None else self.own.claim(),
             "error": {k: v for k, v in E.steering_not_supported.at().to_dict().items()
                       if k != "param"},
             "steer": {"input": ev.input, "previous_response_id": ev.previous_id}})
