@@ -9,6 +9,7 @@ strict SDK types over raw HTTP and with the openai SDK itself."""
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import orjson
@@ -18,7 +19,10 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from llmsim.api.responses import RESPONSES
+from llmsim.api.responses.record import Record, Snapshot
+from llmsim.api.responses.state import state
 from llmsim.streaming import encode
+from llmsim.streaming import stream as stream_mod
 from llmsim.streaming.clock import FakeClock
 from llmsim.streaming.flow import Pump
 from llmsim.streaming.stream import EventStream, TokenRun
@@ -92,6 +96,16 @@ def test_a_replay_after_a_steer_answer_carries_the_live_numbers(make_server: Any
             assert [(e.type, e.sequence_number) for e in got] == [t[:2] for t in want]
     finally:
         sdk.close()
+    # another worker replays it from the snapshot it was published as (pickled): the
+    # claimed numbers travel with it
+    rec = state(srv.app).store.get(rid)
+    assert type(rec) is Record
+    other = pickle.loads(pickle.dumps(Snapshot(rec, 1, 8))).replay(srv.app)
+    for after in (-1, steer - 1, steer):
+        replay = EventStream(other.follow_plan(0.0), RESPONSES)
+        other.follow(replay, after)
+        got = [orjson.loads(d) if type(d) is bytes else d for _, d in replay.drain()]
+        assert [_told(e) for e in got] == [t for t in live if t[1] > after]
 
 
 PLAN_PIECES = ["a", "b", "c", "d", "e", "f"]
@@ -155,3 +169,12 @@ async def test_a_replay_passes_over_the_numbers_claimed_mid_run() -> None:
         got = [(e["type"], e["sequence_number"], e.get("delta"))
                for e in _replayed(whole, after, None)]
         assert got == [t for t in told2 if t[1] > after]
+
+
+def test_the_claimed_numbers_a_stream_keeps_are_bounded() -> None:
+    """A client that floods steers at a running response: every answer is numbered, the
+    stream keeps at most MAX_CLAIMED of the numbers for its replays."""
+    s = EventStream(iter(_plan()), RESPONSES)
+    got = [s.claim() for _ in range(stream_mod.MAX_CLAIMED + 50)]
+    assert got == list(range(stream_mod.MAX_CLAIMED + 50))
+    assert s.claimed == list(range(stream_mod.MAX_CLAIMED))
