@@ -8,6 +8,7 @@ strict SDK types over raw HTTP and with the openai SDK itself."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 from typing import Any
@@ -125,7 +126,7 @@ def _sent(sink: Any) -> list[dict[str, Any]]:
 
 def _replayed(live: EventStream, after: int, end: int | None) -> list[dict[str, Any]]:
     replay = EventStream(iter(_plan()), RESPONSES)
-    replay.replay(after, live.claimed or (), end)
+    replay.replay(after, live.claimed or (), (lambda: (end, None)) if end is not None else None)
     return [orjson.loads(d) if type(d) is bytes else dict(d) for _, d in replay.drain()]
 
 
@@ -178,3 +179,70 @@ def test_the_claimed_numbers_a_stream_keeps_are_bounded() -> None:
     got = [s.claim() for _ in range(stream_mod.MAX_CLAIMED + 50)]
     assert got == list(range(stream_mod.MAX_CLAIMED + 50))
     assert s.claimed == list(range(stream_mod.MAX_CLAIMED))
+
+
+@pytest.mark.asyncio
+async def test_a_replay_of_a_running_stream_follows_its_later_claims_and_end() -> None:
+    """A follower that joins a stream still running: a number the live stream claims after
+    the replay began is passed over too, and a cancel that comes later ends the replay
+    where it ended the live stream."""
+    clock = FakeClock(start=0.0)
+    sink = FrameLog(clock)
+    live = EventStream(iter(_plan()), RESPONSES)
+    live.claimed = []  # (what Record.follow does for a live stream: its claims to come)
+    pump = Pump(live, clock, encode.ws_text, sink)
+    pump.start()
+    clock.advance(0.02)  # created, a, b: 0, 1, 2
+    end: list[int] = []
+    replay = EventStream(iter(_plan()), RESPONSES)
+    replay.replay(1, live.claimed, lambda: (end[0], None) if end else None)
+
+    def pulled() -> tuple[str, int, str | None] | None:
+        ev = replay.pull()
+        if ev is None:
+            return None
+        d = orjson.loads(ev[2]) if type(ev[2]) is bytes else ev[2]
+        return d["type"], d["sequence_number"], d.get("delta")
+
+    assert pulled() == ("response.output_text.delta", 2, "b")
+    assert pump.claim() == 3  # a steer answer, after the follower joined
+    clock.advance(0.01)  # c: 4
+    assert pulled() == ("response.output_text.delta", 4, "c")
+    pump.cancel("cancelled")
+    end.append(live.seq)  # (Record.cancel: cancel_seq, the live stream's count)
+    assert pulled() is None
+    assert [e["sequence_number"] for e in _sent(sink)] == [0, 1, 2, 4]
+
+
+@pytest.mark.asyncio
+async def test_a_follower_of_a_background_response_stops_at_a_later_cancel() -> None:
+    """``GET ?stream=true&starting_after=3`` of a running background response, then a
+    cancel: the follower told exactly the live stream's numbers 4 .. up to the cancel."""
+    from llmsim import Config
+    from llmsim.app import App
+    from llmsim.messages import JSONResponse, StreamResponse
+
+    from .test_responses_state import _pump, _req
+
+    clock = FakeClock()
+    app = App(Config(latency="realistic", ttft_ms=100, itl_ms=10, seed=3), clock=clock)
+    res = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "background": True,
+                                   "max_output_tokens": 200}))
+    assert isinstance(res, JSONResponse)
+    rid = res.data["id"]
+    rec = state(app).store.get(rid)
+    while rec.emitted < 6:
+        await asyncio.sleep(0)
+    follow = await app.dispatch(_req({}, "GET", f"/v1/responses/{rid}",
+                                     {"stream": ["true"], "starting_after": ["3"]}))
+    assert isinstance(follow, StreamResponse)
+    seen, done = _pump(app, follow)
+    while len(seen) < 8:
+        await asyncio.sleep(0)
+    got = await app.dispatch(_req({}, "POST", f"/v1/responses/{rid}/cancel"))
+    assert got.data["status"] == "cancelled"
+    for _ in range(50):
+        clock.advance(0.05)
+        await asyncio.sleep(0)
+    assert await done == "completed"
+    assert [s for _, s, _ in seen] == list(range(4, rec.cancel_seq))

@@ -48,7 +48,7 @@ point (a "truncated" stream: the HTTP body ends properly but the terminal event 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .encode import TOKEN_JSON
@@ -252,32 +252,37 @@ class EventStream:
         self._claimed(n)
         return n, (unsent[0], unsent[1], _stamped(data[:cut], n + 1))
 
-    def replay(self, starting_after: int, claimed: Iterable[int] = (), end: int | None = None,
-               last: tuple[str, Any] | None = None) -> None:
-        """Make this stream a replay of one that told the same plan: it numbers the plan's
-        events from ``seq`` as that one did, passing over ``claimed`` (the numbers that one
-        gave events outside its plan: :attr:`claimed`), and hands over only the events
-        numbered after ``starting_after``; the offsets of those it keeps back count towards
-        the next one it hands over. It ends before number ``end`` (where that one ended
-        early), with ``last`` there (that one's terminal event, numbered ``end``) if given.
+    def replay(self, starting_after: int, claimed: Sequence[int] = (),
+               ended: Callable[[], tuple[int, PlanItem | None] | None] | None = None) -> None:
+        """Make this stream a replay of one that tells the same plan: it numbers the plan's
+        events from ``seq`` as that one does, passing over ``claimed`` (the numbers that one
+        gave events outside its plan, ascending: its :attr:`claimed`, read as it grows), and
+        hands over only the events numbered after ``starting_after``; the offsets of those
+        it keeps back count towards the next one it hands over. ``ended()``, asked before
+        each event, is where that one ended early (a cancel, a failure), if it did: the
+        number ``end`` this one stops before, or hands ``last`` over at (numbered ``end``).
         Call before the stream starts."""
-        self._it = self._replayed(expand_runs(self._it), starting_after, frozenset(claimed),
-                                  end, last)
+        self._it = self._replayed(expand_runs(self._it), starting_after, claimed, ended)
 
-    def _replayed(self, plan: Iterator[PlanItem], after: int, claimed: frozenset[int],
-                  end: int | None, last: tuple[str, Any] | None) -> Iterator[PlanItem]:
+    def _replayed(self, plan: Iterator[PlanItem], after: int, claimed: Sequence[int],
+                  ended: Callable[[], tuple[int, PlanItem | None] | None] | None
+                  ) -> Iterator[PlanItem]:
         held = 0.0
+        i = 0  # claimed[:i] are behind the count
         try:
             for offset, etype, data in plan:
                 if not (self._numbered and numbered(etype, data)):
                     yield offset, etype, data
                     continue
-                while self.seq in claimed:
-                    self.seq += 1
+                while i < len(claimed) and claimed[i] <= self.seq:
+                    if claimed[i] == self.seq:
+                        self.seq += 1
+                    i += 1
                 n = self.seq  # the number pull gives this event
-                if end is not None and n >= end:
-                    if last is not None and n > after:
-                        yield 0.0, last[0], last[1]
+                stop = ended() if ended is not None else None
+                if stop is not None and n >= stop[0]:
+                    if stop[1] is not None and n > after:
+                        yield stop[1]
                     return
                 if n <= after:  # told already: numbered, not handed over
                     self.seq = n + 1

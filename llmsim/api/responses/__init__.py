@@ -276,11 +276,11 @@ async def prepare(req: Request, app: Services, body: dict[str, Any], *,
 # ------------------------------------------------------------------------------------------
 
 def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
-            first_seq: int = 0, observe: bool = False, live: bool = False) -> EventStream:
-    """A stream of this response's events (live, background or a replay from ``first_seq``)."""
+            observe: bool = False, live: bool = False) -> EventStream:
+    """A stream of this response's events (live, background or a replay)."""
     return EventStream(plan, RESPONSES, model=model, id=rec.id, usage=rec.out.counts, fail=rec.failed,
                        on_event=rec.observe if observe else None, observed=Record.OBSERVED,
-                       first_seq=first_seq, on_end=rec.live_ended if live else None)
+                       on_end=rec.live_ended if live else None)
 
 
 def _live(rec: Record, model: str) -> EventStream:

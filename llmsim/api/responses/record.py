@@ -5,7 +5,7 @@ sizes. (The package's state: :mod:`.state`; the shared stores: :mod:`.store`.)""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
@@ -319,20 +319,28 @@ class Record:
 
     def follow(self, stream: EventStream, after: int) -> None:
         """Make ``stream`` (of :meth:`follow_plan`) replay the events numbered after
-        ``after``, numbered as the live stream numbered them (:meth:`EventStream.replay`);
-        it stops where a cancel or failure ended the live stream."""
+        ``after``, numbered as the live stream numbers them (:meth:`EventStream.replay`);
+        it stops where a cancel or failure ended the live stream, even one still to come."""
         live = self.stream
-        claimed = (live.claimed or ()) if live is not None else self.claimed
-        end: int | None = self.cancel_seq
-        last: tuple[str, Any] | None = None
+        claimed: Sequence[int] = self.claimed
+        if live is not None:
+            if live.claimed is None and not live.finished:
+                live.claimed = []  # (the live stream's claims to come, read as they come)
+            claimed = live.claimed or ()
+        stream.replay(after, claimed, self._ended)
+
+    def _ended(self) -> tuple[int, tuple[float, str, Any] | None] | None:
+        """Where the live stream ended early, for a replay: before the number a cancel
+        stopped it at, or at its ``response.failed`` (the event then)."""
+        end, last = self.cancel_seq, None
         fe = self.failed_event
         if fe is not None:
             at = fe.get("sequence_number", self.emitted)  # (not yet numbered: the next)
             if end is None or at < end:
                 end = at
-                last = ("response.failed", {"type": "response.failed",
-                                            "response": fe["response"]})
-        stream.replay(after, claimed, end, last)
+                last = (0.0, "response.failed", {"type": "response.failed",
+                                                  "response": fe["response"]})
+        return (end, last) if end is not None else None
 
 
 class Snapshot:
