@@ -99,9 +99,9 @@ class Pump(Timer):
 
     __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
-                 "_run_pieces", "_run_stamps", "_run_extra", "_run_head", "_run_tail",
-                 "_leads", "_times", "_fold_every", "_pending", "clock", "encode",
-                 "on_done", "observer", "error_frame", "_paused_at", "_per_write",
+                 "_run_pieces", "_run_stamps", "_run_nstamps", "_run_extra", "_run_head",
+                 "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "_pending", "clock",
+                 "encode", "on_done", "observer", "error_frame", "_paused_at", "_per_write",
                  "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
                  "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
 
@@ -140,9 +140,11 @@ class Pump(Timer):
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
         self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
+        self._run_nstamps = 0  # len(_run_stamps), read per token instead of a len() call
         self._run_extra = 0
         self._run_head = self._run_tail = b""
         self._leads = _NO_LEADS
+        self._nleads = 0  # len(_leads) (a field read per event, not a len() call)
         # the per-write observer protocol (StreamTrack.observe): the write's time appended
         # to ``times`` once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
@@ -181,6 +183,7 @@ class Pump(Timer):
         if wire_frame is not None:
             framing: Framing = wire_frame(b"", b"")
             self._leads, self._lead, _, _, self._tail = framing
+            self._nleads = len(self._leads)
             self._wired = True
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
@@ -303,6 +306,7 @@ class Pump(Timer):
             if got is not None and got[0] is key:
                 (_, self._run_head, self._run_tail, self._run_extra, self._run_stamps,
                  self._run_post) = got
+                self._run_nstamps = len(self._run_stamps or ())
                 self._run_key = key
                 return
         head, post, tail = self.stream.dialect.template(
@@ -312,6 +316,7 @@ class Pump(Timer):
             self._run_stamps = stamped_suffixes(post)
         else:
             self._run_stamps = None
+        self._run_nstamps = len(self._run_stamps or ())
         if self._wired:  # (else a sink that frames each event itself: head + x + tail)
             framing: Framing = self.sink.wire_frame(head, tail)  # type: ignore[attr-defined]
             _, _, self._run_extra, head, tail = framing
@@ -364,7 +369,6 @@ class Pump(Timer):
             now = self._now()
             same = self._same
             limit = now + same
-            behind = now - self._catch_up  # an event due before this is late: catch up
             last = None  # deadline of the last event encoded in this pass
             left = MAX_BATCH
             while True:  # one write per turn
@@ -384,8 +388,9 @@ class Pump(Timer):
                         deadline = self._run_at
                     # the coalescing rule (Clock.catch_up): a later event joins this write
                     # only when it is due at the same instant as the last one or already late
+                    # (late: due before now - catch_up; read only for a second event)
                     if deadline > limit or (last is not None and deadline - last > same
-                                            and deadline >= behind):
+                                            and deadline >= now - self._catch_up):
                         break
                     if in_run:
                         # the token's parts, joined with the rest of the write (no bytes
@@ -397,20 +402,20 @@ class Pump(Timer):
                             st = self.stream
                             seq = st.seq
                             st.seq = seq + 1
-                            y = (stamps[seq] if seq < len(stamps)
+                            y = (stamps[seq] if seq < self._run_nstamps
                                  else self._run_post + (_STAMP % seq))
                             if self._wired:
                                 n = len(x) + len(y) + self._run_extra
-                                leads = self._leads
-                                frames += (leads[n] if n < len(leads) else self._lead(n),
+                                frames += (self._leads[n] if n < self._nleads
+                                           else self._lead(n),
                                            self._run_head, x, y, self._run_tail)
                             else:
                                 frames.append(b"".join((self._run_head, x, y,
                                                         self._run_tail)))
                         elif self._wired:
                             n = len(x) + self._run_extra
-                            leads = self._leads
-                            frames += (leads[n] if n < len(leads) else self._lead(n),
+                            frames += (self._leads[n] if n < self._nleads
+                                       else self._lead(n),
                                        self._run_head, x, self._run_tail)
                         else:
                             frames.append(self._run_head + x + self._run_tail)
@@ -440,7 +445,7 @@ class Pump(Timer):
                         x = self.encode(etype, data)
                         if self._wired:
                             n = len(x)
-                            frames += (self._leads[n] if n < len(self._leads)
+                            frames += (self._leads[n] if n < self._nleads
                                        else self._lead(n), x, self._tail)
                         else:
                             frames.append(x)
