@@ -97,7 +97,7 @@ class Pump(Timer):
     ``error_frame(err, sequence_number)`` renders the terminal error frame written when the
     pump fails (None: write nothing, e.g. no client)."""
 
-    __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
+    __slots__ = ("_done", "_fast", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
                  "_run_pieces", "_run_stamps", "_run_nstamps", "_run_extra", "_run_head",
                  "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "_pending", "clock",
@@ -120,6 +120,7 @@ class Pump(Timer):
         self.cancelled = True
         self._done = False
         self._in_run = False  # a TokenRun is being written (its state in the _run_ fields)
+        self._fast = False  # in a run the tick's one-token path can write (see _start_run)
         self._wired = False  # the sink takes wire bytes (write_wire), else write_events
         self.sink = sink
         # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
@@ -230,7 +231,7 @@ class Pump(Timer):
         if self._done:
             return
         self._done = True
-        self._in_run = False
+        self._in_run = self._fast = False
         self._run_gaps = None
         self._run_pieces = _NO_PIECES
         # armed: the clock drops the entry when its slot comes, or compacts (a no-op if not)
@@ -295,6 +296,11 @@ class Pump(Timer):
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
         self._in_run = self._run_n > 0
+        # the tick's one-token path (see _tick): equal gaps, wire parts into a Wire, the
+        # per-write observer's times or no per-write observer
+        self._fast = (self._in_run and self._run_gap >= 0.0 and self._wired
+                      and self._nw is not None
+                      and (self._times is not None or self._per_write is None))
         key = run.key
         if key is self._run_key:  # (the template the run before used)
             return
@@ -362,6 +368,45 @@ class Pump(Timer):
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
             nw = self._nw
+            if self._fast and not nw.paused:  # type: ignore[union-attr]  # (_fast: a Wire)
+                # The common tick, on time: one token of a run due and the next one not.
+                # What the loop below does for it, without its bookkeeping for several
+                # events, plan events and other sinks (same bytes, same state, same arming).
+                now = self._now()
+                limit = now + self._same
+                deadline = self._run_at
+                i = self._run_i + 1
+                nxt = deadline + self._run_gap
+                if deadline <= limit < nxt and i < self._run_n:
+                    x = TOKEN_JSON[self._run_pieces[i - 1]]
+                    stamps = self._run_stamps
+                    if stamps is None:
+                        n = len(x) + self._run_extra
+                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
+                                  self._run_head, x, self._run_tail]
+                    else:  # numbered: the stream's next number
+                        st = self.stream
+                        seq = st.seq
+                        st.seq = seq + 1
+                        y = (stamps[seq] if seq < self._run_nstamps
+                             else self._run_post + (_STAMP % seq))
+                        n = len(x) + len(y) + self._run_extra
+                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
+                                  self._run_head, x, y, self._run_tail]
+                    tokens = 1
+                    self._run_i = i
+                    self._run_at = nxt
+                    nw.write_wire(frames)  # type: ignore[union-attr]
+                    frames = []
+                    times = self._times
+                    tokens = 0
+                    if times is not None:
+                        times.append(now)
+                        if len(times) >= self._fold_every:
+                            self._fold()  # type: ignore[misc]  # (set with times)
+                    if not self._done and self.cancelled:
+                        self.clock.recall(self, nxt)
+                    return
             if nw.paused if nw is not None else self.sink.paused:
                 if self._paused_at is None:
                     self._paused_at = self._now()
@@ -430,7 +475,7 @@ class Pump(Timer):
                                 deadline = nxt  # a run's next token is not due yet)
                                 break
                         else:  # the run is over: the plan's next offset counts from here
-                            self._in_run = False
+                            self._in_run = self._fast = False
                             self._run_gaps = None
                             self.stream.deadline = deadline
                     elif type(data) is TokenRun:  # taken whole: its first token is this one
