@@ -11,7 +11,9 @@ pump renders each token from the dialect's token template (``Dialect.template``,
 encoder's frame and the wire's chunk or WebSocket frame, compiled once per run) as the parts
 around the token's JSON, joined once per write, with no ``next()`` of the plan, no tuple and
 no concatenation per token (a numbered token adds its number, taken from the stream's
-count), under the same coalescing rule.
+count), under the same coalescing rule. The common tick, on time, writes one token of a run
+with equal gaps into a connection's wire and nothing else: it has a short path of its own
+(:meth:`Pump._tick`).
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
