@@ -515,3 +515,100 @@ async def test_runs_of_choices_taking_turns_keep_their_own_template(
         for k in range(choices):
             assert b'"n":%d,"choices":[{"index":%d,"delta":{"content":"s%dc%d"}' % (
                 k, k, step, k) in blob
+
+
+class _Transport:
+    """Under a real Wire: records each write (clock time, bytes); ``fail_at``: the write of
+    that index raises once (a transport that breaks mid-run)."""
+
+    def __init__(self, clock: FakeClock, fail_at: int = -1) -> None:
+        self.clock = clock
+        self.writes: list[tuple[float, bytes]] = []
+        self.fail_at = fail_at
+        self.calls = 0
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.calls += 1
+        if self.calls - 1 == self.fail_at:
+            raise OSError("broken transport")
+        self.writes.append((round(self.clock.now(), 9), data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int = -1
+                        ) -> tuple[list[tuple[float, bytes]], str, Any, list[Any], bool]:
+    """A plan with a run whose gaps are equal (ConstantGaps when ``const``: the pump's
+    one-token tick; else the same gaps from an iterator: the general tick) through a real
+    Wire, observed by a stream's stats track."""
+    from llmsim.sim.latency import ConstantGaps
+    from llmsim.state.stats import Stats
+    from llmsim.streaming.wire import HTTPWire, WSWire
+
+    pieces = [f"t{i}" for i in range(40)]
+    clock = FakeClock(start=0.0)
+    tr = _Transport(clock, fail_at)
+    wire = (HTTPWire if wire_cls == "http" else WSWire)(tr)  # type: ignore[arg-type]
+    wire.open = True
+    numbered = dialect is RESPONSES
+
+    def plan() -> Any:
+        g: Any = ConstantGaps(0.01, 60) if const else iter([0.01] * 60)
+        if numbered:
+            yield 0.0, "response.created", {"type": "response.created"}
+            yield 0.05, "response.output_text.delta", TokenRun(pieces, g, MSG)
+            yield next(g, 0.0), "response.completed", {"type": "response.completed"}
+        else:
+            yield 0.05, "chunk", TokenRun(pieces, g, CHAT_KEY)
+            yield next(g, 0.0), "chunk", {"finish": "stop"}
+            yield 0.0, "done", None
+    stats = Stats(time_fn=clock.time)
+    track = stats.track("m", clock.now(), "sse", dialect.is_token)
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    s = EventStream(plan(), dialect)
+    enc = dialect.ws if wire_cls == "ws" else dialect.sse
+    p = Pump(s, clock, enc, wire, on_done=done.set_result, observer=track.observe,
+             error_frame=dialect.sse_error)
+    p.start()
+    clock.advance(0.05)  # the run's first token is written: the run is the pump's now
+    fast = p._fast
+    reason = await asyncio.wait_for(done, 5)
+    track.finish(reason, clock.now())
+    return tr.writes, reason, (track.tokens, track.first), list(stats.hists["m"]), fast
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("wire_cls", ["http", "ws"])
+@pytest.mark.parametrize("dialect", [CHAT, RESPONSES], ids=["chat", "responses"])
+async def test_the_one_token_tick_writes_what_the_general_tick_writes(
+        wire_cls: str, dialect: Any) -> None:
+    """On time, a tick that writes one token of a run with equal gaps into a connection's
+    Wire takes a shorter path (Pump._tick): the same bytes at the same times, the same
+    numbers, and the same statistics (token count, TTFT and gap histograms) as the general
+    path writes for the same gaps read one by one."""
+    if wire_cls == "ws" and dialect is CHAT:
+        pytest.skip("chat has no WebSocket mode")
+    fast = await _through_wire(True, dialect, wire_cls)
+    slow = await _through_wire(False, dialect, wire_cls)
+    assert fast[4] is True and slow[4] is False  # (the short path is the one tested)
+    assert fast[:4] == slow[:4]
+    # (the tokens, the end 10 ms after the last; Responses' created before them)
+    assert fast[1] == "completed" and len(fast[0]) == 40 + 1 + (dialect is RESPONSES)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("dialect", [CHAT, RESPONSES], ids=["chat", "responses"])
+async def test_a_write_failing_in_the_one_token_tick_fails_as_in_the_general_tick(
+        dialect: Any) -> None:
+    """A transport that raises in the middle of a run: the short tick ends the stream as
+    the general one does (the token again, then the terminal error frame; reason
+    ``error``; the tokens written before counted)."""
+    fast = await _through_wire(True, dialect, "http", fail_at=12)
+    slow = await _through_wire(False, dialect, "http", fail_at=12)
+    assert fast[:4] == slow[:4]
+    assert fast[1] == "error" and len(fast[0]) == 12 + 1

@@ -11,7 +11,9 @@ pump renders each token from the dialect's token template (``Dialect.template``,
 encoder's frame and the wire's chunk or WebSocket frame, compiled once per run) as the parts
 around the token's JSON, joined once per write, with no ``next()`` of the plan, no tuple and
 no concatenation per token (a numbered token adds its number, taken from the stream's
-count), under the same coalescing rule.
+count), under the same coalescing rule. The common tick, on time, writes one token of a run
+with equal gaps into a connection's wire and nothing else: it has a short path of its own
+(:meth:`Pump._tick`).
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
@@ -97,11 +99,11 @@ class Pump(Timer):
     ``error_frame(err, sequence_number)`` renders the terminal error frame written when the
     pump fails (None: write nothing, e.g. no client)."""
 
-    __slots__ = ("_done", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
+    __slots__ = ("_done", "_fast", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
-                 "_run_pieces", "_run_stamps", "_run_extra", "_run_head", "_run_tail",
-                 "_leads", "_times", "_fold_every", "_pending", "clock", "encode",
-                 "on_done", "observer", "error_frame", "_paused_at", "_per_write",
+                 "_run_pieces", "_run_stamps", "_run_nstamps", "_run_extra", "_run_head",
+                 "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "_pending", "clock",
+                 "encode", "on_done", "observer", "error_frame", "_paused_at", "_per_write",
                  "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
                  "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
 
@@ -120,6 +122,7 @@ class Pump(Timer):
         self.cancelled = True
         self._done = False
         self._in_run = False  # a TokenRun is being written (its state in the _run_ fields)
+        self._fast = False  # in a run the tick's one-token path can write (see _start_run)
         self._wired = False  # the sink takes wire bytes (write_wire), else write_events
         self.sink = sink
         # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
@@ -140,9 +143,11 @@ class Pump(Timer):
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
         self._run_pieces: list[str] = _NO_PIECES
         self._run_stamps: list[bytes] | None = None
+        self._run_nstamps = 0  # len(_run_stamps), read per token instead of a len() call
         self._run_extra = 0
         self._run_head = self._run_tail = b""
         self._leads = _NO_LEADS
+        self._nleads = 0  # len(_leads) (a field read per event, not a len() call)
         # the per-write observer protocol (StreamTrack.observe): the write's time appended
         # to ``times`` once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
@@ -181,6 +186,7 @@ class Pump(Timer):
         if wire_frame is not None:
             framing: Framing = wire_frame(b"", b"")
             self._leads, self._lead, _, _, self._tail = framing
+            self._nleads = len(self._leads)
             self._wired = True
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
@@ -227,7 +233,7 @@ class Pump(Timer):
         if self._done:
             return
         self._done = True
-        self._in_run = False
+        self._in_run = self._fast = False
         self._run_gaps = None
         self._run_pieces = _NO_PIECES
         # armed: the clock drops the entry when its slot comes, or compacts (a no-op if not)
@@ -292,6 +298,11 @@ class Pump(Timer):
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
         self._in_run = self._run_n > 0
+        # the tick's one-token path (see _tick): equal gaps, wire parts into a Wire, the
+        # per-write observer's times or no per-write observer
+        self._fast = (self._in_run and self._run_gap >= 0.0 and self._wired
+                      and self._nw is not None
+                      and (self._times is not None or self._per_write is None))
         key = run.key
         if key is self._run_key:  # (the template the run before used)
             return
@@ -303,6 +314,7 @@ class Pump(Timer):
             if got is not None and got[0] is key:
                 (_, self._run_head, self._run_tail, self._run_extra, self._run_stamps,
                  self._run_post) = got
+                self._run_nstamps = len(self._run_stamps or ())
                 self._run_key = key
                 return
         head, post, tail = self.stream.dialect.template(
@@ -312,6 +324,7 @@ class Pump(Timer):
             self._run_stamps = stamped_suffixes(post)
         else:
             self._run_stamps = None
+        self._run_nstamps = len(self._run_stamps or ())
         if self._wired:  # (else a sink that frames each event itself: head + x + tail)
             framing: Framing = self.sink.wire_frame(head, tail)  # type: ignore[attr-defined]
             _, _, self._run_extra, head, tail = framing
@@ -357,6 +370,45 @@ class Pump(Timer):
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
             nw = self._nw
+            if self._fast and not nw.paused:  # type: ignore[union-attr]  # (_fast: a Wire)
+                # The common tick, on time: one token of a run due and the next one not.
+                # What the loop below does for it, without its bookkeeping for several
+                # events, plan events and other sinks (same bytes, same state, same arming).
+                now = self._now()
+                limit = now + self._same
+                deadline = self._run_at
+                i = self._run_i + 1
+                nxt = deadline + self._run_gap
+                if deadline <= limit < nxt and i < self._run_n:
+                    x = TOKEN_JSON[self._run_pieces[i - 1]]
+                    stamps = self._run_stamps
+                    if stamps is None:
+                        n = len(x) + self._run_extra
+                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
+                                  self._run_head, x, self._run_tail]
+                    else:  # numbered: the stream's next number
+                        st = self.stream
+                        seq = st.seq
+                        st.seq = seq + 1
+                        y = (stamps[seq] if seq < self._run_nstamps
+                             else self._run_post + (_STAMP % seq))
+                        n = len(x) + len(y) + self._run_extra
+                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
+                                  self._run_head, x, y, self._run_tail]
+                    tokens = 1
+                    self._run_i = i
+                    self._run_at = nxt
+                    nw.write_wire(frames)  # type: ignore[union-attr]
+                    frames = []
+                    times = self._times
+                    tokens = 0
+                    if times is not None:
+                        times.append(now)
+                        if len(times) >= self._fold_every:
+                            self._fold()  # type: ignore[misc]  # (set with times)
+                    if not self._done and self.cancelled:
+                        self.clock.recall(self, nxt)
+                    return
             if nw.paused if nw is not None else self.sink.paused:
                 if self._paused_at is None:
                     self._paused_at = self._now()
@@ -364,7 +416,6 @@ class Pump(Timer):
             now = self._now()
             same = self._same
             limit = now + same
-            behind = now - self._catch_up  # an event due before this is late: catch up
             last = None  # deadline of the last event encoded in this pass
             left = MAX_BATCH
             while True:  # one write per turn
@@ -384,8 +435,9 @@ class Pump(Timer):
                         deadline = self._run_at
                     # the coalescing rule (Clock.catch_up): a later event joins this write
                     # only when it is due at the same instant as the last one or already late
+                    # (late: due before now - catch_up; read only for a second event)
                     if deadline > limit or (last is not None and deadline - last > same
-                                            and deadline >= behind):
+                                            and deadline >= now - self._catch_up):
                         break
                     if in_run:
                         # the token's parts, joined with the rest of the write (no bytes
@@ -397,20 +449,20 @@ class Pump(Timer):
                             st = self.stream
                             seq = st.seq
                             st.seq = seq + 1
-                            y = (stamps[seq] if seq < len(stamps)
+                            y = (stamps[seq] if seq < self._run_nstamps
                                  else self._run_post + (_STAMP % seq))
                             if self._wired:
                                 n = len(x) + len(y) + self._run_extra
-                                leads = self._leads
-                                frames += (leads[n] if n < len(leads) else self._lead(n),
+                                frames += (self._leads[n] if n < self._nleads
+                                           else self._lead(n),
                                            self._run_head, x, y, self._run_tail)
                             else:
                                 frames.append(b"".join((self._run_head, x, y,
                                                         self._run_tail)))
                         elif self._wired:
                             n = len(x) + self._run_extra
-                            leads = self._leads
-                            frames += (leads[n] if n < len(leads) else self._lead(n),
+                            frames += (self._leads[n] if n < self._nleads
+                                       else self._lead(n),
                                        self._run_head, x, self._run_tail)
                         else:
                             frames.append(self._run_head + x + self._run_tail)
@@ -425,7 +477,7 @@ class Pump(Timer):
                                 deadline = nxt  # a run's next token is not due yet)
                                 break
                         else:  # the run is over: the plan's next offset counts from here
-                            self._in_run = False
+                            self._in_run = self._fast = False
                             self._run_gaps = None
                             self.stream.deadline = deadline
                     elif type(data) is TokenRun:  # taken whole: its first token is this one
@@ -440,7 +492,7 @@ class Pump(Timer):
                         x = self.encode(etype, data)
                         if self._wired:
                             n = len(x)
-                            frames += (self._leads[n] if n < len(self._leads)
+                            frames += (self._leads[n] if n < self._nleads
                                        else self._lead(n), x, self._tail)
                         else:
                             frames.append(x)
