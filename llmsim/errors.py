@@ -641,6 +641,12 @@ class E:
     steering_not_supported = Entry(400, "steering_not_supported", "Steering is not supported by "
                                    "this simulator: send the input in a new response.create "
                                    "with previous_response_id.", names_param=False)
+    steer_response_not_found = Entry(400, "response_not_found", "No response with id "
+                                     "'{id}' is running on this connection.",
+                                     names_param=False, clip=("id",))
+    steer_response_completed = Entry(400, "response_already_completed", "Response '{id}' "
+                                     "has completed and no longer accepts steering input.",
+                                     names_param=False, clip=("id",))
     invalid_stream_id = Entry(400, "invalid_stream_id", "Invalid '{param}': expected 1 to 256 "
                               "ASCII letters, digits, underscores, hyphens or periods.")
     server_shutting_down = Entry(503, "server_shutting_down", "The server is shutting down; "

@@ -682,6 +682,7 @@ def test_steer_answer_is_numbered_by_the_steered_stream(make_server: Any) -> Non
             seen.append(c.recv_json())
         steer = [e for e in seen if e["type"] == "response.steer.failed"]
         assert len(steer) == 1 and steer[0]["steer"]["previous_response_id"] == rid
+        assert steer[0]["error"]["code"] == "steering_not_supported"  # (running here)
         assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
         c.send_json({"type": "response.steer", "previous_response_id": "resp_gone",
                      "input": "x"})

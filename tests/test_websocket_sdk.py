@@ -168,8 +168,13 @@ def test_nested_create_form_and_steer(wclient: Any) -> None:
         conn.response.steer(input="and shorter", previous_response_id=rid)
         ev = validated(conn.recv_bytes())
         assert ev["type"] == "response.steer.failed"
-        assert ev["error"]["code"] == "steering_not_supported"
+        assert ev["error"]["code"] == "response_already_completed"  # (it has ended)
         assert ev["steer"] == {"input": "and shorter", "previous_response_id": rid}
+        conn.response.steer(input="x", previous_response_id="resp_nowhere")
+        ev = validated(conn.recv_bytes())
+        assert ev["type"] == "response.steer.failed"
+        assert ev["error"]["code"] == "response_not_found" and "resp_nowhere" in \
+            ev["error"]["message"]
 
 
 def test_default_lane_is_fifo(wclient: Any) -> None:

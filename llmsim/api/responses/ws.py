@@ -49,6 +49,7 @@ from ...streaming.flow import Pump
 from ...streaming.start import start_handler
 from ...streaming.stream import EventStream
 from .render import RESPONSES
+from .state import state
 from .ws_cache import ConnectionCache
 from .ws_events import STREAM_ID_RE, Create, EventError, Steer, parse_client_event
 from .ws_lanes import LaneLimitError, LaneScheduler
@@ -198,16 +199,25 @@ class ResponsesWS(WSMode):
         return None
 
     def _on_steer(self, ev: Steer) -> None:
-        """Steering is not simulated: answer with the SDK's ``response.steer.failed``."""
+        """Steering is not simulated: answer with the SDK's ``response.steer.failed``, its
+        code as the real API's for the target: ``steering_not_supported`` while it runs
+        here, ``response_already_completed`` once it has ended (this connection's cache or
+        the store), else ``response_not_found``."""
         # the answer belongs to the steered response's stream when it is running here (the
         # stream numbers it); else to the connection's own stream
-        running = self._running_stream(ev.previous_id)
+        rid = ev.previous_id
+        running = self._running_stream(rid)
+        if running is not None:
+            err = E.steering_not_supported.at()
+        elif self.cache.get(rid) is not None or state(self.app).store.get(rid) is not None:
+            err = E.steer_response_completed.at(id=rid)
+        else:
+            err = E.steer_response_not_found.at(id=rid)
         self.conn.send_event({
             "type": "response.steer.failed",
             "sequence_number": running.claim() if running is not None else self.own.claim(),
-            "error": {k: v for k, v in E.steering_not_supported.at().to_dict().items()
-                      if k != "param"},
-            "steer": {"input": ev.input, "previous_response_id": ev.previous_id}})
+            "error": {k: v for k, v in err.to_dict().items() if k != "param"},
+            "steer": {"input": ev.input, "previous_response_id": rid}})
 
     def _on_create(self, ev: Create) -> None:
         sid = ev.stream_id
