@@ -9,6 +9,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from llmsim.streaming.clock import FakeClock, RealClock
 
 
@@ -118,3 +120,40 @@ async def test_real_clock_runs_a_slot_armed_at_its_start() -> None:
     assert len(fired) == 3
     assert passes == [0]  # one pass ran them all
     assert all(at >= when - clock.coalesce for when, at in fired)
+
+
+def test_real_clock_on_uvloop_waits_for_the_millisecond_tick() -> None:
+    """uvloop's time is whole milliseconds and a timer's delay is rounded to the nearest one:
+    a slot starting under 0.5 ms ahead must not be armed as "at once" (each pass would find
+    the loop's time unchanged and nothing due, and the loop would spin until the next tick).
+    Timers at sub-millisecond offsets fire with about one pass per millisecond tick."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> tuple[int, int, list[tuple[float, float]]]:
+        loop = asyncio.get_running_loop()
+        clock = RealClock(loop)
+        fires = 0
+        fire = clock._fire
+
+        def counted() -> None:
+            nonlocal fires
+            fires += 1
+            fire()
+
+        clock._fire = counted  # type: ignore[method-assign]
+        base = loop.time() + 0.003
+        late: list[tuple[float, float]] = []
+        n = 40
+        for i in range(n):  # one every 0.25 ms, for 10 ms
+            when = base + i * 0.00025
+            clock.call_at(when, lambda when=when: late.append((when, clock.now())))  # type: ignore[misc]
+        while len(late) < n:
+            await asyncio.sleep(0.005)
+        return fires, n, late
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        fires, n, late = runner.run(main())
+    assert len(late) == n
+    assert all(at >= when - RealClock.coalesce - 1e-9 for when, at in late)  # never early
+    # about one pass per tick of the 10 ms span; spinning made it hundreds
+    assert fires <= 2 * 12, fires

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import time
 from collections.abc import Callable
 from heapq import heappush as _heappush
@@ -269,6 +270,7 @@ class RealClock(Clock):
         self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
         self._time_fn: Callable[[], float] | None = None
+        self._coarse: bool | None = None  # the loop's time is whole milliseconds (uvloop)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -306,12 +308,27 @@ class RealClock(Clock):
         self._armed_at = when
         loop = self.loop
         at = self._loop_at(when)
+        now = loop.time()
         # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
         # timer. uvloop (libuv) runs a timer re-armed for "now" again in the same timer
         # phase, so a clock that stays behind would never let the loop read a socket: new
         # requests waited seconds for their first token while tokens kept flowing.
-        self._handle = (loop.call_soon(self._fire) if at <= loop.time()
-                        else loop.call_at(at, self._fire))
+        if at <= now:
+            self._handle = loop.call_soon(self._fire)
+            return
+        coarse = self._coarse
+        if coarse is None:
+            coarse = self._coarse = type(loop).__module__.partition(".")[0] == "uvloop"
+        if coarse:
+            # uvloop's time is whole milliseconds and it rounds a timer's delay to the
+            # nearest one: a slot starting within 0.5 ms would fire at once, find the loop's
+            # time unchanged and nothing due, and re-arm, spinning the loop until its next
+            # millisecond. Armed for the first tick at which the pass sees the slot begun.
+            if self._slot(self.now() + 1e-9) >= k:  # (the pass's own rule: begun)
+                self._handle = loop.call_soon(self._fire)
+                return
+            at = now + max(1, math.ceil((at - now) * 1000.0 - 1e-6)) / 1000.0
+        self._handle = loop.call_at(at, self._fire)
 
     def _loop_at(self, when: float) -> float:
         """The loop's time at which this clock reads ``when``."""
