@@ -4,7 +4,8 @@ Three measurements, each the median of ``--repeat`` runs:
 
 - ``fold``: :class:`~llmsim.state.stats.StreamTrack`'s per-write protocol alone (the pump's
   ``times.append`` plus a ``fold()`` per ``fold_every``), for token-write times paced at
-  ``--gap`` seconds on a loop clock of whole milliseconds (uvloop's), in µs per token.
+  ``--gap`` seconds on a loop clock of whole milliseconds (uvloop's; ``--exact``: a clock
+  of nanoseconds, every gap its own value), in µs per token.
 - ``pass``: the clock's passes without an event loop: ``--timers`` timers that re-arm
   themselves (as a pump does, through ``recall``) at ``--gap`` seconds with a per-timer
   phase, run slot by slot; µs per firing (the pass, the pop, the re-arm).
@@ -28,7 +29,7 @@ from llmsim.state.stats import Stats  # noqa: E402
 from llmsim.streaming.clock import Clock, RealClock, Timer  # noqa: E402
 
 
-def bench_fold(tokens: int, gap: float) -> float:
+def bench_fold(tokens: int, gap: float, exact: bool = False) -> float:
     """µs per token of appending write times and folding them."""
     stats = Stats()
     n_streams = 100
@@ -40,8 +41,12 @@ def bench_fold(tokens: int, gap: float) -> float:
         t = 1000.0 + 0.05 + s * 0.0003
         ts = []
         for i in range(per):
-            t += gap + ((i * 7 + s) % 3 - 1) * 0.001
-            ts.append(round(t, 3))
+            if exact:  # asyncio's clock: a few µs of jitter, every gap its own value
+                t += gap + ((i * 7919 + s) % 97) * 1e-7
+                ts.append(t)
+            else:
+                t += gap + ((i * 7 + s) % 3 - 1) * 0.001
+                ts.append(round(t, 3))
         series.append(ts)
     t0 = time.process_time()
     for tr, ts in zip(tracks, series, strict=True):
@@ -141,10 +146,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
     ap.add_argument("--only", default="fold,pass,loop")
+    ap.add_argument("--exact", action="store_true",
+                    help="fold: write times on a nanosecond clock (asyncio's), not whole ms")
     a = ap.parse_args()
     only = set(a.only.split(","))
     if "fold" in only:
-        r = [bench_fold(a.tokens, a.gap) for _ in range(a.repeat)]
+        r = [bench_fold(a.tokens, a.gap, a.exact) for _ in range(a.repeat)]
         print(f"fold  µs/token        median {statistics.median(r):.3f}  "
               f"({' '.join(f'{x:.3f}' for x in r)})")
     if "pass" in only:

@@ -235,6 +235,34 @@ def test_folded_token_times_give_the_per_write_histograms() -> None:
     assert st.raw()["counters"]["tokens_delivered"] == count
 
 
+def test_fold_on_a_millisecond_clock_and_on_bucket_bounds() -> None:
+    """The fold counts gaps per bucket, not per gap: on uvloop's clock of whole milliseconds
+    (a few distinct gaps), with gaps that are exactly a bucket's bound (the bound is in its
+    bucket) and beyond the last bound, the buckets are those of a search per write."""
+    import random
+
+    from llmsim.state.stats import BOUNDS, Stats
+
+    rng = random.Random(5)
+    now, writes = 0.0, []
+    for i in range(2000):
+        if i % 3:
+            now = round(now + rng.choice([0.009, 0.01, 0.011, 0.0, 0.05]), 3)
+        else:
+            now += rng.choice([BOUNDS[rng.randrange(len(BOUNDS))], 0.0, 1500.0])
+        writes.append((now, rng.choice([1, 1, 3])))
+    st = Stats()
+    t = st.track("m", -0.25, "sse", lambda e, d: True)
+    assert t.observe is not None
+    for w, n in writes:
+        t.observe.per_write(n, w)  # type: ignore[attr-defined]
+    st.raw()
+    ttft, itl, count = _reference_hists(-0.25, writes)
+    h = st._hist("m")
+    assert h[0][:-1] == ttft[:-1] and h[1][:-1] == itl[:-1]
+    assert itl[-2] > 0 and abs(h[1][-1] - itl[-1]) < 1e-6 and t.tokens == count
+
+
 @pytest.mark.asyncio
 async def test_pump_appends_token_write_times_and_folds_when_full(monkeypatch) -> None:
     from llmsim.state import stats

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from itertools import chain
+from operator import sub as _sub
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -134,7 +136,7 @@ class _Observer:
     uses instead (see StreamTrack). A small object rather than closures: a stream creates one,
     and its fold runs once per ``fold_every`` tokens."""
 
-    __slots__ = ("is_token", "track", "ttft_h", "itl_h", "times", "last", "idx", "lo", "hi")
+    __slots__ = ("is_token", "track", "ttft_h", "itl_h", "times", "last")
     fold_every = FOLD_EVERY
 
     def __init__(self, track: StreamTrack, is_token: Callable[[str, Any], bool],
@@ -145,8 +147,6 @@ class _Observer:
         self.itl_h = itl_h
         self.times: list[float] = []
         self.last = -1.0
-        # the last gap's bucket, (lo, hi]: paced gaps mostly fall in the same one (no search)
-        self.idx, self.lo, self.hi = 0, -_INF, BOUNDS[0]
 
     def fold(self) -> None:
         """Turn the held token-write times into the histograms and counts."""
@@ -154,36 +154,33 @@ class _Observer:
         n = len(times)
         if not n:
             return
+        track = self.track
+        start = self.last
+        if start < 0.0:  # the first token: its time is the TTFT
+            start = times[0]
+            track.first = start
+            v = start - track.t0
+            self.ttft_h[bisect_left(BOUNDS, v)] += 1
+            self.ttft_h[-1] += v
+            gaps = map(_sub, times[1:], times)
+        else:
+            gaps = map(_sub, times, chain((start,), times))
+        # the gaps sorted (in C), then one step per bucket they fall in: the bucket of the
+        # smallest gap not yet counted, and how many gaps it holds (paced gaps: a few steps)
+        g = sorted(gaps)
+        m = len(g)
         bounds = BOUNDS
         nb = len(bounds)
-        search = bisect_left
-        track = self.track
-        last = self.last
-        it = iter(times)
-        if last < 0.0:  # the first token: its time is the TTFT
-            last = next(it)
-            track.first = last
-            v = last - track.t0
-            self.ttft_h[search(bounds, v)] += 1
-            self.ttft_h[-1] += v
         itl_h = self.itl_h
-        idx, lo, hi = self.idx, self.lo, self.hi
-        start = last
-        run = 0  # gaps in a row in bucket idx, not yet counted
-        for t in it:
-            v = t - last
-            last = t
-            if lo < v <= hi:
-                run += 1
-            else:
-                itl_h[idx] += run
-                run = 1
-                idx = search(bounds, v)
-                lo = bounds[idx - 1] if idx else -_INF
-                hi = bounds[idx] if idx < nb else _INF
-        itl_h[idx] += run
+        i = 0
+        while i < m:
+            idx = bisect_left(bounds, g[i])
+            j = bisect_right(g, bounds[idx], i + 1) if idx < nb else m
+            itl_h[idx] += j - i
+            i = j
+        last = times[-1]
         itl_h[-1] += last - start  # (the gaps' sum: they add up to the span)
-        self.last, self.idx, self.lo, self.hi = last, idx, lo, hi
+        self.last = last
         track.tokens += n
         times.clear()
 
