@@ -324,10 +324,13 @@ class RealClock(Clock):
             # nearest one: a slot starting within 0.5 ms would fire at once, find the loop's
             # time unchanged and nothing due, and re-arm, spinning the loop until its next
             # millisecond. Armed for the first tick at which the pass sees the slot begun.
-            if self._slot(self.now() + 1e-9) >= k:  # (the pass's own rule: begun)
-                self._handle = loop.call_soon(self._fire)
-                return
-            at = now + max(1, math.ceil((at - now) * 1000.0 - 1e-6)) / 1000.0
+            ms = math.ceil((at - now) * 1000.0 - 1e-6)
+            if ms < 1:  # within a nanosecond: begun, by the pass's own rule?
+                if self._slot(self.now() + 1e-9) >= k:
+                    self._handle = loop.call_soon(self._fire)
+                    return
+                ms = 1
+            at = now + ms / 1000.0
         self._handle = loop.call_at(at, self._fire)
 
     def _loop_at(self, when: float) -> float:
