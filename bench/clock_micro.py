@@ -9,6 +9,9 @@ Three measurements, each the median of ``--repeat`` runs:
 - ``pass``: the clock's passes without an event loop: ``--timers`` timers that re-arm
   themselves (as a pump does, through ``recall``) at ``--gap`` seconds with a per-timer
   phase, run slot by slot; µs per firing (the pass, the pop, the re-arm).
+- ``wake``: one wake-up of a :class:`RealClock` (its ``_fire``: the pass and the re-arm) with
+  one timer due, on a stand-in loop of whole milliseconds whose ``call_at`` costs nothing:
+  the clock's own µs per wake-up.
 - ``loop``: the same timers on a :class:`RealClock` in a real event loop (``--loop uvloop``
   or ``asyncio``) for ``--seconds``; process CPU per firing and firings per second (the
   loop's own polling included).
@@ -110,6 +113,41 @@ def bench_pass(timers: int, gap: float, firings: int) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
+class _StubLoop:
+    """A loop of whole milliseconds (uvloop's) as the clock sees it; arming costs nothing."""
+
+    __module__ = "uvloop.stub"  # (the clock arms ticks on a loop of whole milliseconds)
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def time(self) -> float:
+        return self.t
+
+    def call_at(self, when: float, cb: object) -> _StubLoop:
+        return self
+
+    def call_soon(self, cb: object) -> _StubLoop:
+        return self
+
+    def cancel(self) -> None:
+        pass
+
+
+def bench_wake(n: int) -> float:
+    """µs per wake-up of the real clock with one timer due (the loop's own cost excluded)."""
+    loop = _StubLoop()
+    clock = RealClock(loop)  # type: ignore[arg-type]
+    t = _Ticker(clock, 0.001)
+    clock.recall(t, 1000.001)
+    fire = clock._fire
+    t0 = time.perf_counter()
+    for _ in range(n):
+        loop.t = t.deadline
+        fire()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def bench_loop(timers: int, gap: float, seconds: float, loop_name: str) -> tuple[float, float]:
     """(µs of process CPU per firing, firings per second) on a real loop."""
     async def main() -> tuple[float, int]:
@@ -145,7 +183,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200_000)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
-    ap.add_argument("--only", default="fold,pass,loop")
+    ap.add_argument("--only", default="fold,pass,wake,loop")
     ap.add_argument("--exact", action="store_true",
                     help="fold: write times on a nanosecond clock (asyncio's), not whole ms")
     a = ap.parse_args()
@@ -157,6 +195,10 @@ def main() -> None:
     if "pass" in only:
         r = [bench_pass(a.timers, a.gap, a.tokens) for _ in range(a.repeat)]
         print(f"pass  µs/firing       median {statistics.median(r):.3f}  "
+              f"({' '.join(f'{x:.3f}' for x in r)})")
+    if "wake" in only:
+        r = [bench_wake(a.tokens) for _ in range(a.repeat)]
+        print(f"wake  µs/wake-up      median {statistics.median(r):.3f}  "
               f"({' '.join(f'{x:.3f}' for x in r)})")
     if "loop" in only:
         rs = [bench_loop(a.timers, a.gap, a.seconds, a.loop) for _ in range(a.repeat)]

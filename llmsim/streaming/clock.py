@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from heapq import heappush as _heappush
+from time import monotonic as _monotonic
 from typing import Any
 
 __all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP"]
@@ -178,9 +179,14 @@ class Clock:
         # (+1 ns: a deadline on the loop's own tick, e.g. uvloop's whole milliseconds, may
         # come out a float rounding after that tick; without it the pass finds its slot not
         # yet begun and the loop spins on zero-delay timers until the next tick)
-        last = self._slot(now + 1e-9)
+        try:
+            last = int((now + 1e-9) * self._per_slot)  # (_slot, inlined: once per pass)
+        except OverflowError:
+            last = self._slot(now + 1e-9)
+        if not keys or keys[0] > last:
+            return
         pop = heapq.heappop
-        monotonic = time.monotonic
+        monotonic = _monotonic
         n = 0  # timers run since the time was last checked
         self._running = True
         try:
@@ -279,7 +285,8 @@ class RealClock(Clock):
         return self._loop
 
     def now(self) -> float:
-        return self.loop.time()
+        loop = self._loop  # (not the property: once per wake-up)
+        return (loop if loop is not None else self.loop).time()
 
     def now_fn(self) -> Callable[[], float]:
         fn = self._time_fn
@@ -296,17 +303,25 @@ class RealClock(Clock):
     def _arm(self) -> None:
         # armed for the start of the earliest live slot: its timers all run in that pass
         # (at most ``coalesce`` early, the rule), so no scan of the slot for its earliest
-        k = self.next_slot()
-        if k is None:
+        keys = self._keys
+        if not keys:
             return
+        k = keys[0]
+        if self._slots[k][0].cancelled:  # (else live: next_slot's answer, without its call)
+            k = self.next_slot()  # type: ignore[assignment]
+            if k is None:
+                return
         when = k * self.coalesce if -_FAR < k < _FAR else self.next_deadline()
         assert when is not None
-        if when >= self._armed_at and self._handle is not None:
-            return
-        if self._handle is not None:
-            self._handle.cancel()
+        handle = self._handle
+        if handle is not None:
+            if when >= self._armed_at:
+                return
+            handle.cancel()
         self._armed_at = when
-        loop = self.loop
+        loop = self._loop
+        if loop is None:
+            loop = self.loop
         at = self._loop_at(when)
         now = loop.time()
         # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
@@ -339,8 +354,8 @@ class RealClock(Clock):
 
     def _fire(self) -> None:
         self._handle = None
-        self._armed_at = float("inf")
-        self._run_due(self.now(), time.monotonic() + self.pass_budget)
+        self._armed_at = _INF
+        self._run_due(self.now(), _monotonic() + self.pass_budget)
         self._arm()
 
 
