@@ -222,8 +222,15 @@ def echo_fields(rr: RespRequest) -> dict[str, Any]:
 
 def output_text(output: list[dict[str, Any]]) -> str:
     """The SDK's ``output_text``: every output_text part of every message, joined."""
-    return "".join(p.get("text", "") for it in output if it.get("type") == "message"
-                   for p in it.get("content", ()) if p.get("type") == "output_text")
+    if not output:  # (every lifecycle event before the terminal one)
+        return ""
+    texts = []
+    for it in output:
+        if it.get("type") == "message":
+            for p in it.get("content", ()):
+                if p.get("type") == "output_text":
+                    texts.append(p.get("text", ""))
+    return "".join(texts)
 
 
 def snapshot(echo: dict[str, Any], out: RespOut, status: str,
@@ -254,12 +261,13 @@ def final_snapshot(echo: dict[str, Any], out: RespOut) -> dict[str, Any]:
 
 
 def item_json(item: ReasoningOut | MessageOut | CallOut | HostedOut,
-              done: bool = True) -> dict[str, Any]:
-    """An output item as in ``response.output`` (``done``) or ``output_item.added``."""
+              done: bool = True, text: str | None = None) -> dict[str, Any]:
+    """An output item as in ``response.output`` (``done``) or ``output_item.added``
+    (``text``: a message's text, when the caller has joined it already)."""
     if type(item) is HostedOut:
         return item.done if done else item.added
     if type(item) is MessageOut:
-        content = ([{"type": "output_text", "text": item.text,
+        content = ([{"type": "output_text", "text": item.text if text is None else text,
                      "annotations": item.annotations or [],
                      "logprobs": item.logprobs or []}] if done else [])
         return {"id": item.id, "type": "message", "status": item.status if done
@@ -321,9 +329,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     ``response.created`` is immediate; the first visible output waits ``out.first_delay``
     (TTFT + reasoning time); every later token waits one gap.
     """
-    yield 0.0, "response.created", {
-        "type": "response.created",
-        "response": snapshot(echo, out, "queued" if background else "in_progress")}
+    first = snapshot(echo, out, "queued" if background else "in_progress")
+    yield 0.0, "response.created", {"type": "response.created", "response": first}
     if background:
         yield 0.0, "response.queued", {"type": "response.queued",
                                        "response": snapshot(echo, out, "queued")}
@@ -331,8 +338,11 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
         yield 0.0, "response.completed", {"type": "response.completed",
                                           "response": final_snapshot(echo, out)}
         return
-    yield 0.0, "response.in_progress", {"type": "response.in_progress",
-                                        "response": snapshot(echo, out, "in_progress")}
+    # (in_progress shows the Response object created showed, unless that one was queued:
+    # the same dict, read-only once yielded, serialised once per event)
+    yield 0.0, "response.in_progress", {
+        "type": "response.in_progress",
+        "response": snapshot(echo, out, "in_progress") if background else first}
     pending = out.first_delay
     gaps = out.iter_gaps()
     if type(gaps) is ConstantGaps:  # equal gaps: a token run takes them at once (flow.Pump)
@@ -359,6 +369,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
         return d
 
     done_items: list[dict[str, Any]] = []
+    text: str | None  # a message's text, joined once for its events and its item
     for idx, item in enumerate(out.items):
         rid = item.id
         if type(item) is ReasoningOut:
@@ -440,6 +451,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                                              "logprobs": lps or []}}
         else:
             assert type(item) is CallOut
+            text = None
             fn = item.kind == "function_call"
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
@@ -455,7 +467,7 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 yield 0.0, "response.custom_tool_call_input.done", {
                     "type": "response.custom_tool_call_input.done", "item_id": rid,
                     "output_index": idx, "input": item.arguments}
-        done = item_json(item)
+        done = item_json(item, text=text)
         yield 0.0, "response.output_item.done", {
             "type": "response.output_item.done", "output_index": idx, "item": done}
         done_items.append(done)
