@@ -14,44 +14,21 @@ error over 10% and the worst TTFT ratio error over 25% (<= 1: both within).
 
 from __future__ import annotations
 
-import heapq
 import os
-import statistics
 import sys
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llmsim.sim.engine import PROFILES, Engine, EngineProfile, Seq  # noqa: E402
+from llmsim.sim.engine import PROFILES, EngineProfile, closed_loop, medians  # noqa: E402
 
 H100 = PROFILES["llama-3.1-8b-h100"]
 TPOT = {4: 1.02, 16: 1.69, 64: 7.2}
 TTFT = {4: 1.64, 16: 3.0, 64: 6.2}
 
 
-def burst(prof: EngineProfile, conc: int, rounds: int = 4, prompt: int = 1024,
-          out: int = 128) -> tuple[float, float]:
+def burst(prof: EngineProfile, conc: int) -> tuple[float, float]:
     """Median TPOT and TTFT (ms) of a closed loop of ``conc`` clients that start at once."""
-    eng = Engine(prof)
-    done: list[Seq] = []
-    events = [(0.0, i) for i in range(conc)]
-    left = dict.fromkeys(range(conc), rounds)
-
-    def finished(s: Seq, i: int) -> None:
-        done.append(s)
-        left[i] -= 1
-        if left[i] > 0:
-            heapq.heappush(events, (s.finished_at, i))
-
-    while events or eng.step_end >= 0.0:
-        if events and (eng.step_end < 0.0 or events[0][0] <= eng.step_end):
-            t, i = heapq.heappop(events)
-            eng.advance(t)
-            eng.add(prompt, 0, out, t, on_done=lambda s, i=i: finished(s, i))  # type: ignore[misc]
-        else:
-            eng.advance(eng.step_end)
-    seqs = sorted(done, key=lambda s: s.arrival)[conc:]
-    tpot = statistics.median((s.finished_at - s.first_at) / (s.produced - 1) for s in seqs)
-    ttft = statistics.median(s.first_at - s.arrival for s in seqs)
+    tpot, ttft = medians(closed_loop(prof, conc))
     return tpot * 1e3, ttft * 1e3
 
 

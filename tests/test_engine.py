@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import heapq
 import random
 import statistics
 from dataclasses import replace
 
 import pytest
 
-from llmsim.sim.engine import PROFILES, Engine, EngineProfile, Seq, profile
+from llmsim.sim.engine import PROFILES, Engine, EngineProfile, medians, profile
+from llmsim.sim.engine import closed_loop as sim_closed_loop
 
 H100 = PROFILES["llama-3.1-8b-h100"]
 
@@ -198,36 +198,11 @@ def test_unknown_profile_names_the_choices() -> None:
 
 def closed_loop(prof: EngineProfile, conc: int, rounds: int = 4, prompt: int = 1024,
                 out: int = 128, seed: int = 1, think: float = 0.002) -> tuple[float, float]:
-    """``conc`` clients in a closed loop (as ``vllm bench serve --max-concurrency``): client
-    ``i`` starts at a seeded point of a first request's lifetime and takes up to ``think``
-    seconds between requests. Returns the median TPOT and TTFT past the first round."""
-    rng = random.Random(seed)
-    eng = Engine(prof)
-    done: list[Seq] = []
-    events: list[tuple[float, int]] = []
-    life = out * prof.step_time(conc, conc) + prof.step_time(prompt, 1)
-    for i in range(conc):
-        heapq.heappush(events, (rng.uniform(0, life), i))
-    left = dict.fromkeys(range(conc), rounds)
-
-    def finished(s: Seq, i: int) -> None:
-        done.append(s)
-        left[i] -= 1
-        if left[i] > 0:
-            heapq.heappush(events, (s.finished_at + rng.uniform(0, think), i))
-
-    while events or eng.step_end >= 0.0:
-        if events and (eng.step_end < 0.0 or events[0][0] <= eng.step_end):
-            t, i = heapq.heappop(events)
-            eng.advance(t)
-            eng.add(prompt, 0, out, t, on_done=lambda s, i=i: finished(s, i))  # type: ignore[misc]
-        else:
-            eng.advance(eng.step_end)
-    seqs = sorted(done, key=lambda s: s.arrival)[conc:]
+    """``conc`` staggered clients (seeded) taking up to ``think`` seconds between requests
+    (sim.engine.closed_loop): the median TPOT and TTFT past the first round."""
+    seqs = sim_closed_loop(prof, conc, rounds, prompt, out, random.Random(seed), think)
     assert all(s.produced == out for s in seqs)
-    tpot = statistics.median((s.finished_at - s.first_at) / (s.produced - 1) for s in seqs)
-    ttft = statistics.median(s.first_at - s.arrival for s in seqs)
-    return tpot, ttft
+    return medians(seqs)
 
 
 def test_h100_profile_matches_the_published_sweep() -> None:

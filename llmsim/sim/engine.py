@@ -34,7 +34,10 @@ computed, with no output token.
 
 from __future__ import annotations
 
+import heapq
 import json
+import random
+import statistics
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
@@ -44,7 +47,8 @@ from typing import Any
 
 from .. import config
 
-__all__ = ["EngineProfile", "Engine", "Seq", "PROFILES", "profile", "HIST_BUCKETS",
+__all__ = ["EngineProfile", "Engine", "Seq", "PROFILES", "profile", "HIST_BUCKETS", "closed_loop",
+           "medians",
            "MAX_OUTPUT"]
 
 MAX_OUTPUT = 1 << 20  # tokens one sequence may be asked to generate (a work bound)
@@ -548,3 +552,47 @@ class Engine:
                 "max_num_seqs": p.max_num_seqs,
                 "max_num_batched_tokens": p.max_num_batched_tokens}
 
+
+# ------------------------------------------------------------------------------------------
+# The calibration driver: clients in a closed loop on one engine, as the published sweeps
+# measure (tests hold the profiles to the figures with it; bench/engine_burst.py explores)
+# ------------------------------------------------------------------------------------------
+
+def closed_loop(prof: EngineProfile, conc: int, rounds: int = 4, prompt: int = 1024,
+                out: int = 128, rng: random.Random | None = None,
+                think: float = 0.0) -> list[Seq]:
+    """``conc`` clients in a closed loop (as ``vllm bench serve --max-concurrency``), each
+    sending ``rounds`` requests of ``prompt`` tokens and ``out`` answer tokens: with ``rng``
+    client ``i`` starts at a random point of a first request's lifetime and takes up to
+    ``think`` seconds between requests; without, all start at once (a burst) and think none.
+    Returns the sequences past the first round, in arrival order."""
+    eng = Engine(prof)
+    done: list[Seq] = []
+    events: list[tuple[float, int]] = []
+    life = out * prof.step_time(conc, conc) + prof.step_time(prompt, 1)
+    for i in range(conc):
+        heapq.heappush(events, (rng.uniform(0, life) if rng is not None else 0.0, i))
+    left = dict.fromkeys(range(conc), rounds)
+
+    def finished(s: Seq, i: int) -> None:
+        done.append(s)
+        left[i] -= 1
+        if left[i] > 0:
+            wait = rng.uniform(0, think) if rng is not None else 0.0
+            heapq.heappush(events, (s.finished_at + wait, i))
+
+    while events or eng.step_end >= 0.0:
+        if events and (eng.step_end < 0.0 or events[0][0] <= eng.step_end):
+            t, i = heapq.heappop(events)
+            eng.advance(t)
+            eng.add(prompt, 0, out, t, on_done=lambda s, i=i: finished(s, i))  # type: ignore[misc]
+        else:
+            eng.advance(eng.step_end)
+    return sorted(done, key=lambda s: s.arrival)[conc:]
+
+
+def medians(seqs: list[Seq]) -> tuple[float, float]:
+    """The median TPOT and TTFT (seconds) of finished sequences."""
+    tpot = statistics.median((s.finished_at - s.first_at) / (s.produced - 1) for s in seqs)
+    ttft = statistics.median(s.first_at - s.arrival for s in seqs)
+    return tpot, ttft
