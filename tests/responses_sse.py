@@ -16,7 +16,13 @@ SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 
 def strict_sse_events(srv: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The SSE events of ``body`` created with ``stream: true``; each event's name is its type."""
-    r = rawhttp.request(srv.url, "POST", "/v1/responses", {**body, "stream": True})
+    return strict_events(rawhttp.request(srv.url, "POST", "/v1/responses",
+                                         {**body, "stream": True}))
+
+
+def strict_events(r: Any) -> list[dict[str, Any]]:
+    """The SSE events of a streamed answer (``rawhttp``'s), each validated strictly and named
+    by its type."""
     assert r.status == 200, r.body
     out = []
     for name, data in r.sse():

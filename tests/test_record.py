@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,10 @@ import pytest
 from llmsim.api.cassette import SSEFramer
 
 from . import rawhttp
-from .upstreams import FakeUpstream, TLSFront, chunk, head, make_ca
+from .upstreams import FakeUpstream, TLSFront, chunk, head, make_ca, until
 
 MSGS = [{"role": "user", "content": "Tell me something"}]
 CHAT = {"model": "gpt-4o", "messages": MSGS, "max_tokens": 4}
-
-
-def _until(cond: Any, limit_s: float = 10.0) -> None:
-    """Wait for ``cond`` (an event, not a time budget: ``limit_s`` only ends a hung test)."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < limit_s, "condition not reached"
-        time.sleep(0.02)
 
 
 def _files(d: Path) -> list[Path]:
@@ -151,7 +142,7 @@ def test_stream_reaches_the_client_live_while_recording(make_server: Any,
         while b"0\r\n\r\n" not in got:
             got += sock.recv(65536)
         sock.close()
-        _until(lambda: len(_files(tmp_path)) == 1)
+        until(lambda: len(_files(tmp_path)) == 1)
         events = json.loads(_files(tmp_path)[0].read_text())["response"]["events"]
         assert [f for _, f in events] == ['data: {"n":1}\n\n', 'data: {"n":2}\n\n',
                                           "data: [DONE]\n\n"]
@@ -241,7 +232,7 @@ def test_silent_upstream_is_a_504_after_the_read_deadline(make_server: Any,
                            upstream_read_timeout_s=30, upstream_timeout_s=0.3)
         r = rawhttp.request(rec2.url, "POST", "/v1/chat/completions", CHAT)
         assert r.status == 504 and "--upstream-timeout-s" in r.json()["error"]["message"]
-        _until(lambda: up.closed_by_peer == up.opened)  # nothing held
+        until(lambda: up.closed_by_peer == up.opened)  # nothing held
         assert _files(tmp_path) == []
     finally:
         up.close()
@@ -260,12 +251,12 @@ def test_client_leaving_cancels_the_upstream_request(make_server: Any, tmp_path:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
                       b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
             socks.append(s)
-        _until(lambda: up.opened == 20)
+        until(lambda: up.opened == 20)
         for s in socks:
             s.close()
         # (before: every upstream connection and request gauge held for 600 s)
-        _until(lambda: up.closed_by_peer == 20)
-        _until(lambda: rawhttp.request(rec.url, "GET", "/llmsim/stats").json()["active"] == {
+        until(lambda: up.closed_by_peer == 20)
+        until(lambda: rawhttp.request(rec.url, "GET", "/llmsim/stats").json()["active"] == {
             "connections": 1, "requests": 1, "streams": 0, "websockets": 0})
         assert _files(tmp_path) == []  # a recording cut short is not a cassette
     finally:
@@ -499,7 +490,7 @@ def test_hostile_upstream_answers_are_502_never_500(make_server: Any, tmp_path: 
             assert r.status == 502, (r.status, r.body[:200])
             assert r.json()["error"]["code"] == "upstream_error"
         assert _files(tmp_path) == []
-        _until(lambda: rawhttp.request(rec.url, "GET", "/llmsim/stats").json()["active"] == {
+        until(lambda: rawhttp.request(rec.url, "GET", "/llmsim/stats").json()["active"] == {
             "connections": 1, "requests": 1, "streams": 0, "websockets": 0})
     finally:
         up.close()

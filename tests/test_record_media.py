@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from llmsim.api.cassette import CassetteError, _answer, load_cassettes
 from llmsim.sim import audio as au
 
 from . import rawhttp
-from .upstreams import FakeUpstream, chunk, head
+from .upstreams import FakeUpstream, chunk, head, until
 
 TEXT = "Recorded voices come back exactly as they were spoken."
 
@@ -44,14 +43,6 @@ def _wav(seconds: float) -> bytes:
 
 def _oai(srv: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-SECRET-9", max_retries=0)
-
-
-def _until(cond: Any, limit_s: float = 10.0) -> None:
-    """Wait for ``cond`` (an event, not a time budget: ``limit_s`` only ends a hung test)."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < limit_s, "condition not reached"
-        time.sleep(0.02)
 
 
 def _cassettes(d: Path) -> list[dict[str, Any]]:
@@ -260,7 +251,7 @@ def test_binary_answers_over_the_recording_bounds(make_server: Any, tmp_path: Pa
         c.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
                               response_format="wav").read()
     assert list((tmp_path / "a").glob("*.json")) == []
-    _until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["streams"] == 0)
+    until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["streams"] == 0)
 
     # a binary answer with a length over the bound: a 502 naming the option
     blob = bytes(range(256)) * 40
@@ -413,7 +404,7 @@ def test_chunked_audio_reaches_the_client_live_while_recording(make_server: Any,
             assert data, "closed before the end"
             got += data
         sock.close()
-        _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+        until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
     finally:
         up.close()
     (saved,) = _cassettes(tmp_path)
@@ -447,8 +438,8 @@ def test_an_image_url_that_cannot_be_kept_leaves_the_exchange_unrecorded(
             r = c.images.generate(model="dall-e-2", prompt="x", response_format="url")
             assert r.data[0].url.startswith("http://127.0.0.1:")
         assert list(tmp_path.glob("*.json")) == []
-        _until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["requests"] == 1)
-        _until(lambda: files.closed_by_peer == 2)  # each image connection closed
+        until(lambda: httpx.get(rec.url + "/llmsim/stats").json()["active"]["requests"] == 1)
+        until(lambda: files.closed_by_peer == 2)  # each image connection closed
     finally:
         up.close()
         files.close()

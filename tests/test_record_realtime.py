@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,7 @@ from llmsim.api.cassette import RECORDER, CassetteError, load_cassettes
 from llmsim.config import WebSocketConfig
 
 from .test_realtime import WEATHER, pcm, recv_until, validated
-from .upstreams import FakeWSUpstream, TLSFront, WSPeer, make_ca
-
-
-def _until(cond: Any, limit_s: float = 10.0) -> None:
-    """Wait for ``cond`` (an event, not a time budget: ``limit_s`` only ends a hung test)."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < limit_s, "condition not reached"
-        time.sleep(0.02)
+from .upstreams import FakeWSUpstream, TLSFront, WSPeer, make_ca, until
 
 
 def _oai(srv: Any, key: str = "sk-SECRET-rt") -> OpenAI:
@@ -86,7 +77,7 @@ def _summary(evs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _gauges_zero(srv: Any) -> None:
-    _until(lambda: (srv.app.stats.active_requests, srv.app.stats.active_streams,
+    until(lambda: (srv.app.stats.active_requests, srv.app.stats.active_streams,
                     srv.app.stats.active_websockets) == (0, 0, 0))
 
 
@@ -103,7 +94,7 @@ def test_record_then_replay_text_and_function_call(make_server: Any, tmp_path: P
     finally:
         front.close()
     assert front.sni and set(front.sni) == {"localhost"}
-    _until(lambda: len(list(cas.glob("*.json"))) == 1)
+    until(lambda: len(list(cas.glob("*.json"))) == 1)
     files = list(cas.glob("*.json"))
     text = files[0].read_text()
     assert "SECRET" not in text and files[0].name.startswith("realtime-gpt-realtime-session-")
@@ -155,7 +146,7 @@ def test_server_vad_turn_with_audio_out_records_and_replays(make_server: Any, tm
     rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
     recorded, seen = _voice_turn(rec)
     assert "input_audio_buffer.speech_stopped" in seen and "input_audio_buffer.committed" in seen
-    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     client = data["responses"][0]["client"]
     assert client[-1] == {"type": "input_audio_buffer.committed", "by": "server_vad"}
@@ -171,7 +162,7 @@ def test_replay_miss_names_the_nearest_and_faults_apply(make_server: Any,
     provider = make_server(output_tokens_mean=8, output_tokens_sigma=0)
     rec = make_server(record_upstream=provider.url, cassettes=str(tmp_path))
     _session(rec)
-    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
     name = next(tmp_path.glob("*.json")).name
     player = make_server(replay=str(tmp_path), replay_speed=0)
     with _oai(player) as c, c.realtime.connect(model="gpt-realtime") as conn:
@@ -273,7 +264,7 @@ def _released(srv: Any) -> None:
 
     _gauges_zero(srv)
     rec = srv.app.feature(RECORDER)
-    _until(lambda: not rec.tasks and state(srv.app).pending_bytes == 0)
+    until(lambda: not rec.tasks and state(srv.app).pending_bytes == 0)
 
 
 def _session_created(peer: WSPeer) -> None:
@@ -300,7 +291,7 @@ def test_oversized_upstream_frame_ends_the_session(make_server: Any, tmp_path: P
         with pytest.raises(ConnectionClosed) as ei:
             conn.recv_bytes()
         assert "1011" in str(ei.value)
-    _until(lambda: up.ended == 1)  # the recorder closed the upstream connection
+    until(lambda: up.ended == 1)  # the recorder closed the upstream connection
     _released(rec)
     assert up.headers[0]["authorization"] == "Bearer sk-SECRET-rt"
     assert not list(tmp_path.glob("*.json"))
@@ -381,7 +372,7 @@ def test_app_stop_ends_recording_tasks(make_server: Any, tmp_path: Path) -> None
         with pytest.raises(ConnectionClosed):
             while True:
                 conn.recv_bytes()
-    _until(lambda: not tasks)
+    until(lambda: not tasks)
     _gauges_zero(provider)
 
 
@@ -455,7 +446,7 @@ def test_record_modes_once_and_new_episodes(make_server: Any, tmp_path: Path) ->
     cas = tmp_path / "c"
     first = make_server(record_upstream=provider.url, cassettes=str(cas), record_mode="once")
     recorded = _session(first)  # an empty directory: recorded
-    _until(lambda: len(list(cas.glob("*.json"))) == 1)
+    until(lambda: len(list(cas.glob("*.json"))) == 1)
     # once, on a directory that holds cassettes: replayed (the upstream is never asked)
     dead = "http://127.0.0.1:9"
     again = make_server(record_upstream=dead, cassettes=str(cas), record_mode="once",
@@ -472,7 +463,7 @@ def test_record_modes_once_and_new_episodes(make_server: Any, tmp_path: Path) ->
         _user(conn, "Something new.")
         conn.response.create()
         recv_until(conn, "response.done")
-    _until(lambda: len(list(cas.glob("*.json"))) == 2)
+    until(lambda: len(list(cas.glob("*.json"))) == 2)
     _released(ne)
     assert f.stat().st_mtime_ns == before
 
@@ -539,7 +530,7 @@ def test_events_are_held_until_the_upstream_accepts_then_pass_live(make_server: 
         assert json.loads(conn.recv_bytes())["type"] == "response.created"
         seen_created.set()
         assert json.loads(conn.recv_bytes())["type"] == "response.done"
-    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
     assert got[0]["session"]["instructions"] == "held"
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert [e[1]["type"] for e in data["responses"][0]["events"]] == ["response.created",
@@ -565,7 +556,7 @@ def test_a_refused_response_create_does_not_shift_the_keys(make_server: Any,
         _user(conn, "And again.")
         conn.response.create()
         recorded = recv_until(conn, "response.done")
-    _until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
+    until(lambda: len(list(tmp_path.glob("*.json"))) == 1)
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert [len(r["client"]) for r in data["responses"]] == [2, 3]
     player = make_server(replay=str(tmp_path), replay_speed=0)
@@ -613,7 +604,7 @@ def test_a_slow_client_slows_the_upstream_down(make_server: Any, tmp_path: Path)
         conn.recv_bytes()
         conn.response.create()
         (ws,) = state(rec.app).sessions
-        _until(lambda: not ws.mode.resumed.is_set())  # the recorder stopped reading upstream
+        until(lambda: not ws.mode.resumed.is_set())  # the recorder stopped reading upstream
         assert ws.transport.get_write_buffer_size() < 1024 * 1024  # (not the whole stream)
         got = [json.loads(conn.recv_bytes())["i"] for _ in range(n)]
         assert got == list(range(n))  # resumed: everything, in order

@@ -9,17 +9,15 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.responses import ResponseStreamEvent
 from openai.types.responses.compacted_response import CompactedResponse
 from openai.types.responses.response_compaction_item import ResponseCompactionItem
-from pydantic import TypeAdapter
 
 from llmsim.sim import compaction as blob
 
 from . import rawhttp
 from .openresponses_spec import conforms
+from .responses_sse import SSE_EVENT
 
-SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 LONG = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 120)
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the weather in Paris?"},

@@ -9,15 +9,12 @@ strict SDK types over raw HTTP and with the openai SDK itself."""
 from __future__ import annotations
 
 import asyncio
-import json
 import pickle
 from typing import Any
 
 import orjson
 import pytest
 from openai import OpenAI
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 from llmsim.api.responses import RESPONSES
 from llmsim.api.responses.record import Record, Snapshot
@@ -29,26 +26,18 @@ from llmsim.streaming.flow import Pump
 from llmsim.streaming.stream import EventStream, TokenRun
 
 from . import rawhttp
+from .responses_sse import strict_events
 from .test_token_runs import MSG, FrameLog
 from .test_websocket_raw import BASE, TERMINAL, RawWS
 
-SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 STEER = "response.steer.failed"
 
 
 def strict_replay(srv: Any, rid: str, after: int) -> list[dict[str, Any]]:
     """``GET /v1/responses/{rid}?stream=true&starting_after=after``, each event validated
     strictly by the SDK's stream event types."""
-    r = rawhttp.request(srv.url, "GET",
-                        f"/v1/responses/{rid}?stream=true&starting_after={after}")
-    assert r.status == 200, r.body
-    out = []
-    for name, data in r.sse():
-        ev = json.loads(data)
-        SSE_EVENT.validate_python(ev, strict=True)
-        assert name == ev["type"]
-        out.append(ev)
-    return out
+    return strict_events(rawhttp.request(
+        srv.url, "GET", f"/v1/responses/{rid}?stream=true&starting_after={after}"))
 
 
 def _told(ev: dict[str, Any]) -> tuple[str, int, str | None]:

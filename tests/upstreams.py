@@ -8,6 +8,7 @@ import ipaddress
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -328,3 +329,13 @@ class FakeWSUpstream:
 
     def close(self) -> None:
         self.lsock.close()
+
+
+def until(cond: Callable[[], Any], polls: int = 500) -> None:
+    """Wait for ``cond`` (what the recorder does in the background), polling every 20 ms:
+    the poll count only ends a hung test, it is no time budget."""
+    for _ in range(polls):
+        if cond():
+            return
+        time.sleep(0.02)
+    assert cond(), "condition not reached"
