@@ -9,6 +9,13 @@ runs in that same pass, so events of many streams that fall due together are wri
 loop iteration. A stream computes its deadlines from its start time
 plus the scheduled offsets, never from "now", so lateness never accumulates.
 
+A pass also holds the writes of its streams' common ticks (:attr:`Clock.outbox`) and makes
+them back to back when it ends: the client, woken by the first, finds the others already
+there, instead of being woken once per write while the pass computes the next event (on a
+shared host, waking a reader is most of a small write's cost). Every other timer, and a
+stream's own uncommon path, writes the held ones first, so each connection's bytes keep
+their order.
+
 :class:`FakeClock` runs the same heap on virtual time: whenever the loop has been idle for a
 few passes it jumps to the earliest deadline. Tests that are about timing run instantly and
 see exact scheduled times.
@@ -18,14 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import math
 import time
 from collections.abc import Callable
 from heapq import heappush as _heappush
 from time import monotonic as _monotonic
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP"]
+__all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP", "HoldsWrites",
+           "holds_writes"]
 
 # The one coalescing rule for stream events (applied by flow.Pump): events of one stream
 # share a write only when they are due at the same instant (within COALESCE) or when the
@@ -34,6 +43,20 @@ __all__ = ["Clock", "RealClock", "FakeClock", "Timer", "COALESCE", "CATCH_UP"]
 # the client sees.
 COALESCE = 0.0002  # run timers due within 0.2 ms of each other in one pass
 CATCH_UP = 0.002
+
+
+class HoldsWrites(Protocol):
+    """A timer whose writes a pass may hold (:attr:`Clock.outbox`): where they go, and what
+    to do when one raises (a pump ends its stream as if its own write had raised)."""
+
+    held_write: Callable[[bytes], Any]
+
+    def held_write_failed(self, data: bytes) -> None: ...
+
+
+def holds_writes() -> None:
+    """The callback of a timer whose ``fire`` may hold writes in :attr:`Clock.outbox`
+    (flow.Pump, which the clock calls through ``fire``, never through this)."""
 
 
 def _released() -> None:
@@ -61,6 +84,8 @@ class Timer:
         # the callback holds (a long timer of a closed connection would keep it alive)
 
 
+log = logging.getLogger("llmsim")
+
 _INF = float("inf")
 _FAR = 1 << 62  # the slot of an infinite deadline
 
@@ -84,6 +109,10 @@ class Clock:
         self._entries = 0  # timers in the slots, cancelled ones included
         self._per_slot = 1.0 / self.coalesce
         self._running = False  # inside _run_due: arm once at the end, not per push
+        # inside _run_due: the writes held until the pass ends, (writer, bytes) in order (a
+        # pump's common tick appends, flush() makes them); None outside a pass
+        self.outbox: list[tuple[HoldsWrites, bytes]] | None = None
+        self._held: list[tuple[HoldsWrites, bytes]] = []
 
     # -- to be provided by subclasses ----------------------------------------------------
     def now(self) -> float:  # pragma: no cover - interface
@@ -174,7 +203,8 @@ class Clock:
     def _run_due(self, now: float, stop_at: float = _INF) -> None:
         """Run the timers of every slot begun by ``now``, in the order they were armed; past
         ``stop_at`` on ``time.monotonic`` (checked after each 32 timers), leave the rest for the
-        next pass."""
+        next pass. The writes held meanwhile (:attr:`outbox`) are made after each 32 timers,
+        before a timer that is not a pump, and at the end."""
         keys, slots = self._keys, self._slots
         # (+1 ns: a deadline on the loop's own tick, e.g. uvloop's whole milliseconds, may
         # come out a float rounding after that tick; without it the pass finds its slot not
@@ -189,6 +219,7 @@ class Clock:
         monotonic = _monotonic
         n = 0  # timers run since the time was last checked
         self._running = True
+        held = self.outbox = self._held
         try:
             while keys and keys[0] <= last:
                 k = pop(keys)
@@ -198,6 +229,8 @@ class Clock:
                 for i in range(0, len(timers), 32):
                     if n >= 32:
                         n = 0
+                        if held:  # (at most 64 held: a bounded list, a bounded delay)
+                            self.flush()
                         if monotonic() > stop_at:
                             self._put_back(k, timers[i:])
                             return
@@ -206,14 +239,32 @@ class Clock:
                     for t in chunk:  # (a timer armed meanwhile for slot k goes into a new
                         if not t.cancelled:  # list, run in a later turn)
                             t.cancelled = True  # fired; a late cancel() is a no-op
+                            if held and t.callback is not holds_writes:
+                                self.flush()  # (a timer that may write: after the held)
                             try:
                                 t.fire()
                             except Exception:  # a broken callback must not stop the others
-                                import logging
-
-                                logging.getLogger("llmsim").exception("timer callback failed")
+                                log.exception("timer callback failed")
         finally:
             self._running = False
+            if held:
+                self.flush()
+            self.outbox = None
+
+    def flush(self) -> None:
+        """Make the writes the pass holds (see :attr:`outbox`), in the order they were held.
+        Called by whatever may write to a connection during a pass, before it does."""
+        held = self._held
+        items = held[:]  # (emptied first: a failing write's stream flushes again as it ends)
+        held.clear()
+        for writer, data in items:
+            try:
+                writer.held_write(data)
+            except Exception:  # (one connection's broken transport: not the others' writes)
+                try:
+                    writer.held_write_failed(data)
+                except Exception:
+                    log.exception("a held stream write failed")
 
     def _put_back(self, k: int, timers: list[Timer]) -> None:
         """Timers of slot ``k`` a pass left: first in their slot again."""

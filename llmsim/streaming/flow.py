@@ -13,7 +13,9 @@ around the token's JSON, joined once per write, with no ``next()`` of the plan, 
 no concatenation per token (a numbered token adds its number, taken from the stream's
 count), under the same coalescing rule. The common tick, on time, writes one token of a run
 with equal gaps into a connection's wire and nothing else: it has a short path of its own
-(:meth:`Pump._tick`).
+(:meth:`Pump._tick`), whose write the clock's pass holds and makes with the pass's others
+(:attr:`~llmsim.streaming.clock.Clock.outbox`); every other path of the pump writes what the
+pass holds first.
 
 Backpressure is real: when the sink's transport buffer is above its high-water mark the sink
 reports ``paused`` and the pump stops pulling, so the simulated model stops generating instead
@@ -37,7 +39,7 @@ from typing import Any, Protocol
 
 from ..errors import APIError, server_error
 from ..sim.latency import ConstantGaps
-from .clock import Clock, Timer
+from .clock import Clock, Timer, holds_writes
 from .encode import TOKEN_JSON
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
 from .wire import Framing, Wire
@@ -87,11 +89,6 @@ class NullSink:
         pass
 
 
-def _fired_by_clock() -> None:
-    """A pump's Timer callback, never called: the clock calls :meth:`Pump.fire` (the
-    pump's tick)."""
-
-
 class Pump(Timer):
     """Paces one stream into one sink. ``on_done(reason)`` fires once: ``"completed"``,
     ``"stopped"`` (truncated by plan), ``"disconnect"`` (fault), ``"error"`` (the pump
@@ -105,7 +102,7 @@ class Pump(Timer):
                  "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "_pending", "clock",
                  "encode", "on_done", "observer", "error_frame", "_paused_at", "_per_write",
                  "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
-                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
+                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates", "held_write")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
@@ -116,7 +113,7 @@ class Pump(Timer):
         # bound method between the clock and the pump. What a tick reads for each token
         # of a run comes first, in this order: a tick reads the first slots of the pump,
         # where thousands of streams take turns (issue 15).
-        super().__init__(0.0, _fired_by_clock)
+        super().__init__(0.0, holds_writes)
         # Timer.cancelled is "not in a slot of the clock": True until a tick arms the pump
         # (Clock.recall clears it), set again when the clock fires it or a finish cancels it
         self.cancelled = True
@@ -128,6 +125,10 @@ class Pump(Timer):
         # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
         # and its write read directly, not looked up through the protocol object
         self._nw: Wire | None = sink if isinstance(sink, Wire) else None
+        # the wire's transport's write, for the writes a clock pass holds (Clock.outbox)
+        self.held_write: Callable[[bytes], Any] | None = (
+            self._nw.transport.write if self._nw is not None
+            and self._nw.transport is not None else None)
         self.stream = stream
         self._now = clock.now_fn()
         self._same = clock.coalesce
@@ -258,6 +259,8 @@ class Pump(Timer):
             log.exception("stream end callback failed")
             return
         log.exception("stream failed after its first byte")
+        if self.clock.outbox:  # (this stream's held token goes before its error)
+            self.clock.flush()
         # the number of the first event not written (the one that failed, if it had one)
         seq = self.claim()
         self._pending = None
@@ -284,6 +287,12 @@ class Pump(Timer):
             except Exception:
                 log.exception("stream observer failed")
         self._finish("error")
+
+    def held_write_failed(self, data: bytes) -> None:
+        """A write the clock held for this stream's tick raised (called from the clock's
+        ``except`` block): end the stream as when the tick's own write raises, the event
+        written again before the terminal error frame (it was observed when held)."""
+        self._fail([data])
 
     def _start_run(self, run: TokenRun, deadline: float) -> None:
         """Take over ``run``, its first event due at ``deadline`` (see TokenRun)."""
@@ -398,7 +407,11 @@ class Pump(Timer):
                     tokens = 1
                     self._run_i = i
                     self._run_at = nxt
-                    nw.write_wire(frames)  # type: ignore[union-attr]
+                    held = self.clock.outbox
+                    if held is None or self.held_write is None:
+                        nw.write_wire(frames)  # type: ignore[union-attr]
+                    elif nw.open:  # type: ignore[union-attr]  # (the wire's own test)
+                        held.append((self, b"".join(frames)))  # type: ignore[arg-type]
                     frames = []
                     times = self._times
                     tokens = 0
@@ -409,6 +422,8 @@ class Pump(Timer):
                     if not self._done and self.cancelled:
                         self.clock.recall(self, nxt)
                     return
+            if self.clock.outbox:  # writes held by this pass go first (Clock.outbox)
+                self.clock.flush()
             if nw.paused if nw is not None else self.sink.paused:
                 if self._paused_at is None:
                     self._paused_at = self._now()

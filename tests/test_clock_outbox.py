@@ -1,0 +1,131 @@
+"""The writes a clock pass holds (``Clock.outbox``): the token writes of a pass's common ticks
+are made back to back when the pass ends, each connection's bytes unchanged and in order,
+whatever else writes during the pass, and never more than 64 held. Virtual time only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmsim.api.chat import CHAT
+from llmsim.sim.latency import ConstantGaps
+from llmsim.streaming import encode
+from llmsim.streaming.clock import FakeClock
+from llmsim.streaming.flow import Pump
+from llmsim.streaming.stream import EventStream, TokenRun
+from llmsim.streaming.wire import HTTPWire
+
+GAP = 0.01
+KEY = ({"id": "chatcmpl-1"}, 0)
+
+
+class Clock2(FakeClock):
+    """Tells a transport how many held writes the flush writing to it is making."""
+
+    flushing = 0
+
+    def flush(self) -> None:
+        self.flushing = len(self._held)
+        try:
+            super().flush()
+        finally:
+            self.flushing = 0
+
+
+class Transport:
+    """Records each write into a log shared by every connection: (connection, bytes, how many
+    writes the clock held at that moment)."""
+
+    def __init__(self, name: int, log: list[tuple[int, bytes, int]], clock: Clock2) -> None:
+        self.name, self.log, self.clock = name, log, clock
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self.name, data, self.clock.flushing))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        pass
+
+
+def plan(tokens: int) -> list[tuple[float, str, object]]:
+    return [(0.1, "chunk", {"role": "assistant"}),
+            (0.0, "chunk", TokenRun([f"t{i}" for i in range(tokens)],
+                                    ConstantGaps(GAP, tokens - 1), KEY)),
+            (0.0, "chunk", {"finish": 1}), (0.0, "done", None)]
+
+
+async def run(streams: int, tokens: int, hold: bool = True,
+              extra: tuple[tuple[float, int, bytes], ...] = ()) -> list[tuple[int, bytes, int]]:
+    """``streams`` streams begun together on one clock, each on its own connection; ``extra``:
+    timers that write ``bytes`` to connection ``n`` at a deadline (armed after the pumps)."""
+    clock = Clock2(start=0.0)
+    log: list[tuple[int, bytes, int]] = []
+    loop = asyncio.get_running_loop()
+    done = [loop.create_future() for _ in range(streams)]
+    wires = []
+    for i in range(streams):
+        wire = HTTPWire(Transport(i, log, clock))  # type: ignore[arg-type]
+        wire.open = True
+        wires.append(wire)
+        stream = EventStream(iter(plan(tokens)), CHAT)
+        p = Pump(stream, clock, encode.sse_chat, wire, on_done=done[i].set_result)
+        if not hold:
+            p.held_write = None  # every write made at once, as before the outbox
+        p.start(0.0)
+    for at, n, data in extra:  # (armed half a gap before: after the pump armed its token)
+        def write(n: int = n, data: bytes = data) -> None:
+            wires[n].transport.write(data)  # type: ignore[union-attr]
+
+        clock.call_at(at - GAP / 2, lambda at=at, write=write: clock.call_at(at, write))
+    assert await asyncio.wait_for(asyncio.gather(*done), 5) == ["completed"] * streams
+    return log
+
+
+def per_connection(log: list[tuple[int, bytes, int]]) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    for n, data, _ in log:
+        out[n] = out.get(n, b"") + data
+    return out
+
+
+@pytest.mark.asyncio
+async def test_a_pass_holds_its_token_writes_and_makes_them_together() -> None:
+    log = await run(3, 6)
+    # the middle tokens (the common tick) of the three streams: written by the pass's flush,
+    # three in a row, one per connection in the order the pumps were armed
+    held = [(n, k) for n, _, k in log if k]
+    assert len(held) == 3 * 4
+    assert [n for n, _ in held] == [0, 1, 2] * 4
+    assert all(k == 3 for _, k in held)  # all three held when the first was written
+    # the bytes each connection receives are exactly those of writes made at once
+    assert per_connection(log) == per_connection(await run(3, 6, hold=False))
+
+
+@pytest.mark.asyncio
+async def test_a_timer_writing_during_a_pass_comes_after_the_held_writes() -> None:
+    # a timer due with stream 0's second token, armed after it: its bytes follow the token's
+    # on the wire (the clock makes the held writes before it runs a timer that is not a pump)
+    log = await run(2, 4, extra=((0.1 + GAP, 0, b"X"),))
+    conn0 = [data for n, data, _ in log if n == 0]
+    i = conn0.index(b"X")
+    assert b'"t1"' in conn0[i - 1]
+    assert b'"t2"' in conn0[i + 1]
+
+
+@pytest.mark.asyncio
+async def test_at_most_64_writes_are_held() -> None:
+    log = await run(150, 4)
+    assert 32 <= max(k for _, _, k in log) <= 64
+    assert len([1 for _, _, k in log if k]) == 150 * 2  # every common tick was held
+    assert per_connection(log) == per_connection(await run(150, 4, hold=False))
+
+
+@pytest.mark.asyncio
+async def test_nothing_is_held_outside_a_pass() -> None:
+    clock = FakeClock(start=0.0)
+    assert clock.outbox is None
+    log = await run(2, 3)
+    assert log and clock.outbox is None and not clock._held
