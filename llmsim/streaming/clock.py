@@ -73,10 +73,12 @@ class Timer:
         self.callback = callback
         self.cancelled = False
 
-    def fire(self) -> None:
-        """Run the callback: what the clock calls when the timer is due (a subclass that is
-        its own callback overrides it: flow.Pump)."""
+    def fire(self) -> float | None:
+        """Run the callback: what the clock calls when the timer is due. A subclass that is
+        its own callback overrides it (flow.Pump) and may return the finite deadline at
+        which it is due again, for the clock to arm (as :meth:`Clock.recall` would)."""
         self.callback()
+        return None
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -217,6 +219,7 @@ class Clock:
             return
         pop = heapq.heappop
         monotonic = _monotonic
+        per_slot = self._per_slot
         n = 0  # timers run since the time was last checked
         self._running = True
         held = self.outbox = self._held
@@ -242,9 +245,19 @@ class Clock:
                             if held and t.callback is not holds_writes:
                                 self.flush()  # (a timer that may write: after the held)
                             try:
-                                t.fire()
+                                again = t.fire()
                             except Exception:  # a broken callback must not stop the others
                                 log.exception("timer callback failed")
+                                continue
+                            if again is not None:  # (recall, inlined: once per token)
+                                ts = slots.get(int(again * per_slot))
+                                if ts is None:  # (a new slot: the heap too)
+                                    self.recall(t, again)
+                                else:
+                                    t.deadline = again
+                                    t.cancelled = False
+                                    self._entries += 1
+                                    ts.append(t)
         finally:
             self._running = False
             if held:

@@ -13,7 +13,7 @@ around the token's JSON, joined once per write, with no ``next()`` of the plan, 
 no concatenation per token (a numbered token adds its number, taken from the stream's
 count), under the same coalescing rule. The common tick, on time, writes one token of a run
 with equal gaps into a connection's wire and nothing else: it has a short path of its own
-(:meth:`Pump._tick`), whose write the clock's pass holds and makes with the pass's others
+(:meth:`Pump.fire`), whose write the clock's pass holds and makes with the pass's others
 (:attr:`~llmsim.streaming.clock.Clock.outbox`); every other path of the pump writes what the
 pass holds first.
 
@@ -109,7 +109,7 @@ class Pump(Timer):
                  on_done: Callable[[str], None] | None = None,
                  observer: Callable[[str, Any, float], None] | None = None,
                  error_frame: Callable[[APIError, int], bytes] | None = None) -> None:
-        # The pump is its own clock timer (Timer.fire runs _tick): no Timer object and no
+        # The pump is its own clock timer (the clock calls its fire): no Timer object and no
         # bound method between the clock and the pump. What a tick reads for each token
         # of a run comes first, in this order: a tick reads the first slots of the pump,
         # where thousands of streams take turns (issue 15).
@@ -307,7 +307,7 @@ class Pump(Timer):
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
         self._in_run = self._run_n > 0
-        # the tick's one-token path (see _tick): equal gaps, wire parts into a Wire, the
+        # the tick's one-token path (see fire): equal gaps, wire parts into a Wire, the
         # per-write observer's times or no per-write observer
         self._fast = (self._in_run and self._run_gap >= 0.0 and self._wired
                       and self._nw is not None
@@ -379,49 +379,6 @@ class Pump(Timer):
         tokens = 0  # token events in ``frames`` (observed once per write)
         try:
             nw = self._nw
-            if self._fast and not nw.paused:  # type: ignore[union-attr]  # (_fast: a Wire)
-                # The common tick, on time: one token of a run due and the next one not.
-                # What the loop below does for it, without its bookkeeping for several
-                # events, plan events and other sinks (same bytes, same state, same arming).
-                now = self._now()
-                limit = now + self._same
-                deadline = self._run_at
-                i = self._run_i + 1
-                nxt = deadline + self._run_gap
-                if deadline <= limit < nxt and i < self._run_n:
-                    x = TOKEN_JSON[self._run_pieces[i - 1]]
-                    stamps = self._run_stamps
-                    if stamps is None:
-                        n = len(x) + self._run_extra
-                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
-                                  self._run_head, x, self._run_tail]
-                    else:  # numbered: the stream's next number
-                        st = self.stream
-                        seq = st.seq
-                        st.seq = seq + 1
-                        y = (stamps[seq] if seq < self._run_nstamps
-                             else self._run_post + (_STAMP % seq))
-                        n = len(x) + len(y) + self._run_extra
-                        frames = [self._leads[n] if n < self._nleads else self._lead(n),
-                                  self._run_head, x, y, self._run_tail]
-                    tokens = 1
-                    self._run_i = i
-                    self._run_at = nxt
-                    held = self.clock.outbox
-                    if held is None or self.held_write is None:
-                        nw.write_wire(frames)  # type: ignore[union-attr]
-                    elif nw.open:  # type: ignore[union-attr]  # (the wire's own test)
-                        held.append((self, b"".join(frames)))  # type: ignore[arg-type]
-                    frames = []
-                    times = self._times
-                    tokens = 0
-                    if times is not None:
-                        times.append(now)
-                        if len(times) >= self._fold_every:
-                            self._fold()  # type: ignore[misc]  # (set with times)
-                    if not self._done and self.cancelled:
-                        self.clock.recall(self, nxt)
-                    return
             if self.clock.outbox:  # writes held by this pass go first (Clock.outbox)
                 self.clock.flush()
             if nw.paused if nw is not None else self.sink.paused:
@@ -565,6 +522,56 @@ class Pump(Timer):
             self._unobserved = tokens  # the frames _fail writes still count
             self._fail(frames)
 
-    # the clock's call at the deadline the last tick armed (Timer): the tick itself, no call
-    # in between (once per event)
-    fire = _tick
+    def fire(self) -> float | None:
+        """The clock's call at the deadline the last tick armed (:meth:`Timer.fire`). The
+        common tick, on time (one token of a run with equal gaps due, the next one not, into
+        a connection's wire) has this short path: what :meth:`_tick` does for it without its
+        bookkeeping for several events, plan events and other sinks (the same bytes, state
+        and statistics); the write is held by the clock's pass (``Clock.outbox``) and the
+        next deadline returned for the clock to arm. Anything else: the general tick."""
+        if self._fast and not self._done:
+            nw: Wire = self._nw  # type: ignore[assignment]  # (_fast: a Wire)
+            now = self._now()
+            deadline = self._run_at
+            i = self._run_i + 1
+            nxt = deadline + self._run_gap
+            if deadline <= now + self._same < nxt and i < self._run_n and not nw.paused:
+                out: tuple[bytes, ...] = ()  # the write not yet made (a failure makes it)
+                try:
+                    x = TOKEN_JSON[self._run_pieces[i - 1]]
+                    stamps = self._run_stamps
+                    if stamps is None:
+                        n = len(x) + self._run_extra
+                        out = (self._leads[n] if n < self._nleads else self._lead(n),
+                               self._run_head, x, self._run_tail)
+                    else:  # numbered: the stream's next number
+                        st = self.stream
+                        seq = st.seq
+                        st.seq = seq + 1
+                        y = (stamps[seq] if seq < self._run_nstamps
+                             else self._run_post + (_STAMP % seq))
+                        n = len(x) + len(y) + self._run_extra
+                        out = (self._leads[n] if n < self._nleads else self._lead(n),
+                               self._run_head, x, y, self._run_tail)
+                    self._run_i = i
+                    self._run_at = nxt
+                    held = self.clock.outbox
+                    if held is None or self.held_write is None:
+                        nw.write_wire(out)  # type: ignore[arg-type]
+                    elif nw.open:  # (the wire's own test)
+                        held.append((self, b"".join(out)))  # type: ignore[arg-type]
+                    out = ()
+                    times = self._times
+                    if times is not None:
+                        times.append(now)
+                        if len(times) >= self._fold_every:
+                            self._fold()  # type: ignore[misc]  # (set with times)
+                except Exception:
+                    self._unobserved = 1 if out else 0  # (the frames _fail writes count)
+                    self._fail(list(out))
+                    return None
+                if not self._done and self.cancelled:
+                    return nxt  # (the clock arms it: Clock._run_due)
+                return None
+        self._tick()
+        return None
