@@ -9,6 +9,13 @@ WebSocket session's ``WSWire`` and the dialect's WebSocket encoder, Responses on
 dispatch included) and for the pump path alone, beside the same measurement of the bare
 anchor's pacing (``baseline_h11.Pacer``: heap, json.dumps, chunk framing, one write per due
 event). ``--profile`` prints the top of cProfile.
+
+``--spread S`` starts the streams over S seconds (on whole milliseconds) and runs the clock
+as uvloop does (a pass at each millisecond tick), as a server under a steady load sees them:
+each pass then holds a few streams' events, not every stream's at once (with 100 streams of
+10 ms gaps, about five a pass: what a real server's pass holds at that load), so the cost of
+a pass (and of the anchor's) counts as it does in a server. Without it every stream starts at
+the same instant and one pass runs them all.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import math
 import pstats
 import sys
 import time
@@ -39,9 +47,10 @@ from llmsim.streaming.wire import HTTPWire, WSWire  # noqa: E402
 class ManualClock(Clock):
     """Virtual time that jumps to the next deadline (no waiting, no loop passes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ms: bool = False) -> None:
         super().__init__()
         self.t = 1000.0
+        self.ms = ms  # passes on whole milliseconds, as uvloop's timers fire
 
     def now(self) -> float:
         return self.t
@@ -55,7 +64,10 @@ class ManualClock(Clock):
     def run(self) -> None:
         # as RealClock fires: at the start of the earliest live slot
         while (k := self.next_slot()) is not None:
-            self.t = max(self.t, k * self.coalesce)
+            at = k * self.coalesce
+            if self.ms:  # the first millisecond tick at which the slot has begun
+                at = math.ceil(at * 1000 - 1e-6) / 1000
+            self.t = max(self.t, at)
             self._run_due(self.t)
 
 
@@ -96,8 +108,9 @@ def wire_sink(sink: Sink, ws: bool = False) -> HTTPWire | WSWire:
     return w
 
 
-async def main(n: int, tokens: int, kind: str, profile: bool, sink_kind: str = "wire") -> None:
-    clock = ManualClock()
+async def main(n: int, tokens: int, kind: str, profile: bool, sink_kind: str = "wire",
+               spread: float = 0.0) -> None:
+    clock = ManualClock(ms=spread > 0)
     app = App(Config(port=0, latency="realistic", ttft_ms=100, itl_ms=10, seed=1, quiet=True,
                      max_tokens_mode="exact"), clock=clock)
     if kind == "chat":
@@ -128,8 +141,11 @@ async def main(n: int, tokens: int, kind: str, profile: bool, sink_kind: str = "
     c1 = time.process_time()
     if prof:
         prof.enable()
-    for p in pumps:
+    t0 = clock.t
+    for j, p in enumerate(pumps):
+        clock.t = t0 + round(j * spread / n, 3)  # (each stream begins at its own time)
         p.start()
+    clock.t = t0
     clock.run()
     if prof:
         prof.disable()
@@ -182,7 +198,7 @@ class _AnchorConn:
         pass
 
 
-def anchor(n: int, tokens: int) -> None:
+def anchor(n: int, tokens: int, spread: float = 0.0) -> None:
     """The same measurement for the bare anchor's pacing (bench/baseline_h11.py)."""
     import baseline_h11 as b  # bench/ is on sys.path when run as a script
 
@@ -190,8 +206,9 @@ def anchor(n: int, tokens: int) -> None:
     pacer = b.Pacer(loop)  # type: ignore[arg-type]
     sink = Sink()
     c0 = time.process_time()
-    for _ in range(n):
-        pacer.push(loop.t + 0.1, b.Stream(_AnchorConn(sink), tokens, 0.01))  # type: ignore[arg-type]
+    for j in range(n):
+        pacer.push(loop.t + round(j * spread / n, 3) + 0.1,
+                   b.Stream(_AnchorConn(sink), tokens, 0.01))  # type: ignore[arg-type]
     while loop.handle is not None:
         h = loop.handle
         loop.handle = None
@@ -209,8 +226,13 @@ if __name__ == "__main__":
     ap.add_argument("--kind", choices=["chat", "responses"], default="chat")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sink", choices=["wire", "ws", "plain"], default="wire")
+    ap.add_argument("--spread", type=float, default=0.0, metavar="S",
+                    help="start the streams over S seconds, passes on millisecond ticks "
+                         "(e.g. 1.1 with -n 100: a server's passes at 100 streams)")
     a = ap.parse_args()
-    anchor(a.n, a.tokens)
+    if not 0.0 <= a.spread <= 60.0:
+        ap.error("--spread: 0 to 60 seconds")
+    anchor(a.n, a.tokens, a.spread)
     if a.sink == "ws" and a.kind != "responses":
         ap.error("--sink ws: --kind responses (the family with a WebSocket mode)")
-    asyncio.run(main(a.n, a.tokens, a.kind, a.profile, a.sink))
+    asyncio.run(main(a.n, a.tokens, a.kind, a.profile, a.sink, a.spread))
