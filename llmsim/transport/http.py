@@ -821,7 +821,8 @@ class HTTPProtocol(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._arm("idle", self.cfg.idle_timeout_s)
-        self._process()
+        if trailing or closed:  # (a fresh connection fed nothing has no event but NEED_DATA)
+            self._process()
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
