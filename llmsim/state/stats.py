@@ -250,7 +250,9 @@ class StreamTrack:
         ``write_stall``)."""
         if self.done:
             return
-        self.fold()
+        obs = self.observe
+        if obs is not None and obs.times:  # (fold, when there is anything to fold)
+            obs.fold()
         # the observer holds this track: let go of it, so the stream's objects are freed
         # when it ends, not by a full garbage collection a few seconds later (a pause every
         # stream in flight sees; issue 15)
@@ -448,8 +450,25 @@ class Stats:
               prompt_tokens: int = 0) -> StreamTrack:
         """Open a stream's gauges (active streams, running per model) and return its
         :class:`StreamTrack`; its ``finish`` closes them."""
+        return self._track(self.model_key(model), t0, transport, is_token, prompt_tokens)
+
+    def stream_started(self, endpoint: str, model: str | None, transport: str, status: int,
+                       t0: float, is_token: Callable[[str, Any], bool] | None,
+                       prompt_tokens: int = 0) -> StreamTrack:
+        """A stream's head was written: :meth:`record` the request and :meth:`track` the
+        stream, the model's label looked up once (once per streamed request)."""
         key = self.model_key(model)
-        self.stream_open()
+        self.requests[(endpoint, key, transport, status)] += 1  # (record's count)
+        self.requests_n += 1
+        now = self._time()
+        if int(now) != self._ring_sec:
+            self._tick(now)
+        return self._track(key, t0, transport, is_token, prompt_tokens)
+
+    def _track(self, key: str, t0: float, transport: str,
+               is_token: Callable[[str, Any], bool] | None, prompt_tokens: int) -> StreamTrack:
+        self.active_streams += 1  # (stream_open)
+        self.streams_total += 1
         self.running[key] = self.running.get(key, 0) + 1
         m = self.models.get(key)
         if m is None:
