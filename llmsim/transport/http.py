@@ -95,15 +95,22 @@ log = logging.getLogger("llmsim")
 _INF = float("inf")
 PIPELINE_BUFFER = 256 * 1024  # unread pipelined bytes before we stop reading the socket
 
-_date_cache: list[Any] = [0, b""]
+# the second, its Date, and what every response head has from the Date to the request id
+_date_cache: list[Any] = [0, b"", b""]
+_time = time.time
+
+
+def _date_second(now: int) -> None:
+    _date_cache[0] = now
+    _date_cache[1] = date = formatdate(now, usegmt=True).encode()
+    _date_cache[2] = b"date: " + date + b"\r\n" + _COMMON + b"x-request-id: "
 
 
 def http_date() -> bytes:
-    now = int(time.time())
+    now = int(_time())
     if _date_cache[0] != now:
-        _date_cache[0] = now
-        _date_cache[1] = formatdate(now, usegmt=True).encode()
-    return _date_cache[1]
+        _date_second(now)
+    return _date_cache[1]  # type: ignore[no-any-return]
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -134,6 +141,10 @@ _SSE_HEADERS = (b"content-type: text/event-stream; charset=utf-8\r\ncache-contro
 # access-control-allow-origin: the real API allows browser callers (dangerouslyAllowBrowser)
 _COMMON = b"server: llmsim\r\nopenai-version: 2020-10-01\r\naccess-control-allow-origin: *\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# a response head: the status line, the Date to the request id (_date_cache), the request
+# id, [the processing time], the response's own header lines, the blank line
+_HEAD = b"%b%b%b\r\n%b\r\n"
+_HEAD_TIMED = b"%b%b%b\r\nopenai-processing-ms: %d\r\n%b\r\n"
 
 
 def header_bytes(headers: list[tuple[str, str]]) -> bytes:
@@ -156,6 +167,7 @@ _CHUNKED = 2  # Transfer-Encoding: chunked (HTTP/1.1 streams)
 _CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
 _NOBODY = 4  # HEAD, 204, 304: the head alone
 _CHUNK = encode.CHUNK  # one chunk of a chunked body
+_CYCLE_DONE = (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)  # h11's states of a request read whole
 
 
 class Phase(enum.Enum):
@@ -496,7 +508,8 @@ class HTTPProtocol(asyncio.Protocol):
                            ex.rid, self.peer, self.app.clock.now())
         self.app.stats.request_open()
         ex.counted = True
-        if headers.get("upgrade", "").lower() == "websocket" and not ex.ambiguous:
+        if "upgrade" in headers and headers["upgrade"].lower() == "websocket" \
+                and not ex.ambiguous:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
         asyncio.get_running_loop().call_soon(self._handle, req, ex)
@@ -718,23 +731,23 @@ class HTTPProtocol(asyncio.Protocol):
                 framing = _NOBODY
             if not ex.keep_alive or self._shutdown:
                 headers += b"connection: close\r\n"
-            head = [line, b"date: ", http_date(), b"\r\n", _COMMON,
-                    b"x-request-id: ", ex.rid.encode(), b"\r\n"]
+            now = int(_time())
+            if _date_cache[0] != now:  # (http_date, inlined: once per response)
+                _date_second(now)
             if ex.t0:  # a request head was parsed (none for a malformed request)
-                head.append(b"openai-processing-ms: %d\r\n"
-                            % int((time.perf_counter() - ex.t0) * 1000))
-            head.append(headers)
-            head.append(b"\r\n")
+                head = _HEAD_TIMED % (line, _date_cache[2], ex.rid.encode(),
+                                      int((time.perf_counter() - ex.t0) * 1000), headers)
+            else:
+                head = _HEAD % (line, _date_cache[2], ex.rid.encode(), headers)
             if data and framing is not _NOBODY:
-                head.append(data if framing is not _CHUNKED
-                            else _CHUNK % (len(data), data))
+                head += data if framing is not _CHUNKED else _CHUNK % (len(data), data)
             if end and framing is _CHUNKED:
-                head.append(b"0\r\n\r\n")
+                head += b"0\r\n\r\n"
             ex.framing = framing  # (set with the write: a failure above is answered 500)
             ex.status = status
             if end:  # released before the last byte leaves: a client that has it sees it
                 self._release_request(ex)
-            tr.write(b"".join(head))
+            tr.write(head)
         else:
             framing = ex.framing
             if end:
@@ -801,10 +814,11 @@ class HTTPProtocol(asyncio.Protocol):
         a fresh h11 connection fed the bytes that arrived behind this request."""
         self.exchange = None
         self._task = None
-        self._release_request(ex)
+        if ex.counted:  # (_release_request, inlined: _out released it, as a rule)
+            self._release_request(ex)
         conn = self.conn
         if (not ex.keep_alive or self._shutdown
-                or conn.their_state not in (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)):
+                or conn.their_state not in _CYCLE_DONE):
             self.phase = _CLOSING
             self._close()
             return
