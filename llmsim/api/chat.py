@@ -664,7 +664,9 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
         yield (out.ttft if first else 0.0), "chunk", _chunk(head, c.index, role)
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
-    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
+    keys = []  # (one key a choice: the pump's template; a loop, so ``head`` is no cell)
+    for c in choices:
+        keys.append((head, c.index))
     steps = max(len(s) for s in seqs)
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0

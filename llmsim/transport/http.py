@@ -493,6 +493,9 @@ class HTTPProtocol(asyncio.Protocol):
         ex = self.exchange
         assert ex is not None and ex.head is not None
         ev = ex.head
+        # (h11's event and its header tuples are read: not kept for the exchange's life,
+        # a stream's, where the collector would walk them)
+        ex.head = None
         self._cancel_timer()
         self.phase = _HANDLING
         self._buffered = 0
@@ -502,7 +505,7 @@ class HTTPProtocol(asyncio.Protocol):
         headers = ex.headers
         parts = ex.body
         body = b"".join(parts)  # (bytes, as Request.body says: h11 hands out bytearrays)
-        ex.body = []
+        parts.clear()
         req = Request.http(ev.method.decode("ascii"), path,
                            parse_qs(qs, keep_blank_values=True) if qs else {}, headers, body,
                            ex.rid, self.peer, self.app.clock.now())
