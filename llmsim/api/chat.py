@@ -645,16 +645,20 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
         # tokens as one run (stream.TokenRun; the pump renders them without a step of this
         # plan per token, hot path, issue 15), the first due with the role chunk, then a
         # gap each, the finish chunk (the chunks of the loop below, built in place)
-        i = only.index
-        yield out.ttft, "chunk", {**head, "choices": [
+        i, pieces, finish, ttft = only.index, only.pieces, only.finish, out.ttft
+        usage = out.usage() if cr.include_usage else None
+        # (what the rest reads is taken: the decision's objects are not kept for the
+        # stream's life, where the collector would walk them)
+        del out, choices, only
+        yield ttft, "chunk", {**head, "choices": [
             {"index": i, "delta": {"role": "assistant", "content": "", "refusal": None},
              "logprobs": None, "finish_reason": None}]}
-        if only.pieces:
-            yield 0.0, "chunk", TokenRun(only.pieces, gaps, (head, i))
+        if pieces:
+            yield 0.0, "chunk", TokenRun(pieces, gaps, (head, i))
         yield 0.0, "chunk", {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                                  "finish_reason": only.finish}]}
-        if cr.include_usage:
-            yield 0.0, "chunk", {**head, "choices": [], "usage": out.usage()}
+                                                  "finish_reason": finish}]}
+        if usage is not None:
+            yield 0.0, "chunk", {**head, "choices": [], "usage": usage}
         yield 0.0, "done", None
         return
     first = True
