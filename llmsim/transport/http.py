@@ -168,6 +168,10 @@ _CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
 _NOBODY = 4  # HEAD, 204, 304: the head alone
 _CHUNK = encode.CHUNK  # one chunk of a chunked body
 _CYCLE_DONE = (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)  # h11's states of a request read whole
+# h11's sentinels and event types, compared per event read (a module global, not an
+# attribute of the h11 module read each time)
+_NEED_DATA, _PAUSED = h11.NEED_DATA, h11.PAUSED
+_REQUEST, _DATA, _END, _CLOSED_EVENT = h11.Request, h11.Data, h11.EndOfMessage, h11.ConnectionClosed
 
 
 class Phase(enum.Enum):
@@ -396,16 +400,16 @@ class HTTPProtocol(asyncio.Protocol):
             except h11.RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
-            if ev is h11.NEED_DATA or ev is h11.PAUSED:
+            if ev is _NEED_DATA or ev is _PAUSED:
                 if self.phase is _READING and self._timer_kind != "body":
                     # a head whose body is still to come: the body deadline, from now (armed
                     # here, not with the head, so a request that arrived whole arms none)
                     self._arm("body", self.cfg.header_timeout_s)
                 return
             t = type(ev)
-            if t is h11.Request:
+            if t is _REQUEST:
                 self._on_request(ev)  # type: ignore[arg-type]
-            elif t is h11.Data:
+            elif t is _DATA:
                 ex = self.exchange
                 assert ex is not None
                 ex.body_len += len(ev.data)  # type: ignore[union-attr]
@@ -413,14 +417,15 @@ class HTTPProtocol(asyncio.Protocol):
                     self._too_large()
                     return
                 ex.body.append(ev.data)  # type: ignore[union-attr]
-            elif t is h11.EndOfMessage:
+            elif t is _END:
                 self._dispatch()
-            elif t is h11.ConnectionClosed:
+            elif t is _CLOSED_EVENT:
                 self._close()
                 return
 
     def _on_request(self, ev: h11.Request) -> None:
-        self._cancel_timer()
+        self._deadline = _INF  # (_cancel_timer, inlined: once per request)
+        self._timer_kind = None
         ex = self.exchange = Exchange(ev, new_request_id(), time.perf_counter())
         self.phase = _READING
         # h11 only caps a head that arrives incomplete; a complete one in one read is
@@ -496,7 +501,8 @@ class HTTPProtocol(asyncio.Protocol):
         # (h11's event and its header tuples are read: not kept for the exchange's life,
         # a stream's, where the collector would walk them)
         ex.head = None
-        self._cancel_timer()
+        self._deadline = _INF  # (_cancel_timer)
+        self._timer_kind = None
         self.phase = _HANDLING
         self._buffered = 0
         self._heads = 0
