@@ -95,22 +95,15 @@ log = logging.getLogger("llmsim")
 _INF = float("inf")
 PIPELINE_BUFFER = 256 * 1024  # unread pipelined bytes before we stop reading the socket
 
-# the second, its Date, and what every response head has from the Date to the request id
-_date_cache: list[Any] = [0, b"", b""]
+# the second, and what every response head has in it from the Date to the request id
+_date_cache: list[Any] = [0, b""]
 _time = time.time
 
 
 def _date_second(now: int) -> None:
     _date_cache[0] = now
-    _date_cache[1] = date = formatdate(now, usegmt=True).encode()
-    _date_cache[2] = b"date: " + date + b"\r\n" + _COMMON + b"x-request-id: "
-
-
-def http_date() -> bytes:
-    now = int(_time())
-    if _date_cache[0] != now:
-        _date_second(now)
-    return _date_cache[1]  # type: ignore[no-any-return]
+    _date_cache[1] = (b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n" + _COMMON
+                      + b"x-request-id: ")
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -741,13 +734,13 @@ class HTTPProtocol(asyncio.Protocol):
             if not ex.keep_alive or self._shutdown:
                 headers += b"connection: close\r\n"
             now = int(_time())
-            if _date_cache[0] != now:  # (http_date, inlined: once per response)
+            if _date_cache[0] != now:  # (a new second: its Date)
                 _date_second(now)
             if ex.t0:  # a request head was parsed (none for a malformed request)
-                head = _HEAD_TIMED % (line, _date_cache[2], ex.rid.encode(),
+                head = _HEAD_TIMED % (line, _date_cache[1], ex.rid.encode(),
                                       int((time.perf_counter() - ex.t0) * 1000), headers)
             else:
-                head = _HEAD % (line, _date_cache[2], ex.rid.encode(), headers)
+                head = _HEAD % (line, _date_cache[1], ex.rid.encode(), headers)
             if data and framing is not _NOBODY:
                 head += data if framing is not _CHUNKED else _CHUNK % (len(data), data)
             if end and framing is _CHUNKED:
