@@ -491,6 +491,51 @@ def test_reset_mid_stream_counts_only_new_tokens():
     assert raw["stream_ends"] == {"completed": 1}
 
 
+def test_a_stream_start_counts_as_record_then_track():
+    """Stats.stream_started (one model lookup, the streamed request's path) leaves every
+    counter, gauge and histogram as record() then track() do, the once-a-second ring too
+    (its entries, and the totals summed over every model's histograms, make the window)."""
+    now = [100.0]
+    a, b = Stats(lambda: now[0]), Stats(lambda: now[0])
+    tracks = []
+    for i, model in enumerate(["gpt-4o", "gpt-4o-mini", "gpt-4o", None, "x" * 300]):
+        now[0] += 3.0  # (the ring ticks at each start: the window spans some of them)
+        a.record("chat.completions", model, "sse", 200)
+        ta = a.track(model, 0.25 * i, "sse", lambda t, d: True, 7 + i)
+        tb = b.stream_started("chat.completions", model, "sse", 200, 0.25 * i,
+                              lambda t, d: True, 7 + i)
+        assert (ta.key, ta.t0, ta.prompt, ta.transport) == (tb.key, tb.t0, tb.prompt,
+                                                            tb.transport)
+        tracks.append((ta, tb))
+        for t in (ta, tb):
+            assert t.observe is not None
+            for k in range(3 + i):
+                t.observe("tok", None, 0.5 * i + 0.01 * k + 0.3)
+            t.fold()
+    assert a.raw() == b.raw()
+    for i, (ta, tb) in enumerate(tracks):
+        now[0] += 0.7
+        ta.finish("completed" if i % 2 else "cancelled", 5.0 + i)
+        tb.finish("completed" if i % 2 else "cancelled", 5.0 + i)
+    ra, rb = a.raw(), b.raw()
+    assert ra == rb and ra["counters"]["streams_total"] == 5
+    assert 0 < ra["window"]["tokens"] < sum(3 + i for i in range(5))  # (the last 10 s)
+
+
+def test_ring_totals_sum_every_models_histograms():
+    """The ring's totals (the windows' base) are each bucket summed over every model's
+    histogram, counts and the latency sum alike."""
+    st = Stats(lambda: 50.0)
+    for j, model in enumerate(["a", "b", "c"]):
+        for i, h in enumerate(st._hist(model)):
+            for k in range(len(h)):
+                h[k] = (k * 7 + i * 3 + j) % 5 if k < len(h) - 1 else 0.1 * (i + 1) * (j + 1)
+    hs = st._totals(50.0)[5]
+    for i in range(3):
+        want = [sum(h[i][k] for h in st.hists.values()) for k in range(len(hs[i]))]
+        assert hs[i] == want and len(want) == len(st.hists["a"][i])
+
+
 def test_responses_api_is_labelled(srv):
     if not any(r.name.startswith("responses") for r in srv.app.router.routes()):
         pytest.skip("the Responses API is not part of this build")

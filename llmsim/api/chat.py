@@ -624,38 +624,54 @@ def _choice_steps(c: Choice) -> list[dict[str, Any]]:
     return steps
 
 
+def _chunk(head: dict[str, Any], choice: int, delta: dict[str, Any],
+           finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    """A chunk of the stream's ``head`` whose one choice carries ``delta``."""
+    return {**head, "choices": [{"index": choice, "delta": delta, "logprobs": logprobs,
+                                 "finish_reason": finish}]}
+
+
 def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any]]:
     """The SSE plan: role chunks at TTFT, one token per chunk per step, finish, usage, DONE."""
     head = {"id": out.id, "object": "chat.completion.chunk", "created": out.created,
             "model": cr.model, "service_tier": _tier(cr), "system_fingerprint": FINGERPRINT}
     if cr.include_usage:
         head["usage"] = None
-
-    def chunk(choice: int, delta: dict[str, Any], finish: str | None = None,
-              logprobs: Any = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": choice, "delta": delta, "logprobs": logprobs,
-                                     "finish_reason": finish}]}
-
     gaps = out.iter_gaps()
     choices = out.choices
+    only = choices[0]
+    if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
+        # the common case, one token per chunk of one text choice: the role chunk, the
+        # tokens as one run (stream.TokenRun; the pump renders them without a step of this
+        # plan per token, hot path, issue 15), the first due with the role chunk, then a
+        # gap each, the finish chunk (the chunks of the loop below, built in place)
+        i, pieces, finish, ttft = only.index, only.pieces, only.finish, out.ttft
+        usage = out.usage() if cr.include_usage else None
+        # (what the rest reads is taken: the decision's objects are not kept for the
+        # stream's life, where the collector would walk them)
+        del out, choices, only
+        yield ttft, "chunk", {**head, "choices": [
+            {"index": i, "delta": {"role": "assistant", "content": "", "refusal": None},
+             "logprobs": None, "finish_reason": None}]}
+        if pieces:
+            yield 0.0, "chunk", TokenRun(pieces, gaps, (head, i))
+        yield 0.0, "chunk", {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                                  "finish_reason": finish}]}
+        if usage is not None:
+            yield 0.0, "chunk", {**head, "choices": [], "usage": usage}
+        yield 0.0, "done", None
+        return
     first = True
     for c in choices:
         role: dict[str, Any] = {"role": "assistant", "content": "" if c.pieces is not None
                                 else None, "refusal": None}
-        yield (out.ttft if first else 0.0), "chunk", chunk(c.index, role)
+        yield (out.ttft if first else 0.0), "chunk", _chunk(head, c.index, role)
         first = False
     seqs = [c.pieces if c.pieces is not None else _choice_steps(c) for c in choices]
-    keys = [(head, c.index) for c in choices]  # (one key a choice: the pump's template)
+    keys = []  # (one key a choice: the pump's template; a loop, so ``head`` is no cell)
+    for c in choices:
+        keys.append((head, c.index))
     steps = max(len(s) for s in seqs)
-    only = choices[0]
-    if len(choices) == 1 and only.pieces is not None and only.logprobs is None:
-        # the common case, one token per chunk of one text choice: the tokens as one run
-        # (stream.TokenRun; the pump renders them without a step of this plan per token,
-        # hot path, issue 15), the first due with the role chunk, then a gap each (the
-        # rest at once if the gaps run out, as in the loop below)
-        if only.pieces:
-            yield 0.0, "chunk", TokenRun(only.pieces, gaps, (head, only.index))
-        steps = 0
     for k in range(steps):
         delay = next(gaps, 0.0) if k else 0.0
         for c, seq in zip(choices, seqs, strict=True):
@@ -664,16 +680,16 @@ def stream_plan(cr: ChatRequest, out: ChatOut) -> Iterator[tuple[float, str, Any
             item = seq[k]
             if type(item) is str:
                 if c.logprobs is not None:
-                    yield delay, "chunk", chunk(c.index, {"content": item},
-                                                logprobs={"content": [c.logprobs[k]],
-                                                          "refusal": None})
+                    yield delay, "chunk", _chunk(head, c.index, {"content": item},
+                                                 logprobs={"content": [c.logprobs[k]],
+                                                           "refusal": None})
                 else:  # (a run of one: the choices take turns)
                     yield delay, "chunk", TokenRun([item], key=keys[c.index])
             else:  # a tool-call delta
-                yield delay, "chunk", chunk(c.index, cast(dict[str, Any], item))
+                yield delay, "chunk", _chunk(head, c.index, cast(dict[str, Any], item))
             delay = 0.0
     for c in choices:
-        yield 0.0, "chunk", chunk(c.index, {}, c.finish)
+        yield 0.0, "chunk", _chunk(head, c.index, {}, c.finish)
     if cr.include_usage:
         yield 0.0, "chunk", {**head, "choices": [], "usage": out.usage()}
     yield 0.0, "done", None

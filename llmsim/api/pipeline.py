@@ -178,14 +178,20 @@ class Family:
         """A held answer's client went away before it was delivered."""
 
 
-async def _prepare(req: Request, app: Services, fam: Family
+def _memo(req: Request, app: Services, fam: Family) -> BodyMemo | None:
+    """``fam``'s body memo for ``req``'s transport (None: the family keeps none)."""
+    if not fam.memo:
+        return None
+    # one memo per transport: the same bytes may validate differently
+    return app.memos.get(fam.endpoint if req.transport != "ws" else fam.endpoint + ".ws")
+
+
+async def _prepare(req: Request, app: Services, fam: Family, looked: bool = False
                    ) -> tuple[Parsed, int | None, Segments | None]:
     """The request parsed, its seed and its prompt-cache segments: values of the body
-    (with ``fam.memo``, kept by its bytes)."""
-    memo: BodyMemo | None = None
-    if fam.memo:  # one memo per transport: the same bytes may validate differently
-        memo = app.memos.get(fam.endpoint if req.transport != "ws" else fam.endpoint + ".ws")
-    if memo is not None:
+    (with ``fam.memo``, kept by its bytes; ``looked``: the memo has no entry for them)."""
+    memo = _memo(req, app, fam)
+    if memo is not None and not looked:
         hit = memo.get(req.body, app.config)
         if hit is not None:
             return fam.reuse(hit[0]), hit[1], hit[2]
@@ -204,7 +210,12 @@ async def _prepare(req: Request, app: Services, fam: Family
 
 async def generate(req: Request, app: Services, fam: Family) -> Result:
     """Parse, decide and deliver one request of ``fam`` (see the module doc)."""
-    p, seed, seg = await _prepare(req, app, fam)
+    memo = _memo(req, app, fam)
+    hit = memo.get(req.body, app.config) if memo is not None else None
+    if hit is not None:  # (a resent body: no parse, and no coroutine to await for it)
+        p, seed, seg = fam.reuse(hit[0]), hit[1], hit[2]
+    else:
+        p, seed, seg = await _prepare(req, app, fam, looked=True)
     a = p.ask
     if seg is not None or p.cache_blocks is None and a.prompt_tokens >= OPENAI_MIN_TOKENS:
         cached = fam.cached(app, p, seg)

@@ -158,13 +158,12 @@ def stream_started(app: Host, req: Request, endpoint: str, res: StreamResponse,
     """The stream's head was written: count the request, open the stream gauges and return
     the track whose ``observe`` the pump must call for every written event."""
     stream = res.stream
-    model = stream.model
-    pt = stream.usage.prompt_tokens if stream.usage is not None else 0
-    stats = app.stats
-    stats.record(endpoint, model, transport, res.status)
-    track = stats.track(model, req.received_at, transport, stream.dialect.is_token, pt)
+    u = stream.usage
+    track = app.stats.stream_started(endpoint, stream.model, transport, res.status,
+                                     req.received_at, stream.dialect.is_token,
+                                     u.prompt_tokens if u is not None else 0)
     track.usage = res.usage
-    watch = _watch(app)
+    watch = app.feature(WATCH)
     if watch is not None and (watch.watched or watch.journal is not None):
         watch.answered(req, res.status, res.headers, stream=True)
     return track
@@ -177,12 +176,13 @@ def stream_ended(app: Host, req: Request, track: StreamTrack, reason: str,
         return
     now = app.clock.now()
     track.finish(reason, now)
-    watch = _watch(app)
+    watch = app.feature(WATCH)
     if watch is not None and (reason != "completed" or watch.journal is not None
                               or watch.chains):
         watch.stream_ended(req, reason)
-    if reason == "completed" and track.usage is not None:
-        billed(app, track.usage)
+    u = track.usage
+    if u is not None and reason == "completed":
+        app.stats.usage(u.prompt_tokens, u.output_tokens, u.reasoning_tokens)  # (billed)
     if ACCESS.isEnabledFor(INFO):
         access(req.method, req.path, track.key or None, status, track.prompt, track.tokens,
                track.ttft, now - track.t0, track.transport, req.request_id, req.client,

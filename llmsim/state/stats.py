@@ -33,6 +33,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from itertools import chain
+from operator import add as _add
 from operator import sub as _sub
 from typing import TYPE_CHECKING, Any
 
@@ -250,7 +251,9 @@ class StreamTrack:
         ``write_stall``)."""
         if self.done:
             return
-        self.fold()
+        obs = self.observe
+        if obs is not None and obs.times:  # (fold, when there is anything to fold)
+            obs.fold()
         # the observer holds this track: let go of it, so the stream's objects are freed
         # when it ends, not by a full garbage collection a few seconds later (a pause every
         # stream in flight sees; issue 15)
@@ -448,8 +451,25 @@ class Stats:
               prompt_tokens: int = 0) -> StreamTrack:
         """Open a stream's gauges (active streams, running per model) and return its
         :class:`StreamTrack`; its ``finish`` closes them."""
+        return self._track(self.model_key(model), t0, transport, is_token, prompt_tokens)
+
+    def stream_started(self, endpoint: str, model: str | None, transport: str, status: int,
+                       t0: float, is_token: Callable[[str, Any], bool] | None,
+                       prompt_tokens: int = 0) -> StreamTrack:
+        """A stream's head was written: :meth:`record` the request and :meth:`track` the
+        stream, the model's label looked up once (once per streamed request)."""
         key = self.model_key(model)
-        self.stream_open()
+        self.requests[(endpoint, key, transport, status)] += 1  # (record's count)
+        self.requests_n += 1
+        now = self._time()
+        if int(now) != self._ring_sec:
+            self._tick(now)
+        return self._track(key, t0, transport, is_token, prompt_tokens)
+
+    def _track(self, key: str, t0: float, transport: str,
+               is_token: Callable[[str, Any], bool] | None, prompt_tokens: int) -> StreamTrack:
+        self.active_streams += 1  # (stream_open)
+        self.streams_total += 1
         self.running[key] = self.running.get(key, 0) + 1
         m = self.models.get(key)
         if m is None:
@@ -471,8 +491,10 @@ class Stats:
     def fold_live(self) -> None:
         """Fold the token writes the live streams hold (:class:`StreamTrack`) into the
         counts and histograms: every read of them calls this first."""
-        for t in self._live:
-            t.fold()
+        for t in self._live:  # (StreamTrack.fold, inlined: once per live stream)
+            obs = t.observe
+            if obs is not None and obs.times:
+                obs.fold()
 
     def _hist(self, key: str) -> tuple[list[Any], list[Any], list[Any]]:
         h = self.hists.get(key)
@@ -487,9 +509,7 @@ class Stats:
         for i in range(3):
             tot: list[Any] = [0] * (NB + 1)  # counts and the sum
             for h in self.hists.values():
-                hi = h[i]
-                for j in range(NB + 1):
-                    tot[j] += hi[j]
+                tot = list(map(_add, tot, h[i]))  # (bucket by bucket, in C)
             hs.append(tot)
         return (now, self.requests_n, self._delivered(), self.tokens_in, self.errors_n, hs)
 

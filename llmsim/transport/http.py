@@ -95,15 +95,15 @@ log = logging.getLogger("llmsim")
 _INF = float("inf")
 PIPELINE_BUFFER = 256 * 1024  # unread pipelined bytes before we stop reading the socket
 
+# the second, and what every response head has in it from the Date to the request id
 _date_cache: list[Any] = [0, b""]
+_time = time.time
 
 
-def http_date() -> bytes:
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[0] = now
-        _date_cache[1] = formatdate(now, usegmt=True).encode()
-    return _date_cache[1]
+def _date_second(now: int) -> None:
+    _date_cache[0] = now
+    _date_cache[1] = (b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n" + _COMMON
+                      + b"x-request-id: ")
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -134,6 +134,10 @@ _SSE_HEADERS = (b"content-type: text/event-stream; charset=utf-8\r\ncache-contro
 # access-control-allow-origin: the real API allows browser callers (dangerouslyAllowBrowser)
 _COMMON = b"server: llmsim\r\nopenai-version: 2020-10-01\r\naccess-control-allow-origin: *\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# a response head: the status line, the Date to the request id (_date_cache), the request
+# id, [the processing time], the response's own header lines, the blank line
+_HEAD = b"%b%b%b\r\n%b\r\n"
+_HEAD_TIMED = b"%b%b%b\r\nopenai-processing-ms: %d\r\n%b\r\n"
 
 
 def header_bytes(headers: list[tuple[str, str]]) -> bytes:
@@ -156,6 +160,11 @@ _CHUNKED = 2  # Transfer-Encoding: chunked (HTTP/1.1 streams)
 _CLOSE = 3  # the body ends when the connection closes (HTTP/1.0 streams)
 _NOBODY = 4  # HEAD, 204, 304: the head alone
 _CHUNK = encode.CHUNK  # one chunk of a chunked body
+_CYCLE_DONE = (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)  # h11's states of a request read whole
+# h11's sentinels and event types, compared per event read (a module global, not an
+# attribute of the h11 module read each time)
+_NEED_DATA, _PAUSED = h11.NEED_DATA, h11.PAUSED
+_REQUEST, _DATA, _END, _CLOSED_EVENT = h11.Request, h11.Data, h11.EndOfMessage, h11.ConnectionClosed
 
 
 class Phase(enum.Enum):
@@ -384,16 +393,16 @@ class HTTPProtocol(asyncio.Protocol):
             except h11.RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
-            if ev is h11.NEED_DATA or ev is h11.PAUSED:
+            if ev is _NEED_DATA or ev is _PAUSED:
                 if self.phase is _READING and self._timer_kind != "body":
                     # a head whose body is still to come: the body deadline, from now (armed
                     # here, not with the head, so a request that arrived whole arms none)
                     self._arm("body", self.cfg.header_timeout_s)
                 return
             t = type(ev)
-            if t is h11.Request:
+            if t is _REQUEST:
                 self._on_request(ev)  # type: ignore[arg-type]
-            elif t is h11.Data:
+            elif t is _DATA:
                 ex = self.exchange
                 assert ex is not None
                 ex.body_len += len(ev.data)  # type: ignore[union-attr]
@@ -401,14 +410,15 @@ class HTTPProtocol(asyncio.Protocol):
                     self._too_large()
                     return
                 ex.body.append(ev.data)  # type: ignore[union-attr]
-            elif t is h11.EndOfMessage:
+            elif t is _END:
                 self._dispatch()
-            elif t is h11.ConnectionClosed:
+            elif t is _CLOSED_EVENT:
                 self._close()
                 return
 
     def _on_request(self, ev: h11.Request) -> None:
-        self._cancel_timer()
+        self._deadline = _INF  # (_cancel_timer, inlined: once per request)
+        self._timer_kind = None
         ex = self.exchange = Exchange(ev, new_request_id(), time.perf_counter())
         self.phase = _READING
         # h11 only caps a head that arrives incomplete; a complete one in one read is
@@ -481,7 +491,11 @@ class HTTPProtocol(asyncio.Protocol):
         ex = self.exchange
         assert ex is not None and ex.head is not None
         ev = ex.head
-        self._cancel_timer()
+        # (h11's event and its header tuples are read: not kept for the exchange's life,
+        # a stream's, where the collector would walk them)
+        ex.head = None
+        self._deadline = _INF  # (_cancel_timer)
+        self._timer_kind = None
         self.phase = _HANDLING
         self._buffered = 0
         self._heads = 0
@@ -490,13 +504,14 @@ class HTTPProtocol(asyncio.Protocol):
         headers = ex.headers
         parts = ex.body
         body = b"".join(parts)  # (bytes, as Request.body says: h11 hands out bytearrays)
-        ex.body = []
+        parts.clear()
         req = Request.http(ev.method.decode("ascii"), path,
                            parse_qs(qs, keep_blank_values=True) if qs else {}, headers, body,
                            ex.rid, self.peer, self.app.clock.now())
         self.app.stats.request_open()
         ex.counted = True
-        if headers.get("upgrade", "").lower() == "websocket" and not ex.ambiguous:
+        if "upgrade" in headers and headers["upgrade"].lower() == "websocket" \
+                and not ex.ambiguous:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
         asyncio.get_running_loop().call_soon(self._handle, req, ex)
@@ -718,23 +733,23 @@ class HTTPProtocol(asyncio.Protocol):
                 framing = _NOBODY
             if not ex.keep_alive or self._shutdown:
                 headers += b"connection: close\r\n"
-            head = [line, b"date: ", http_date(), b"\r\n", _COMMON,
-                    b"x-request-id: ", ex.rid.encode(), b"\r\n"]
+            now = int(_time())
+            if _date_cache[0] != now:  # (a new second: its Date)
+                _date_second(now)
             if ex.t0:  # a request head was parsed (none for a malformed request)
-                head.append(b"openai-processing-ms: %d\r\n"
-                            % int((time.perf_counter() - ex.t0) * 1000))
-            head.append(headers)
-            head.append(b"\r\n")
+                head = _HEAD_TIMED % (line, _date_cache[1], ex.rid.encode(),
+                                      int((time.perf_counter() - ex.t0) * 1000), headers)
+            else:
+                head = _HEAD % (line, _date_cache[1], ex.rid.encode(), headers)
             if data and framing is not _NOBODY:
-                head.append(data if framing is not _CHUNKED
-                            else _CHUNK % (len(data), data))
+                head += data if framing is not _CHUNKED else _CHUNK % (len(data), data)
             if end and framing is _CHUNKED:
-                head.append(b"0\r\n\r\n")
+                head += b"0\r\n\r\n"
             ex.framing = framing  # (set with the write: a failure above is answered 500)
             ex.status = status
             if end:  # released before the last byte leaves: a client that has it sees it
                 self._release_request(ex)
-            tr.write(b"".join(head))
+            tr.write(head)
         else:
             framing = ex.framing
             if end:
@@ -801,10 +816,11 @@ class HTTPProtocol(asyncio.Protocol):
         a fresh h11 connection fed the bytes that arrived behind this request."""
         self.exchange = None
         self._task = None
-        self._release_request(ex)
+        if ex.counted:  # (_release_request, inlined: _out released it, as a rule)
+            self._release_request(ex)
         conn = self.conn
         if (not ex.keep_alive or self._shutdown
-                or conn.their_state not in (h11.DONE, h11.MIGHT_SWITCH_PROTOCOL)):
+                or conn.their_state not in _CYCLE_DONE):
             self.phase = _CLOSING
             self._close()
             return
@@ -821,7 +837,8 @@ class HTTPProtocol(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._arm("idle", self.cfg.idle_timeout_s)
-        self._process()
+        if trailing or closed:  # (a fresh connection fed nothing has no event but NEED_DATA)
+            self._process()
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
