@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, KeysView
 from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["BoundedStore", "SnapshotStore", "approx_bytes", "json_bytes", "WALK_NODES"]
@@ -171,6 +171,11 @@ class BoundedStore(Generic[V]):
         if self.on_remove is not None:
             self.on_remove(key, hit[1])
         return hit[1]
+
+    def keys(self) -> KeysView[str]:
+        """The live entries' keys (expired ones dropped first): a view, read it at once."""
+        self.purge()
+        return self._data.keys()
 
     def values(self) -> Iterator[V]:
         self.purge()

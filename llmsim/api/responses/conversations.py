@@ -115,7 +115,8 @@ class ItemIndex:
         for j, oid in enumerate(output_ids):
             where[oid] = (rec.id, -1 - j)
         if len(where) > self._sweep_at:
-            self._where = where = {k: v for k, v in where.items() if v[0] in store}
+            live = store.keys()  # (a dict view: a lookup each, no store call per item)
+            self._where = where = {k: v for k, v in where.items() if v[0] in live}
             self._sweep_at = max(4096, 2 * len(where))
 
     def find(self, item_id: str, store: BoundedStore[Record]) -> Item | None:
