@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -92,6 +93,7 @@ def test_item_index_sweep_keeps_only_stored_items():
         def __init__(self, i: int) -> None:
             self.id = f"resp_{i}"
             self.input_items = [{"id": f"in_{i}", "type": "message"}]
+            self.out = SimpleNamespace(items=[SimpleNamespace(id=f"out_{i}")])
 
         def output_items(self) -> list[dict[str, Any]]:
             return [{"id": f"out_{self.id[5:]}", "type": "message"}]
@@ -103,7 +105,7 @@ def test_item_index_sweep_keeps_only_stored_items():
             index._sweep_at = 0  # (this add sweeps)
         rec = Rec(i)
         store.put(rec.id, rec)
-        index.add(rec, [f"out_{i}"], store)
+        index.add(rec, store)  # type: ignore[arg-type]
     assert sorted(store.keys()) == sorted(f"resp_{i}" for i in range(33, 41))
     assert len(index) == 16  # swept: the stored responses' items only
     for i in range(33, 41):

@@ -424,7 +424,7 @@ def _new_record(req: Request, app: Services, pr: Prepared, out: RespOut) -> Reco
     if k is not None:
         k.held = held
     if rr.store and st.put(rec):
-        st.items.add(rec, [o.id for o in out.items], st.store)
+        st.items.add(rec, st.store)
         if st.shared is not None:  # --workers > 1: other workers see it too
             rec.shared = st.shared
             if rr.background or rr.stream:  # (a JSON answer's id is unknown until it ends)

@@ -140,7 +140,7 @@ class ResponsesState:
             return False
         if rec.refs:  # already kept alive by a stored descendant: now an entry itself
             store.extra_bytes -= rec.nbytes
-        else:
+        elif type(rec.parent) is Record:
             self._acquire(rec.parent)
         rec.refs += 1
         return store.put(rec.id, rec, nbytes=rec.nbytes)
@@ -150,7 +150,7 @@ class ResponsesState:
         rec.refs -= 1
         if rec.refs:
             self.store.extra_bytes += rec.nbytes  # a stored descendant still holds it
-        else:
+        elif type(rec.parent) is Record:
             self._release(rec.parent)
 
     def _acquire(self, p: Record | Snapshot | None) -> None:
