@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -14,7 +15,7 @@ import orjson
 import pytest
 
 from llmsim import Config
-from llmsim.api.responses.state import state
+from llmsim.api.responses.state import ItemIndex, input_bytes, record_bytes, state
 from llmsim.app import App
 from llmsim.config import ResponsesConfig
 from llmsim.messages import JSONResponse, RawResponse, Request, StreamResponse
@@ -79,6 +80,58 @@ async def test_stored_responses_ttl_on_fake_clock():
     clock.advance(61)
     got = await app.dispatch(_req({}, "GET", f"/v1/responses/{rid}"))
     assert isinstance(got, RawResponse) and got.status == 404
+
+
+def test_item_index_sweep_keeps_only_stored_items():
+    """The item index sweeps entries of responses that left the store (evicted or
+    expired), and keeps every stored response's items findable through the sweeps."""
+    now = [0.0]
+    store: BoundedStore[Any] = BoundedStore(8, 100.0, lambda: now[0])
+    index = ItemIndex()
+
+    class Rec:
+        def __init__(self, i: int) -> None:
+            self.id = f"resp_{i}"
+            self.input_items = [{"id": f"in_{i}", "type": "message"}]
+            self.out = SimpleNamespace(items=[SimpleNamespace(id=f"out_{i}")])
+
+        def output_items(self) -> list[dict[str, Any]]:
+            return [{"id": f"out_{self.id[5:]}", "type": "message"}]
+
+    for i in range(41):
+        if i == 30:
+            now[0] = 150.0  # the first 30 expired (born at 0)
+        if i == 40:
+            index._sweep_at = 0  # (this add sweeps)
+        rec = Rec(i)
+        store.put(rec.id, rec)
+        index.add(rec, store)  # type: ignore[arg-type]
+    assert sorted(store.keys()) == sorted(f"resp_{i}" for i in range(33, 41))
+    assert len(index) == 16  # swept: the stored responses' items only
+    for i in range(33, 41):
+        assert index.find(f"in_{i}", store) == {"id": f"in_{i}", "type": "message"}
+        assert index.find(f"out_{i}", store) == {"id": f"out_{i}", "type": "message"}
+    assert index.find("in_3", store) is None and index.find("out_32", store) is None
+
+
+async def test_a_resent_body_is_measured_as_the_first():
+    """A create whose body the memo kept reuses the first create's measure of its input
+    (``input_bytes``): every record of those bytes is accounted exactly as if measured anew,
+    and a different body is measured on its own."""
+    app = App(Config(latency="instant", seed=3), clock=FakeClock())
+    st = state(app)
+    bodies = [{"model": "gpt-4o", "input": "x", "max_output_tokens": 16},
+              {"model": "gpt-4o", "input": [{"role": "user", "content": "y" * 3000}],
+               "max_output_tokens": 16, "instructions": "be brief"}]
+    seen = []
+    for body in bodies * 3:
+        req = _req(body)
+        res = await app.dispatch(req)
+        rec = st.store.get(res.data["id"])
+        assert rec is not None
+        assert rec.nbytes == record_bytes(rec, req.body)
+        seen.append(input_bytes(rec, req.body))
+    assert seen[0] == seen[2] == seen[4] != seen[1] == seen[3] == seen[5]
 
 
 def test_store_disabled(make_server):

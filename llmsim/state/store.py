@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, KeysView
 from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["BoundedStore", "SnapshotStore", "approx_bytes", "json_bytes", "WALK_NODES"]
@@ -97,11 +97,11 @@ class BoundedStore(Generic[V]):
         """Whether an entry of ``nbytes`` can be stored at all (enabled, within max_bytes)."""
         return self.max_entries > 0 and (not self.max_bytes or nbytes <= self.max_bytes)
 
-    def purge(self) -> None:
-        """Drop expired entries (oldest first)."""
+    def purge(self, now: float | None = None) -> None:
+        """Drop expired entries (oldest first); ``now``: the clock read already."""
         if self.ttl <= 0 or not self._data:
             return
-        limit = self._now() - self.ttl
+        limit = (self._now() if now is None else now) - self.ttl
         data = self._data
         while data:
             key, (born, value, _) = next(iter(data.items()))
@@ -115,14 +115,15 @@ class BoundedStore(Generic[V]):
         it had to go to bring the owner's ``extra_bytes`` back under the bound."""
         if not self.fits(nbytes):
             return False
-        self.purge()
+        now = self._now()
+        self.purge(now)
         data = self._data
         if key in data:
             _, old, size = data.pop(key)
             self.bytes -= size
             if self.on_remove is not None:
                 self.on_remove(key, old)
-        data[key] = (self._now(), value, nbytes)
+        data[key] = (now, value, nbytes)
         self.bytes += nbytes
         self.shrink()
         return key in data
@@ -171,6 +172,11 @@ class BoundedStore(Generic[V]):
         if self.on_remove is not None:
             self.on_remove(key, hit[1])
         return hit[1]
+
+    def keys(self) -> KeysView[str]:
+        """The live entries' keys (expired ones dropped first): a view, read it at once."""
+        self.purge()
+        return self._data.keys()
 
     def values(self) -> Iterator[V]:
         self.purge()

@@ -172,11 +172,12 @@ class Prepared:
     for a create, the fields its Response echoes)."""
 
     __slots__ = ("rr", "parent", "conversation", "input_items", "context", "input_tokens",
-                 "cached_tokens", "echo")
+                 "cached_tokens", "echo", "kept")
 
     def __init__(self, rr: RespRequest, parent: Record | Snapshot | None, conv: Conversation | None,
                  input_items: list[Item], context: list[Item], input_tokens: int,
-                 cached_tokens: int, echo: dict[str, Any] | None = None) -> None:
+                 cached_tokens: int, echo: dict[str, Any] | None = None,
+                 kept: _Kept | None = None) -> None:
         self.rr = rr
         self.parent = parent
         self.conversation = conv
@@ -185,6 +186,7 @@ class Prepared:
         self.input_tokens = input_tokens
         self.cached_tokens = cached_tokens
         self.echo = echo
+        self.kept = kept  # the body memo's entry it was made from (its input_bytes kept there)
 
     def keeps(self) -> bool:
         """Is this a function of its body's bytes alone (no stored state read)?"""
@@ -197,9 +199,11 @@ class _Kept:
     item reference) as the body memo keeps it: its request, its input items (copied for each
     use, the ids the server generated issued anew: ``fresh``, their indexes), its input
     token count and the fields each Response echoes. Shared by every create with these
-    bytes: read-only, as everything a BodyMemo keeps."""
+    bytes: read-only, as everything a BodyMemo keeps (but ``held``: the records'
+    :func:`.record.input_bytes`, a function of these bytes, set by the first create that
+    measures it)."""
 
-    __slots__ = ("rr", "items", "fresh", "tokens", "echo")
+    __slots__ = ("rr", "items", "fresh", "tokens", "echo", "held")
 
     def __init__(self, p: Prepared) -> None:
         self.rr = p.rr
@@ -207,12 +211,14 @@ class _Kept:
         self.fresh = generated_ids(p.rr.body.get("input"))
         self.tokens = p.input_tokens
         self.echo = p.echo
+        self.held: int | None = None
 
     def prepared(self) -> Prepared:
         items: list[Item] = orjson.loads(self.items)  # this response's own items
         for i in self.fresh:
             items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
-        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0, self.echo)
+        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0, self.echo,
+                        self)
 
 
 MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
@@ -279,7 +285,8 @@ def _stream(rec: Record, plan: Iterable[tuple[float, str, Any]], model: str, *,
             observe: bool = False, live: bool = False) -> EventStream:
     """A stream of this response's events (live, background or a replay)."""
     return EventStream(plan, RESPONSES, model=model, id=rec.id, usage=rec.out.counts, fail=rec.failed,
-                       on_event=rec.observe if observe else None, observed=Record.OBSERVED,
+                       on_event=rec.observe if observe else None,
+                       observed=Record.OBSERVED if rec.background else Record.OBSERVED_FOREGROUND,
                        on_end=rec.live_ended if live else None)
 
 
@@ -412,9 +419,12 @@ def _new_record(req: Request, app: Services, pr: Prepared, out: RespOut) -> Reco
     rec = Record(app, pr.echo, out, pr.input_items, pr.parent, background=rr.background,
                  conversation=pr.conversation, ws_context=_previous_responses(req),
                  warmup=not rr.generate)
-    st.measure(rec, req.body)
+    k = pr.kept
+    held = st.measure(rec, req.body, k.held if k is not None else None)
+    if k is not None:
+        k.held = held
     if rr.store and st.put(rec):
-        st.items.add(rec, [o.id for o in out.items], st.store)
+        st.items.add(rec, st.store)
         if st.shared is not None:  # --workers > 1: other workers see it too
             rec.shared = st.shared
             if rr.background or rr.stream:  # (a JSON answer's id is unknown until it ends)

@@ -104,18 +104,20 @@ class ItemIndex:
     def __len__(self) -> int:
         return len(self._where)
 
-    def add(self, rec: Record, output_ids: list[str], store: BoundedStore[Record]) -> None:
+    def add(self, rec: Record, store: BoundedStore[Record]) -> None:
         """Index a stored response's input items (position i) and its output items (-1 - j,
-        in ``rec.output_items()`` once it has them)."""
+        in ``rec.output_items()`` once it has them: ``rec.out.items``, by their ids)."""
         where = self._where
+        rid = rec.id
         for i, it in enumerate(rec.input_items):
             iid = it.get("id")
             if isinstance(iid, str):
-                where[iid] = (rec.id, i)
-        for j, oid in enumerate(output_ids):
-            where[oid] = (rec.id, -1 - j)
+                where[iid] = (rid, i)
+        for j, o in enumerate(rec.out.items):
+            where[o.id] = (rid, -1 - j)
         if len(where) > self._sweep_at:
-            self._where = where = {k: v for k, v in where.items() if v[0] in store}
+            live = store.keys()  # (a dict view: a lookup each, no store call per item)
+            self._where = where = {k: v for k, v in where.items() if v[0] in live}
             self._sweep_at = max(4096, 2 * len(where))
 
     def find(self, item_id: str, store: BoundedStore[Record]) -> Item | None:

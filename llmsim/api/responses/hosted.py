@@ -623,7 +623,8 @@ def _approved(items: list[Item], context: list[Item]) -> list[Item]:
 
 def involved(rr: RespRequest) -> bool:
     """Does this request have hosted tools (the output goes through :func:`response_out`)?"""
-    return any(t["type"] in FAMILY for t in rr.tools)
+    tools = rr.tools
+    return bool(tools) and any(t["type"] in FAMILY for t in tools)  # (most have none)
 
 
 def _cite(pieces: list[str], cites: list[dict[str, Any]], enc: str,

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 __all__ = ["Record", "Snapshot", "Conversation", "PreviousResponses", "Publisher", "Item",
-           "FAILED_CODES", "record_bytes", "item_bytes", "RESPONSES", "ChainBudget"]
+           "FAILED_CODES", "record_bytes", "input_bytes", "item_bytes", "RESPONSES", "ChainBudget"]
 
 
 class Publisher(Protocol):
@@ -103,19 +103,28 @@ def _output_bytes(out: RespOut) -> int:
     return n
 
 
-def record_bytes(rec: Record, body: bytes) -> int:
+def record_bytes(rec: Record, body: bytes, held: int | None = None) -> int:
     """An honest estimate of what ``rec`` holds, without serializing anything: its output from
-    token counts, and its input and request echo either measured (:func:`approx_bytes`) when
-    the body is a few objects holding long strings (walking them costs microseconds, where
-    counting a 4 MB body costs milliseconds), or else bounded from the request ``body``
-    (:func:`json_bytes`, ~0.3 ms a MB, plus each item's normalization overhead)."""
+    token counts, and its input and request echo (``held``: :func:`input_bytes` of ``body``,
+    when not given)."""
+    if held is None:
+        held = input_bytes(rec, body)
+    return RECORD_BYTES + held + _output_bytes(rec.out)
+
+
+def input_bytes(rec: Record, body: bytes) -> int:
+    """What ``rec``'s input items and request echo hold, a function of the request ``body``:
+    measured (:func:`approx_bytes`) when the body is a few objects holding long strings
+    (walking them costs microseconds, where counting a 4 MB body costs milliseconds), or else
+    bounded from ``body`` (:func:`json_bytes`, ~0.3 ms a MB, plus each item's normalization
+    overhead)."""
     items = len(rec.input_items)
     held = None
     if len(body) > 4096 * (items + 4):
         held = approx_bytes((rec.input_items, rec.echo))  # None: too many objects after all
     if held is None:
         held = json_bytes(body) + ITEM_OVERHEAD * items
-    return RECORD_BYTES + held + _output_bytes(rec.out)
+    return held
 
 
 def item_bytes(item: Item) -> int:
@@ -221,6 +230,8 @@ class Record:
     # once per token)
     OBSERVED = frozenset(("response.output_item.done", "response.in_progress",
                           "response.completed", "response.incomplete", "response.failed"))
+    # (a foreground response is in_progress from the start: its in_progress changes nothing)
+    OBSERVED_FOREGROUND = OBSERVED - {"response.in_progress"}
 
     @property
     def emitted(self) -> int:

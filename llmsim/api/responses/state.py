@@ -50,6 +50,7 @@ from .record import (
     PreviousResponses,
     Record,
     Snapshot,
+    input_bytes,
     item_bytes,
     record_bytes,
 )
@@ -57,7 +58,7 @@ from .store import CANCEL, DELETED, SharedResponses, fail_orphans
 from .ws_cache import ConnectionCache, LaneCache
 
 __all__ = ["Record", "Snapshot", "SharedResponses", "Conversation", "ResponsesState", "state",
-           "FAILED_CODES", "fail_orphans", "record_bytes", "item_bytes", "ItemIndex",
+           "FAILED_CODES", "fail_orphans", "record_bytes", "input_bytes", "item_bytes", "ItemIndex",
            "RedisConversations", "value_limit", "PreviousResponses", "ConnectionCache",
            "LaneCache", "RESPONSES", "DELETED", "CANCEL", "CONVERSATION_BYTES", "Item"]
 
@@ -120,9 +121,13 @@ class ResponsesState:
 
     # -- stored responses: byte accounting (see the class doc) ---------------------------------
     @staticmethod
-    def measure(rec: Record, body: bytes) -> None:
-        """Set ``rec.nbytes`` (every record: an unstored one can still be held by a chain)."""
-        rec.nbytes = record_bytes(rec, body)
+    def measure(rec: Record, body: bytes, held: int | None = None) -> int:
+        """Set ``rec.nbytes`` (every record: an unstored one can still be held by a chain);
+        ``held``: its :func:`input_bytes` of ``body`` when known. Returns that."""
+        if held is None:
+            held = input_bytes(rec, body)
+        rec.nbytes = record_bytes(rec, body, held)
+        return held
 
     def put(self, rec: Record) -> bool:
         """Store ``rec`` (``rec.nbytes`` set); False when it is not kept: storage disabled or
@@ -135,7 +140,7 @@ class ResponsesState:
             return False
         if rec.refs:  # already kept alive by a stored descendant: now an entry itself
             store.extra_bytes -= rec.nbytes
-        else:
+        elif type(rec.parent) is Record:
             self._acquire(rec.parent)
         rec.refs += 1
         return store.put(rec.id, rec, nbytes=rec.nbytes)
@@ -145,7 +150,7 @@ class ResponsesState:
         rec.refs -= 1
         if rec.refs:
             self.store.extra_bytes += rec.nbytes  # a stored descendant still holds it
-        else:
+        elif type(rec.parent) is Record:
             self._release(rec.parent)
 
     def _acquire(self, p: Record | Snapshot | None) -> None:
