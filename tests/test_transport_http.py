@@ -247,6 +247,67 @@ async def test_a_lost_connection_closes_the_wire_of_its_stream() -> None:
     assert server.app.stats.active_streams == 0
 
 
+STREAMS = {  # family → (path, body, its last event)
+    "chat": ("/v1/chat/completions", CHAT, b"data: [DONE]\n\n"),
+    "completions": ("/v1/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "hi",
+                                        "max_tokens": 3}, b"data: [DONE]\n\n"),
+    "anthropic": ("/anthropic/v1/messages", {"model": "claude-sonnet-4-6", "max_tokens": 3,
+                                             "messages": CHAT["messages"]},
+                  b'event: message_stop\ndata: {"type":"message_stop"}\n\n'),
+    "responses": ("/v1/responses", {**RESP, "store": False},
+                  b"event: response.incomplete\n"),  # (capped at max_output_tokens)
+}
+
+
+async def _stream_writes(family: str, ends: bool) -> list[tuple[bytes, int, int]]:
+    """The writes of one streamed request of ``family`` on a fresh connection, each with the
+    stream and request gauges at the moment it was made; ``ends=False``: the pump makes the
+    stream's last write itself, the terminating chunk its own write after it."""
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=50, itl_ms=10)
+    proto, tr = connect(server)
+    proto.wire.ends = ends
+    st = server.app.stats
+    writes: list[tuple[bytes, int, int]] = []
+    write = tr.write
+
+    def record(data: bytes) -> None:
+        writes.append((bytes(data), st.active_streams, st.active_requests))
+        write(data)
+
+    tr.write = record  # type: ignore[method-assign]
+    path, req, _ = STREAMS[family]
+    body = orjson.dumps({**req, "stream": True})
+    proto.data_received(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                        % (path.encode(), len(body), body))
+    assert await _until(lambda: proto.phase is Phase.IDLE and proto.exchange is None)
+    proto.connection_lost(None)
+    return writes
+
+
+_VARYING = re.compile(rb"(?:date|x-request-id|openai-processing-ms|request-id): [^\r]*\r\n"
+                      rb"|(?:chatcmpl|cmpl|msg|resp|req|rs)[-_][A-Za-z0-9]+"
+                      rb'|"(?:created|created_at|completed_at)":\s*[0-9.]+')
+
+
+@pytest.mark.parametrize("family", sorted(STREAMS))
+async def test_a_streams_last_write_carries_the_terminating_chunk(family: str) -> None:
+    """The stream's last events and the body's terminating chunk go out in one write, made
+    after the stream and the request are released (a client that has the last byte sees
+    the gauges down), and the bytes are those of the two writes it replaces."""
+    got = await _stream_writes(family, ends=True)
+    was = await _stream_writes(family, ends=False)
+    assert len(got) == len(was) - 1 >= 3  # the head, a token at least, the end
+    last, streams, requests = got[-1]
+    assert STREAMS[family][2] in last and last.endswith(b"\n\n\r\n0\r\n\r\n")
+    assert (streams, requests) == (0, 0)
+    assert was[-1][0] == b"0\r\n\r\n" and was[-1][1:] == (0, 0)
+    assert b"0\r\n\r\n" not in b"".join(w for w, _, _ in got[:-1])
+    assert [_VARYING.sub(b"", w) for w, _, _ in got] == (
+        [_VARYING.sub(b"", w) for w, _, _ in was[:-2]]
+        + [_VARYING.sub(b"", was[-2][0] + was[-1][0])])
+
+
 async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
     clock = FakeClock(start=0.0)
     server = mem_server(clock=clock, header_timeout_s=10, idle_timeout_s=75)

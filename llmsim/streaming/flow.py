@@ -261,6 +261,10 @@ class Pump(Timer):
         log.exception("stream failed after its first byte")
         if self.clock.outbox:  # (this stream's held token goes before its error)
             self.clock.flush()
+        nw = self._nw
+        if nw is not None and nw.last is not None:  # (its last events, left to the owner)
+            frames = [*nw.last, *frames]
+            nw.last = None
         # the number of the first event not written (the one that failed, if it had one)
         seq = self.claim()
         self._pending = None
@@ -482,7 +486,11 @@ class Pump(Timer):
                         break
                 if frames:
                     if nw is not None and self._wired:  # (_write, inlined: once per write)
-                        nw.write_wire(frames)
+                        if end is not None and nw.ends and (end == "completed" or end == STOP):
+                            if nw.open:  # the last write: the owner makes it (Wire.ends)
+                                nw.last = frames
+                        else:
+                            nw.write_wire(frames)
                     else:
                         self._write(frames)
                     frames = []

@@ -239,6 +239,7 @@ class HTTPProtocol(asyncio.Protocol):
         # (from the head to the stream's end); its ``paused`` is the connection's write-side
         # backpressure (:attr:`paused`)
         self.wire = HTTPWire(None)
+        self.wire.ends = True  # (_stream_done writes a stream's last events: Wire.ends)
         self._reading_paused = False  # mirrors transport.pause_reading()
         self._shutdown = False  # graceful shutdown: no request after the one in flight
         self._buffered = 0  # pipelined bytes received while a request is in flight
@@ -695,7 +696,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._pump.start(req.received_at if ex.first_step else None)  # never raises
 
     def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
-             length: int = -1, end: bool = False) -> bool:
+             length: int = -1, end: bool = False, framed: list[bytes] | None = None) -> bool:
         """THE outbound path of HTTP: every byte of a response is written here.
 
         ``status`` (with ``headers``: the response's own header lines) starts a response: a
@@ -703,8 +704,9 @@ class HTTPProtocol(asyncio.Protocol):
         Content-Length; else chunked on HTTP/1.1, close-delimited on HTTP/1.0), whether a
         body may follow at all (not to HEAD, not with 204/304), and ``connection: close``.
         ``data`` is body bytes, framed accordingly (or dropped when no body is allowed);
-        ``end`` finishes the response (the last chunk) and the exchange. Returns whether
-        the response carries a body."""
+        ``end`` finishes the response (the last chunk) and the exchange; ``framed``: the
+        parts of chunks a stream's pump framed (Wire.last), written ahead of the last chunk
+        in its write. Returns whether the response carries a body."""
         tr = self.transport
         ex = self.exchange
         if tr is None or ex is None or self.phase is _CLOSED:
@@ -761,7 +763,11 @@ class HTTPProtocol(asyncio.Protocol):
                         data += b"0\r\n\r\n"
                 tr.write(data)
             elif end and framing is _CHUNKED:
-                tr.write(b"0\r\n\r\n")
+                if framed:
+                    framed.append(b"0\r\n\r\n")
+                    tr.write(b"".join(framed))
+                else:
+                    tr.write(b"0\r\n\r\n")
         if end:
             self._end_cycle(ex)
         return framing is not _NOBODY
@@ -778,13 +784,17 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _stream_done(self, reason: str) -> None:
         self._pump = None
-        self.wire.open = False  # (before the terminating chunk: nothing after it)
+        wire = self.wire
+        wire.open = False  # (before the terminating chunk: nothing after it)
+        last = wire.last  # the stream's last events, written with the terminating chunk
+        if last is not None:
+            wire.last = None
         ex = self.exchange
         if ex is None:
             return
         self._release_stream(ex, reason)
         if reason in ("completed", "stopped", "error") and self.phase is not _CLOSED:
-            self._out(end=True)
+            self._out(end=True, framed=last)
 
     def _release_stream(self, ex: Exchange, reason: str) -> None:
         """Close the stream's gauges and run its ``on_close`` (capacity, rate-limit charge):
