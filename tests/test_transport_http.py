@@ -356,6 +356,40 @@ async def test_a_request_is_handled_on_the_next_loop_pass(
     assert (st.active_requests, st.active_connections) == (0, 0)
 
 
+async def test_the_requests_read_in_one_pass_are_handled_together_in_read_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The requests of several connections read in one loop pass are handled on the next
+    pass, in the order they were read, through one scheduled callback (not one each)."""
+    server = mem_server()
+    loop = asyncio.get_running_loop()
+    scheduled: list[Any] = []
+    call_soon = loop.call_soon
+
+    def counting(cb: Any, *args: Any, **kw: Any) -> asyncio.Handle:
+        scheduled.append(cb)
+        return call_soon(cb, *args, **kw)
+
+    answered: list[int] = []
+    conns = [connect(server) for _ in range(3)]
+    monkeypatch.setattr(loop, "call_soon", counting)
+    for i, (proto, tr) in enumerate(conns):
+        def write(data: bytes, i: int = i, write: Any = tr.write) -> None:
+            answered.append(i)
+            write(data)
+
+        tr.write = write  # type: ignore[method-assign]
+        proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    n = len(scheduled)
+    monkeypatch.undo()
+    assert n == 1 and answered == []
+    await asyncio.sleep(0)
+    assert answered == [0, 1, 2]
+    assert all(bytes(tr.out).startswith(b"HTTP/1.1 200 ") for _, tr in conns)
+    assert server.app.stats.active_requests == 0
+    for proto, _ in conns:
+        proto.connection_lost(None)
+
+
 async def test_a_cancel_before_the_handler_task_ran_reaches_the_handler() -> None:
     """A handler that suspended in its first step continues in a Task; a client gone before
     that Task's first step still cancels the handler itself (its own cancellation path

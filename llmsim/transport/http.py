@@ -84,6 +84,10 @@ class Server(Protocol):
 
     app: App
     connections: set[HTTPProtocol]
+    # the requests read and not yet handled, and the loop whose next pass handles them
+    # (_run_handlers)
+    due: list[tuple[HTTPProtocol, Request, Exchange]]
+    due_loop: asyncio.AbstractEventLoop | None
 
     def loop_time(self) -> float: ...
 
@@ -215,6 +219,21 @@ class Exchange:
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
         self.first_step = False  # its handler runs its first step (start_handler)
+
+
+def _run_handlers(server: Server) -> None:
+    """The loop pass after a read: run the handlers of the requests read since the last
+    such pass, in the order they were read (:meth:`HTTPProtocol._handle`); one scheduled
+    callback for them all, not a Handle and a context copy per request. A request read
+    meanwhile waits for the next pass."""
+    due = server.due
+    server.due = []
+    for proto, req, ex in due:
+        try:
+            proto._handle(req, ex)
+        except Exception as exc:  # (reported as the loop reports a failed callback)
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"Exception in callback {proto._handle!r}", "exception": exc})
 
 
 class HTTPProtocol(asyncio.Protocol):
@@ -515,7 +534,17 @@ class HTTPProtocol(asyncio.Protocol):
                 and not ex.ambiguous:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
-        asyncio.get_running_loop().call_soon(self._handle, req, ex)
+        # handled on the loop's next pass (_handle), with the others read until then: one
+        # callback for them all (_run_handlers)
+        srv = self.server
+        due = srv.due
+        loop = asyncio.get_running_loop()
+        if not due or srv.due_loop is not loop:
+            if due:  # (read on a loop that stopped before handling them: never handled)
+                due.clear()
+            srv.due_loop = loop
+            loop.call_soon(_run_handlers, srv)
+        due.append((self, req, ex))
 
     def _handle(self, req: Request, ex: Exchange) -> None:
         """Run the handler of ``req``, on the loop pass after the one that read it.
