@@ -39,8 +39,9 @@ LATENCY_CACHE = 1024  # latency models kept (App.latency)
 PROMPT_CACHE_TTL_S = OPENAI_TTL_24H_S  # the shared table's bound; each entry has its own expiry
 
 # A hook runs before the handler; it may return a Result (e.g. an injected fault) or raise
-# APIError (auth, rate limit) to answer instead of the handler.
-BeforeHook = Callable[[Request, Route, "App"], Awaitable[Result | None]]
+# APIError (auth, rate limit) to answer instead of the handler. A plain function may
+# return None when it has nothing to do (no coroutine made), else what it awaits.
+BeforeHook = Callable[[Request, Route, "App"], Awaitable[Result | None] | None]
 # An after-hook may add headers to any result (rate-limit headers, ...).
 AfterHook = Callable[[Request, Route, Result], None]
 # A stream hook sees every StreamResponse before it reaches a transport (SSE or WebSocket):
@@ -260,9 +261,11 @@ class App:
                 if params:
                     object.__setattr__(req, "params", params)
             for hook in self.before:
-                res = await hook(req, route, self)
-                if res is not None:
-                    return self._after(req, route, res)
+                step = hook(req, route, self)
+                if step is not None:
+                    res = await step
+                    if res is not None:
+                        return self._after(req, route, res)
             res = await route.handler(req, self)
             return self._after(req, route, res)
         except APIError as exc:

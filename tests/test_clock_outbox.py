@@ -129,3 +129,49 @@ async def test_nothing_is_held_outside_a_pass() -> None:
     assert clock.outbox is None
     log = await run(2, 3)
     assert log and clock.outbox is None and not clock._held
+
+
+async def failing(ends: bool) -> list[bytes]:
+    """The writes of a stream whose observer raises at the write of its last events (the last
+    token, the finish chunk, [DONE]), on a wire whose owner takes them (``ends``) or not."""
+    clock = Clock2(start=0.0)
+    log: list[tuple[int, bytes, int]] = []
+    wire = HTTPWire(Transport(0, log, clock))  # type: ignore[arg-type]
+    wire.open = True
+    wire.ends = ends
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    class Observer:
+        calls = 0
+
+        def __call__(self, etype: str, data: object, now: float) -> None:
+            pass
+
+        def per_write(self, n: int, now: float) -> None:
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("observer failed")
+
+    def on_done(reason: str) -> None:
+        assert wire.last is None  # (nothing left for the owner: the pump wrote it)
+        done.set_result(reason)
+
+    p = Pump(EventStream(iter(plan(3)), CHAT), clock, encode.sse_chat, wire, on_done,
+             Observer(), CHAT.sse_error)
+    p.start(0.0)
+    assert await asyncio.wait_for(done, 5) == "error"
+    return [d for _, d, _ in log]
+
+
+@pytest.mark.asyncio
+async def test_a_failure_after_the_last_events_writes_them_before_its_error() -> None:
+    """A pump that left a stream's last events to the wire's owner (``Wire.ends``) and then
+    fails writes them itself, ahead of the terminal error frame and in its write: the same
+    bytes as when it writes them at once."""
+    got = await failing(ends=True)
+    was = await failing(ends=False)
+    assert len(got) == len(was) - 1
+    assert b"".join(got) == b"".join(was)
+    assert b'"t2"' in got[-1] and b"[DONE]" in got[-1] and b'"error"' in got[-1]
+    out = b"".join(got)
+    assert out.index(b'"t2"') < out.index(b"[DONE]") < out.index(b'"error"')

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from llmsim.config import FaultRates, FaultsConfig
+from llmsim.errors import APIError
 from llmsim.sim.faults import Fault, fmt_duration, parse_spec
 from llmsim.streaming.clock import FakeClock
 
@@ -244,6 +245,37 @@ async def test_header_none_bypasses_rules() -> None:
     await exchange(srv, {"fault": "500"}, path="/llmsim/faults")
     assert (await exchange(srv, CHAT, [("x-llmsim-fault", "none")])).status == 200
     assert (await exchange(srv, CHAT)).status == 500
+
+
+async def test_the_fault_hook_makes_no_coroutine_when_no_fault_can_apply() -> None:
+    """The before-hook costs no coroutine per request when nothing is configured (nor with
+    the header ``none``), and still decides when a header or a rule is there."""
+    from llmsim.api.faults import FAULTS
+    from llmsim.messages import Request
+
+    srv = server()
+    app = srv.app
+    faults = app.feature(FAULTS)
+    assert faults is not None and faults.before in app.before
+    route, _ = app.router.resolve("POST", "/v1/chat/completions")
+
+    def req(headers: dict[str, str]) -> Request:
+        return Request.http("POST", "/v1/chat/completions", {}, headers, orjson.dumps(CHAT),
+                            "req_1", "127.0.0.1", 0.0)
+
+    assert faults.before(req({}), route, app) is None
+    assert faults.before(req({"x-llmsim-fault": " None "}), route, app) is None
+    step = faults.before(req({"x-llmsim-fault": "503"}), route, app)
+    assert step is not None
+    with pytest.raises(APIError) as got:  # (dispatch renders it)
+        await step
+    assert got.value.status == 503
+    await exchange(srv, {"fault": "500"}, path="/llmsim/faults")
+    step = faults.before(req({}), route, app)
+    assert step is not None
+    with pytest.raises(APIError) as got:
+        await step
+    assert got.value.status == 500
 
 
 @pytest.mark.parametrize("rule,param", [

@@ -286,3 +286,41 @@ async def test_pump_appends_token_write_times_and_folds_when_full(monkeypatch) -
     assert folds == [FOLD_EVERY, FOLD_EVERY]  # the pump folded each time the list was full
     track.finish("completed", clock.now())
     assert track.tokens == 150 and st.delivered_total() == 150
+
+
+def test_what_a_pump_reads_once_is_kept_per_family_and_bounded() -> None:
+    """The facts a pump reads from its encoder, its dialect and its sink (the token frame,
+    the wire frame) are those of a pump that computes them, kept once per (dialect's own
+    encoder, dialect, sink type), and never more than MAX_FACTS of them."""
+    from llmsim.api.responses.render import RESPONSES
+    from llmsim.streaming import flow
+    from llmsim.streaming.dialect import Dialect
+    from llmsim.streaming.wire import HTTPWire, WSWire
+
+    clock = FakeClock(start=0.0)
+
+    def fields(p: Pump) -> tuple[object, ...]:
+        return (p._frame, p._wired, p._nw, p._leads, p._lead, p._tail, p._nleads,
+                p.stream.take_runs)
+
+    for sink in (HTTPWire(None), WSWire(None), WriteLog(clock)):
+        for dialect, enc in ((CHAT, CHAT.sse), (RESPONSES, RESPONSES.sse),
+                             (RESPONSES, RESPONSES.ws)):
+            assert enc is not None
+            flow._FACTS.clear()
+            first = Pump(EventStream(iter(()), dialect), clock, enc,
+                         sink)  # type: ignore[arg-type]
+            assert (enc, dialect, type(sink)) in flow._FACTS
+            kept = Pump(EventStream(iter(()), dialect), clock, enc,
+                        sink)  # type: ignore[arg-type]
+            own = Pump(EventStream(iter(()), dialect), clock,  # a foreign encoder: computed
+                       lambda t, d, enc=enc: enc(t, d), sink)  # type: ignore[arg-type, misc]
+            assert fields(first) == fields(kept)
+            assert flow._FACTS[(enc, dialect, type(sink))] == flow._facts(enc, dialect, sink,
+                                                                          False)
+            assert fields(own)[1:-1] == fields(kept)[1:-1] and own._frame is None
+    for i in range(3 * flow.MAX_FACTS):
+        d = Dialect(f"x{i}", numbered=False, sse=encode.sse_chat, sse_error=CHAT.sse_error,
+                    error_events=CHAT.error_events)
+        Pump(EventStream(iter(()), d), clock, d.sse, HTTPWire(None))
+        assert len(flow._FACTS) <= flow.MAX_FACTS

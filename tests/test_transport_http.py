@@ -247,6 +247,67 @@ async def test_a_lost_connection_closes_the_wire_of_its_stream() -> None:
     assert server.app.stats.active_streams == 0
 
 
+STREAMS = {  # family → (path, body, its last event)
+    "chat": ("/v1/chat/completions", CHAT, b"data: [DONE]\n\n"),
+    "completions": ("/v1/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "hi",
+                                        "max_tokens": 3}, b"data: [DONE]\n\n"),
+    "anthropic": ("/anthropic/v1/messages", {"model": "claude-sonnet-4-6", "max_tokens": 3,
+                                             "messages": CHAT["messages"]},
+                  b'event: message_stop\ndata: {"type":"message_stop"}\n\n'),
+    "responses": ("/v1/responses", {**RESP, "store": False},
+                  b"event: response.incomplete\n"),  # (capped at max_output_tokens)
+}
+
+
+async def _stream_writes(family: str, ends: bool) -> list[tuple[bytes, int, int]]:
+    """The writes of one streamed request of ``family`` on a fresh connection, each with the
+    stream and request gauges at the moment it was made; ``ends=False``: the pump makes the
+    stream's last write itself, the terminating chunk its own write after it."""
+    clock = FakeClock(start=0.0)
+    server = mem_server(clock=clock, latency="realistic", ttft_ms=50, itl_ms=10)
+    proto, tr = connect(server)
+    proto.wire.ends = ends
+    st = server.app.stats
+    writes: list[tuple[bytes, int, int]] = []
+    write = tr.write
+
+    def record(data: bytes) -> None:
+        writes.append((bytes(data), st.active_streams, st.active_requests))
+        write(data)
+
+    tr.write = record  # type: ignore[method-assign]
+    path, req, _ = STREAMS[family]
+    body = orjson.dumps({**req, "stream": True})
+    proto.data_received(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                        % (path.encode(), len(body), body))
+    assert await _until(lambda: proto.phase is Phase.IDLE and proto.exchange is None)
+    proto.connection_lost(None)
+    return writes
+
+
+_VARYING = re.compile(rb"(?:date|x-request-id|openai-processing-ms|request-id): [^\r]*\r\n"
+                      rb"|(?:chatcmpl|cmpl|msg|resp|req|rs)[-_][A-Za-z0-9]+"
+                      rb'|"(?:created|created_at|completed_at)":\s*[0-9.]+')
+
+
+@pytest.mark.parametrize("family", sorted(STREAMS))
+async def test_a_streams_last_write_carries_the_terminating_chunk(family: str) -> None:
+    """The stream's last events and the body's terminating chunk go out in one write, made
+    after the stream and the request are released (a client that has the last byte sees
+    the gauges down), and the bytes are those of the two writes it replaces."""
+    got = await _stream_writes(family, ends=True)
+    was = await _stream_writes(family, ends=False)
+    assert len(got) == len(was) - 1 >= 3  # the head, a token at least, the end
+    last, streams, requests = got[-1]
+    assert STREAMS[family][2] in last and last.endswith(b"\n\n\r\n0\r\n\r\n")
+    assert (streams, requests) == (0, 0)
+    assert was[-1][0] == b"0\r\n\r\n" and was[-1][1:] == (0, 0)
+    assert b"0\r\n\r\n" not in b"".join(w for w, _, _ in got[:-1])
+    assert [_VARYING.sub(b"", w) for w, _, _ in got] == (
+        [_VARYING.sub(b"", w) for w, _, _ in was[:-2]]
+        + [_VARYING.sub(b"", was[-2][0] + was[-1][0])])
+
+
 async def test_header_and_idle_timeouts_run_on_the_app_clock() -> None:
     clock = FakeClock(start=0.0)
     server = mem_server(clock=clock, header_timeout_s=10, idle_timeout_s=75)
@@ -293,6 +354,40 @@ async def test_a_request_is_handled_on_the_next_loop_pass(
     assert bytes(tr.out) == b"" and not caplog.records  # (not handled: nothing failed)
     st = server.app.stats
     assert (st.active_requests, st.active_connections) == (0, 0)
+
+
+async def test_the_requests_read_in_one_pass_are_handled_together_in_read_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The requests of several connections read in one loop pass are handled on the next
+    pass, in the order they were read, through one scheduled callback (not one each)."""
+    server = mem_server()
+    loop = asyncio.get_running_loop()
+    scheduled: list[Any] = []
+    call_soon = loop.call_soon
+
+    def counting(cb: Any, *args: Any, **kw: Any) -> asyncio.Handle:
+        scheduled.append(cb)
+        return call_soon(cb, *args, **kw)
+
+    answered: list[int] = []
+    conns = [connect(server) for _ in range(3)]
+    monkeypatch.setattr(loop, "call_soon", counting)
+    for i, (proto, tr) in enumerate(conns):
+        def write(data: bytes, i: int = i, write: Any = tr.write) -> None:
+            answered.append(i)
+            write(data)
+
+        tr.write = write  # type: ignore[method-assign]
+        proto.data_received(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    n = len(scheduled)
+    monkeypatch.undo()
+    assert n == 1 and answered == []
+    await asyncio.sleep(0)
+    assert answered == [0, 1, 2]
+    assert all(bytes(tr.out).startswith(b"HTTP/1.1 200 ") for _, tr in conns)
+    assert server.app.stats.active_requests == 0
+    for proto, _ in conns:
+        proto.connection_lost(None)
 
 
 async def test_a_cancel_before_the_handler_task_ran_reaches_the_handler() -> None:

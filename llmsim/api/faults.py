@@ -58,7 +58,7 @@ from ..streaming.stream import close_plan
 from .azure import is_entra_token
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Awaitable, Callable, Iterator
 
     from ..sim.decide import Usage
     from ..streaming.clock import Timer
@@ -200,7 +200,10 @@ class Faults:
         h.update(req.body)
         return h.digest()
 
-    async def before(self, req: Request, route: Route, app: Services) -> Result | None:
+    def before(self, req: Request, route: Route,
+               app: Services) -> Awaitable[Result | None] | None:
+        """The before-hook (App.BeforeHook): None, with no coroutine made, when no fault can
+        apply (no header, no rule, no probability, no shared rules), else the decision."""
         if not is_api_path(req.path):
             return None
         header = req.headers.get(FAULT_HEADER)
@@ -209,6 +212,11 @@ class Faults:
             return None
         if header is not None and header.strip().lower() == "none":
             return None  # explicitly no fault (bypasses rules and probabilities)
+        return self._before(req, route, app, header)
+
+    async def _before(self, req: Request, route: Route, app: Services,
+                      header: str | None) -> Result | None:
+        eng = self.engine
         fault = None
         where: dict[str, Any] = {
             "model": _model(req), "endpoint": route.name,

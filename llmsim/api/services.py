@@ -75,7 +75,7 @@ class Host(Services, Protocol):
     transport) may use besides :class:`Services` (see the module doc)."""
 
     router: Router
-    before: list[Callable[[Request, Route, Any], Awaitable[Result | None]]]
+    before: list[Callable[[Request, Route, Any], Awaitable[Result | None] | None]]
     after: list[Callable[[Request, Route, Result], None]]
     stream_hooks: list[Callable[[Request, Route, Any], None]]
     abort_hooks: list[Callable[[Request], None]]

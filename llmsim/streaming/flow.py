@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import APIError, server_error
 from ..sim.latency import ConstantGaps
@@ -43,6 +43,9 @@ from .clock import Clock, Timer, holds_writes
 from .encode import TOKEN_JSON
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
 from .wire import Framing, Wire
+
+if TYPE_CHECKING:
+    from .dialect import Dialect
 
 __all__ = ["Pump", "Sink", "NullSink"]
 
@@ -65,8 +68,8 @@ class Sink(Protocol):
     A sink that frames every event the same way may also offer ``wire_frame(prefix,
     suffix)``: the parts of the wire bytes of the event ``prefix + payload + suffix`` around
     the payload (:data:`~llmsim.streaming.wire.Framing`: a lead that depends on the length,
-    a head, a tail), and ``write_wire(parts)``, which writes the parts of events so framed
-    with one join. The pump then renders each event once, not framed twice (HTTP chunked:
+    a head, a tail; the sink's type's, the same for all its sinks), and
+    ``write_wire(parts)``, which writes the parts of events so framed with one join. The pump then renders each event once, not framed twice (HTTP chunked:
     the SSE frame, then the chunk around it; WebSocket: the JSON, then the frame)."""
 
     @property
@@ -87,6 +90,36 @@ class NullSink:
 
     def abort(self) -> None:
         pass
+
+
+# What a pump reads once from its encoder, its stream's dialect and its sink (Pump.__init__):
+# (the encoder's frame of the dialect's token event or None, the sink is a Wire, the sink has
+# a wire frame, its leads, its lead, its tail, len(leads)). Kept for the dialects' own
+# encoders (the same facts for every stream of a family on one kind of sink; a sink's wire
+# frame is its type's), computed for any other.
+_Facts = tuple[tuple[bytes, bytes] | None, bool, bool, list[bytes], Any, bytes, int]
+_FACTS: dict[tuple[Any, Dialect, type], _Facts] = {}
+MAX_FACTS = 64  # (bounded: encoders and sink types are the code's, never the clients')
+
+
+def _facts(encode: Callable[[str, Any], bytes], dialect: Dialect, sink: Sink,
+           keep: bool) -> _Facts:
+    frame_of = (getattr(encode, "bytes_frame", None) if dialect.token_type is not None
+                else None)
+    frame: tuple[bytes, bytes] | None = (
+        frame_of(dialect.token_type) if frame_of is not None else None)
+    wire_frame = getattr(sink, "wire_frame", None)
+    if wire_frame is not None:
+        framing: Framing = wire_frame(b"", b"")
+        leads, lead, _, _, tail = framing
+        facts: _Facts = (frame, isinstance(sink, Wire), True, leads, lead, tail, len(leads))
+    else:
+        facts = (frame, isinstance(sink, Wire), False, _NO_LEADS, None, b"", 0)
+    if keep:
+        if len(_FACTS) >= MAX_FACTS:
+            _FACTS.clear()
+        _FACTS[(encode, dialect, type(sink))] = facts
+    return facts
 
 
 class Pump(Timer):
@@ -113,32 +146,50 @@ class Pump(Timer):
         # bound method between the clock and the pump. What a tick reads for each token
         # of a run comes first, in this order: a tick reads the first slots of the pump,
         # where thousands of streams take turns (issue 15).
-        super().__init__(0.0, holds_writes)
-        # Timer.cancelled is "not in a slot of the clock": True until a tick arms the pump
-        # (Clock.recall clears it), set again when the clock fires it or a finish cancels it
+        # (Timer.__init__, inlined: once per stream.) Timer.cancelled is "not in a slot of
+        # the clock": True until a tick arms the pump (Clock.recall clears it), set again
+        # when the clock fires it or a finish cancels it
+        self.deadline = 0.0
+        self.callback = holds_writes
         self.cancelled = True
         self._done = False
         self._in_run = False  # a TokenRun is being written (its state in the _run_ fields)
         self._fast = False  # in a run the tick's one-token path can write (see _start_run)
-        self._wired = False  # the sink takes wire bytes (write_wire), else write_events
         self.sink = sink
+        self.stream = stream
+        dialect = stream.dialect
+        # what the encoder, the dialect and the sink's type say (see _facts): the dialect's
+        # own encoders' are computed once
+        if encode is dialect.sse or encode is dialect.ws:
+            facts = _FACTS.get((encode, dialect, type(sink)))
+            if facts is None:
+                facts = _facts(encode, dialect, sink, True)
+        else:
+            facts = _facts(encode, dialect, sink, False)
+        # the encoder's frame of the dialect's token event (in which the pump renders runs
+        # from the dialect's template; None: every event is encoded), whether the sink is a
+        # connection's Wire, and the sink's wire frame (see Sink: an encoded event ``x``
+        # goes out as the parts ``lead(len(x)), x, tail``, a run's tokens with the run's
+        # own head and tail, written by write_wire; ``wired``: it has one)
+        (self._frame, is_wire, self._wired, self._leads, self._lead, self._tail,
+         self._nleads) = facts
         # the sink when it is a connection's Wire (HTTP chunks, WebSocket frames): its flag
         # and its write read directly, not looked up through the protocol object
-        self._nw: Wire | None = sink if isinstance(sink, Wire) else None
+        nw: Wire | None = sink if is_wire else None  # type: ignore[assignment]
+        self._nw = nw
         # the wire's transport's write, for the writes a clock pass holds (Clock.outbox)
         self.held_write: Callable[[bytes], Any] | None = (
-            self._nw.transport.write if self._nw is not None
-            and self._nw.transport is not None else None)
-        self.stream = stream
+            nw.transport.write if nw is not None and nw.transport is not None else None)
         self._now = clock.now_fn()
         self._same = clock.coalesce
         self._catch_up = clock.catch_up
         # a TokenRun being written (see _start_run): the deadline of its next event, the
         # event's index, the run's length, its gap when constant, its pieces, its frame:
         # ``lead(len(payload) + extra) + head + payload + tail`` with the wire (the lead
-        # read from ``leads``), ``head + payload + tail`` without; the payload is the
-        # token's JSON, in a numbering dialect followed by ``post`` and the number the
-        # stream's count gives (``stamps[seq]``, or rendered past the table)
+        # read from ``leads``, ``nleads`` long: a field read per event, not a len() call),
+        # ``head + payload + tail`` without; the payload is the token's JSON, in a
+        # numbering dialect followed by ``post`` and the number the stream's count gives
+        # (``stamps[seq]``, or rendered past the table)
         self._run_at = 0.0
         self._run_i = self._run_n = 0
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
@@ -147,8 +198,6 @@ class Pump(Timer):
         self._run_nstamps = 0  # len(_run_stamps), read per token instead of a len() call
         self._run_extra = 0
         self._run_head = self._run_tail = b""
-        self._leads = _NO_LEADS
-        self._nleads = 0  # len(_leads) (a field read per event, not a len() call)
         # the per-write observer protocol (StreamTrack.observe): the write's time appended
         # to ``times`` once per token, ``fold()`` called when ``fold_every`` of them are held
         self._times: list[float] | None = getattr(observer, "times", None)
@@ -162,33 +211,13 @@ class Pump(Timer):
         self._paused_at: float | None = None
         # an observer that counts tokens per write (StreamTrack.observe): called once per
         # write with the number of token events in it, instead of once per event
-        self._per_write: Callable[[int, float], None] | None = getattr(observer, "per_write",
-                                                                       None)
+        per_write = self._per_write = getattr(observer, "per_write", None)
         self._fold: Callable[[], None] | None = getattr(observer, "fold", None)
-        self._is_token = stream.dialect.is_token
-        self._token_types = stream.dialect.token_types
+        self._is_token = dialect.is_token
+        self._token_types = dialect.token_types
         # the per-event observer call, for an observer without the per-write protocol
         self._each: Callable[[str, Any, float], None] | None = (
-            observer if self._per_write is None else None)
-        # the encoder's frame of the dialect's token event (its ``bytes_frame(type)``: the
-        # bytes around the event's JSON), in which the pump renders runs from the dialect's
-        # template; None: no token template or no such frame, every event is encoded
-        dialect = stream.dialect
-        frame_of = (getattr(encode, "bytes_frame", None) if dialect.token_type is not None
-                    else None)
-        self._frame: tuple[bytes, bytes] | None = (
-            frame_of(dialect.token_type) if frame_of is not None else None)
-        # the sink's wire frame (see Sink): an encoded event ``x`` goes out as the parts
-        # ``lead(len(x)), x, tail`` (a run's tokens with the run's own head and tail),
-        # written by write_wire
-        self._lead: Any = None
-        self._tail = b""
-        wire_frame = getattr(sink, "wire_frame", None)
-        if wire_frame is not None:
-            framing: Framing = wire_frame(b"", b"")
-            self._leads, self._lead, _, _, self._tail = framing
-            self._nleads = len(self._leads)
-            self._wired = True
+            observer if per_write is None else None)
         self._unobserved = 0  # token events encoded but not yet observed (failure path)
         self._run_gaps: Any = None  # (the run's gaps when they vary)
         self._run_post = b""
@@ -261,6 +290,10 @@ class Pump(Timer):
         log.exception("stream failed after its first byte")
         if self.clock.outbox:  # (this stream's held token goes before its error)
             self.clock.flush()
+        nw = self._nw
+        if nw is not None and nw.last is not None:  # (its last events, left to the owner)
+            frames = [*nw.last, *frames]
+            nw.last = None
         # the number of the first event not written (the one that failed, if it had one)
         seq = self.claim()
         self._pending = None
@@ -482,7 +515,11 @@ class Pump(Timer):
                         break
                 if frames:
                     if nw is not None and self._wired:  # (_write, inlined: once per write)
-                        nw.write_wire(frames)
+                        if end is not None and nw.ends and (end == "completed" or end == STOP):
+                            if nw.open:  # the last write: the owner makes it (Wire.ends)
+                                nw.last = frames
+                        else:
+                            nw.write_wire(frames)
                     else:
                         self._write(frames)
                     frames = []

@@ -82,14 +82,22 @@ class Wire:
     two flags its owner keeps current. ``paused``: the transport's write buffer is above its
     high-water mark (the connection's backpressure; set by the protocol's
     ``pause_writing`` / ``resume_writing``). ``open``: a stream may write now (the owner's
-    word: see the subclasses); nothing is written while it is False."""
+    word: see the subclasses); nothing is written while it is False.
 
-    __slots__ = ("paused", "open", "transport")
+    ``ends``: the owner ends each stream's body itself and makes the stream's last write
+    with that end (an HTTP body's terminating chunk: one write, not two). A pump that writes
+    a stream's last events (the plan is exhausted or stopped) then leaves their parts in
+    ``last`` instead of writing them, and ends the stream: the owner's ``on_done`` writes
+    them, joined, with the body's end."""
+
+    __slots__ = ("paused", "open", "transport", "ends", "last")
 
     def __init__(self, transport: asyncio.Transport | None, paused: bool = False) -> None:
         self.paused = paused
         self.open = False
         self.transport = transport
+        self.ends = False
+        self.last: list[bytes] | None = None
 
     def write_events(self, frames: list[bytes]) -> None:
         """Frame each event payload and write them in one write (flow.Sink)."""

@@ -84,6 +84,10 @@ class Server(Protocol):
 
     app: App
     connections: set[HTTPProtocol]
+    # the requests read and not yet handled, and the loop whose next pass handles them
+    # (_run_handlers)
+    due: list[tuple[HTTPProtocol, Request, Exchange]]
+    due_loop: asyncio.AbstractEventLoop | None
 
     def loop_time(self) -> float: ...
 
@@ -217,6 +221,21 @@ class Exchange:
         self.first_step = False  # its handler runs its first step (start_handler)
 
 
+def _run_handlers(server: Server) -> None:
+    """The loop pass after a read: run the handlers of the requests read since the last
+    such pass, in the order they were read (:meth:`HTTPProtocol._handle`); one scheduled
+    callback for them all, not a Handle and a context copy per request. A request read
+    meanwhile waits for the next pass."""
+    due = server.due
+    server.due = []
+    for proto, req, ex in due:
+        try:
+            proto._handle(req, ex)
+        except Exception as exc:  # (reported as the loop reports a failed callback)
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"Exception in callback {proto._handle!r}", "exception": exc})
+
+
 class HTTPProtocol(asyncio.Protocol):
     """HTTP/1.1 over h11 for one connection (see module doc)."""
 
@@ -239,6 +258,7 @@ class HTTPProtocol(asyncio.Protocol):
         # (from the head to the stream's end); its ``paused`` is the connection's write-side
         # backpressure (:attr:`paused`)
         self.wire = HTTPWire(None)
+        self.wire.ends = True  # (_stream_done writes a stream's last events: Wire.ends)
         self._reading_paused = False  # mirrors transport.pause_reading()
         self._shutdown = False  # graceful shutdown: no request after the one in flight
         self._buffered = 0  # pipelined bytes received while a request is in flight
@@ -514,7 +534,17 @@ class HTTPProtocol(asyncio.Protocol):
                 and not ex.ambiguous:
             self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
             return
-        asyncio.get_running_loop().call_soon(self._handle, req, ex)
+        # handled on the loop's next pass (_handle), with the others read until then: one
+        # callback for them all (_run_handlers)
+        srv = self.server
+        due = srv.due
+        loop = asyncio.get_running_loop()
+        if not due or srv.due_loop is not loop:
+            if due:  # (read on a loop that stopped before handling them: never handled)
+                due.clear()
+            srv.due_loop = loop
+            loop.call_soon(_run_handlers, srv)
+        due.append((self, req, ex))
 
     def _handle(self, req: Request, ex: Exchange) -> None:
         """Run the handler of ``req``, on the loop pass after the one that read it.
@@ -695,7 +725,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._pump.start(req.received_at if ex.first_step else None)  # never raises
 
     def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
-             length: int = -1, end: bool = False) -> bool:
+             length: int = -1, end: bool = False, framed: list[bytes] | None = None) -> bool:
         """THE outbound path of HTTP: every byte of a response is written here.
 
         ``status`` (with ``headers``: the response's own header lines) starts a response: a
@@ -703,8 +733,9 @@ class HTTPProtocol(asyncio.Protocol):
         Content-Length; else chunked on HTTP/1.1, close-delimited on HTTP/1.0), whether a
         body may follow at all (not to HEAD, not with 204/304), and ``connection: close``.
         ``data`` is body bytes, framed accordingly (or dropped when no body is allowed);
-        ``end`` finishes the response (the last chunk) and the exchange. Returns whether
-        the response carries a body."""
+        ``end`` finishes the response (the last chunk) and the exchange; ``framed``: the
+        parts of chunks a stream's pump framed (Wire.last), written ahead of the last chunk
+        in its write. Returns whether the response carries a body."""
         tr = self.transport
         ex = self.exchange
         if tr is None or ex is None or self.phase is _CLOSED:
@@ -761,7 +792,11 @@ class HTTPProtocol(asyncio.Protocol):
                         data += b"0\r\n\r\n"
                 tr.write(data)
             elif end and framing is _CHUNKED:
-                tr.write(b"0\r\n\r\n")
+                if framed:
+                    framed.append(b"0\r\n\r\n")
+                    tr.write(b"".join(framed))
+                else:
+                    tr.write(b"0\r\n\r\n")
         if end:
             self._end_cycle(ex)
         return framing is not _NOBODY
@@ -778,13 +813,17 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _stream_done(self, reason: str) -> None:
         self._pump = None
-        self.wire.open = False  # (before the terminating chunk: nothing after it)
+        wire = self.wire
+        wire.open = False  # (before the terminating chunk: nothing after it)
+        last = wire.last  # the stream's last events, written with the terminating chunk
+        if last is not None:
+            wire.last = None
         ex = self.exchange
         if ex is None:
             return
         self._release_stream(ex, reason)
         if reason in ("completed", "stopped", "error") and self.phase is not _CLOSED:
-            self._out(end=True)
+            self._out(end=True, framed=last)
 
     def _release_stream(self, ex: Exchange, reason: str) -> None:
         """Close the stream's gauges and run its ``on_close`` (capacity, rate-limit charge):
