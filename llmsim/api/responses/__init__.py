@@ -400,7 +400,7 @@ class Responses(Family):
 
     def on_complete(self, p: Parsed, d: Decision, meta: Meta, data: Any) -> None:
         rec = meta.state
-        rec.done_output = list(data["output"])
+        rec.done = len(rec.out.items)
         rec.finish(data)
 
     def on_abandon(self, p: Parsed, d: Decision, meta: Meta) -> None:
