@@ -349,3 +349,28 @@ async def test_a_stored_response_reads_what_its_stream_told() -> None:
     final = await app.dispatch(Request("GET", f"/v1/responses/{s.id}", {}, {}, b"", "req_g"))
     assert last["type"] == "response.completed"
     assert final.data == last["response"]  # type: ignore[union-attr]
+
+
+async def test_a_memoised_create_splices_its_kept_echo() -> None:
+    """A create whose body the memo kept renders its Responses with the echo JSON kept
+    there (rendered once per body): the same bytes as the first create's own rendering."""
+    from llmsim.api.responses import render as r
+    from llmsim.api.responses.state import state
+
+    app = App(Config(latency="instant", seed=4))
+    body = {"model": "gpt-4o", "input": "hi", "stream": True, "instructions": "é \"q\"",
+            "metadata": {"a": "b"}, "max_output_tokens": 20}
+    kept = []
+    for _ in range(3):
+        res = await app.dispatch(_req(body))
+        assert isinstance(res, StreamResponse)
+        got = res.stream.drain()
+        rec = state(app).store.get(res.stream.id or "")
+        assert rec is not None
+        kept.append(rec.echo_json)
+        want = r.snapshot(rec.echo, rec.out, "in_progress")
+        assert got[0][1] == (b'{"type":"response.created","response":' + orjson.dumps(want) +
+                             b',"sequence_number":0}')
+        assert orjson.loads(got[-1][1])["response"] == rec.final == \
+            r.final_snapshot(rec.echo, rec.out)
+    assert kept[0] is None and kept[1] is not None and kept[2] is kept[1]

@@ -140,7 +140,7 @@ class Record:
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
                  "stream", "pump", "cancel_seq", "failed_event", "done",
                  "_final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
-                 "nbytes", "refs", "claimed")
+                 "nbytes", "refs", "claimed", "echo_json")
 
     def __init__(self, app: Services, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
@@ -151,6 +151,7 @@ class Record:
         self.warmup = warmup  # WebSocket generate: false
         self.id = out.id
         self.echo = echo
+        self.echo_json: bytes | None = None  # render.echo_json(echo), when the creator has it
         self.out = out
         self.input_items = input_items
         self.parent = parent
@@ -317,7 +318,8 @@ class Record:
 
     def live_plan(self, background: bool = False) -> Iterator[tuple[float, str, Any]]:
         """The plan of the live stream (its stream calls :meth:`live_ended` when it ends)."""
-        return render.plan(self.echo, self.out, background=background, warmup=self.warmup)
+        return render.plan(self.echo, self.out, background=background, warmup=self.warmup,
+                           rendered=self.echo_json)
 
     def live_ended(self) -> None:
         """The live stream's plan ended (run out, or closed): one that ended early marks
@@ -336,7 +338,8 @@ class Record:
         cum = 0.0
         sent = 0.0
         for off, etype, data in expand_runs(render.plan(  # (each token on its own time)
-                self.echo, self.out, background=self.background, warmup=self.warmup)):
+                self.echo, self.out, background=self.background, warmup=self.warmup,
+                rendered=self.echo_json)):
             cum += off
             target = 0.0 if self.terminal else max(0.0, origin + cum - now)
             d = max(0.0, target - sent)

@@ -383,15 +383,15 @@ _MESSAGE = (b'{"id":%b,"type":"message","status":%b,"content":[{"type":"output_t
 
 
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
-         warmup: bool = False) -> Iterator[PlanItem]:
+         warmup: bool = False, rendered: bytes | None = None) -> Iterator[PlanItem]:
     """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
 
     ``response.created`` is immediate; the first visible output waits ``out.first_delay``
     (TTFT + reasoning time); every later token waits one gap. The lifecycle events and
     every item's added and done events are yielded rendered (``bytes``, see above), the
-    others as dicts.
+    others as dicts. ``rendered``: ``echo_json(echo)``, when the caller has it.
     """
-    ej = echo_json(echo)
+    ej = rendered if rendered is not None else echo_json(echo)
     first = response_json(ej, out, "queued" if background else "in_progress")
     yield 0.0, "response.created", _CREATED % first
     if background:
