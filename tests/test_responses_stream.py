@@ -250,11 +250,13 @@ def _outs() -> list[Any]:
         r.RespOut("resp_3", 9, Usage(5, 9, 4), [
             r.ReasoningOut("rs_3", 4, [["think", "ing"]], "blob"),
             r.CallOut("fc_3", "call_3", "get", '{"a":1}', ['{"a"', ":1}"], 2),
+            r.CallOut("ctc_3", "call_4", "sh", 'ls "é"', ["ls", ' "é"'], 2,
+                      "custom_tool_call", "incomplete"),
             r.HostedOut("ws_3", {"id": "ws_3", "type": "web_search_call",
                                  "status": "in_progress"},
                         {"id": "ws_3", "type": "web_search_call", "status": "completed"}),
             r.MessageOut("msg_3", ["x"], 1), r.MessageOut("msg_4", ["y", "z"], 2)],
-            streamed=7, tool_usage={"web_search": {"num_requests": 1}}),
+            streamed=9, tool_usage={"web_search": {"num_requests": 1}}),
         r.RespOut("resp_4", 10, Usage(3, 0)),  # no output (a WebSocket warm-up)
     ]
 
@@ -318,6 +320,17 @@ def test_rendered_plan_events_carry_the_objects_they_render() -> None:
             assert done == [r.item_json(i) for i in out.items]
             texts = [ev["text"] for ev in events if ev["type"] == "response.output_text.done"]
             assert texts == [i.text for i in out.items if isinstance(i, r.MessageOut)]
+            summaries = [ev["text"] for ev in events
+                         if ev["type"] == "response.reasoning_summary_text.done"]
+            assert summaries == [s["text"] for i in done if i["type"] == "reasoning"
+                                 for s in i["summary"]]
+            assert summaries == [ev["part"]["text"] for ev in events
+                                 if ev["type"] == "response.reasoning_summary_part.done"]
+            args = [ev.get("arguments", ev.get("input")) for ev in events
+                    if ev["type"] in ("response.function_call_arguments.done",
+                                      "response.custom_tool_call_input.done")]
+            assert args == [i.get("arguments", i.get("input")) for i in done
+                            if i["type"] in ("function_call", "custom_tool_call")]
             parts = [ev["part"] for ev in events
                      if ev["type"] == "response.content_part.done"]
             assert parts == [c for i in done if i["type"] == "message" for c in i["content"]]

@@ -375,6 +375,18 @@ _TEXT_DONE = (b'{"type":"response.output_text.done","item_id":%b,"output_index":
 _PART_DONE = (b'{"type":"response.content_part.done","item_id":%b,"output_index":%d,'
               b'"content_index":0,"part":{"type":"output_text","text":%b,"annotations":%b,'
               b'"logprobs":%b}' + _SEQ)
+_SUMMARY_ADDED = (b'{"type":"response.reasoning_summary_part.added","item_id":%b,'
+                  b'"output_index":%d,"summary_index":%d,"part":{"type":"summary_text",'
+                  b'"text":""}' + _SEQ)
+_SUMMARY_TEXT_DONE = (b'{"type":"response.reasoning_summary_text.done","item_id":%b,'
+                      b'"output_index":%d,"summary_index":%d,"text":%b' + _SEQ)
+_SUMMARY_DONE = (b'{"type":"response.reasoning_summary_part.done","item_id":%b,'
+                 b'"output_index":%d,"summary_index":%d,"part":{"type":"summary_text",'
+                 b'"text":%b}' + _SEQ)
+_ARGUMENTS_DONE = (b'{"type":"response.function_call_arguments.done","item_id":%b,'
+                   b'"output_index":%d,"name":%b,"arguments":%b' + _SEQ)
+_INPUT_DONE = (b'{"type":"response.custom_tool_call_input.done","item_id":%b,'
+               b'"output_index":%d,"input":%b' + _SEQ)
 # a message added and done, :func:`item_json`'s (tests/test_responses_stream.py pins them
 # equal)
 _MESSAGE_ADDED = b'{"id":%b,"type":"message","status":"in_progress","content":[],"role":"assistant"}'
@@ -437,24 +449,20 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             # the reasoning item opens at once (the client sees the model "thinking")
             yield 0.0, "response.output_item.added", _ITEM_ADDED % (
                 idx, _dumps(item_json(item, done=False)))
+            rj = _dumps(rid)
             for si, pieces in enumerate(item.parts):
-                yield wait(), "response.reasoning_summary_part.added", {
-                    "type": "response.reasoning_summary_part.added", "item_id": rid,
-                    "output_index": idx, "summary_index": si,
-                    "part": {"type": "summary_text", "text": ""}}
+                yield wait(), "response.reasoning_summary_part.added", _SUMMARY_ADDED % (
+                    rj, idx, si)
                 for p in pieces:
                     d = lead.pop() if lead else next(gaps, 0.0)
                     yield d, "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
-                summary = "".join(pieces)
-                yield 0.0, "response.reasoning_summary_text.done", {
-                    "type": "response.reasoning_summary_text.done", "item_id": rid,
-                    "output_index": idx, "summary_index": si, "text": summary}
-                yield 0.0, "response.reasoning_summary_part.done", {
-                    "type": "response.reasoning_summary_part.done", "item_id": rid,
-                    "output_index": idx, "summary_index": si,
-                    "part": {"type": "summary_text", "text": summary}}
+                sj = _dumps("".join(pieces))
+                yield 0.0, "response.reasoning_summary_text.done", _SUMMARY_TEXT_DONE % (
+                    rj, idx, si, sj)
+                yield 0.0, "response.reasoning_summary_part.done", _SUMMARY_DONE % (
+                    rj, idx, si, sj)
             done = _dumps(item_json(item))
             yield wait(), "response.output_item.done", _ITEM_DONE % (idx, done)
             done_items.append(done)
@@ -519,13 +527,11 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 yield d, dtype, {"type": dtype, "item_id": rid, "output_index": idx,
                                  "delta": p}
             if fn:
-                yield 0.0, "response.function_call_arguments.done", {
-                    "type": "response.function_call_arguments.done", "item_id": rid,
-                    "output_index": idx, "name": item.name, "arguments": item.arguments}
+                yield 0.0, "response.function_call_arguments.done", _ARGUMENTS_DONE % (
+                    _dumps(rid), idx, _dumps(item.name), _dumps(item.arguments))
             else:
-                yield 0.0, "response.custom_tool_call_input.done", {
-                    "type": "response.custom_tool_call_input.done", "item_id": rid,
-                    "output_index": idx, "input": item.arguments}
+                yield 0.0, "response.custom_tool_call_input.done", _INPUT_DONE % (
+                    _dumps(rid), idx, _dumps(item.arguments))
             done = _dumps(item_json(item))
         yield 0.0, "response.output_item.done", _ITEM_DONE % (idx, done)
         done_items.append(done)
