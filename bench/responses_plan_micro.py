@@ -41,7 +41,10 @@ def one(pieces: list[str]) -> int:
     for seq, (_d, etype, data) in enumerate(render.plan(ECHO, out)):
         if type(data) is TokenRun:
             continue
-        data["sequence_number"] = seq
+        if type(data) is bytes:  # rendered, cut before its number (as the stream stamps it)
+            data += b"%d}" % seq
+        else:
+            data["sequence_number"] = seq
         n += len(encode.sse_responses(etype, data))
     return n
 

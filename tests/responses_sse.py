@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
+
+from llmsim.streaming.stream import EventStream
 
 from . import rawhttp
 
@@ -31,3 +34,12 @@ def strict_events(r: Any) -> list[dict[str, Any]]:
         assert name == ev["type"]
         out.append(ev)
     return out
+
+
+def wire_events(stream: EventStream) -> list[tuple[str, Any]]:
+    """Every event of ``stream`` (drained) as a client reads it: its type and the JSON the
+    dialect's WebSocket encoder writes, parsed (a Responses plan yields most of its events
+    rendered already, as ``bytes``)."""
+    enc = stream.dialect.ws
+    assert enc is not None
+    return [(t, orjson.loads(enc(t, d))) for t, d in stream.drain()]

@@ -37,6 +37,7 @@ from llmsim.config import ResponsesConfig
 from llmsim.messages import RawResponse, Request
 from llmsim.state.shared import WAL_LIMIT_BYTES
 from llmsim.streaming.clock import FakeClock
+from tests.responses_sse import wire_events
 from tests.test_workers import children, wait_for
 
 KIB = 1024
@@ -169,7 +170,7 @@ async def test_websocket_store_false_turns_reach_the_other_worker(tmp_path: Path
 
     async def ws(body: dict[str, Any]) -> dict[str, Any]:
         res = await _ok(a, _req(body, transport="ws", context=ctx))
-        events = res.stream.drain()
+        events = wire_events(res.stream)
         assert events[-1][0] in ("response.completed", "response.incomplete")
         return events[-1][1]["response"]  # type: ignore[no-any-return]
 
@@ -270,8 +271,8 @@ async def test_a_dead_workers_background_responses_fail_on_every_worker(
         Response.model_validate(got)  # the SDK's shape
         # a replay ends with response.failed, the same on every worker
         q = {"stream": ["true"]}
-        evs = [(await _ok(app, _req(None, "GET", f"/v1/responses/{rid}", q))).stream.drain()
-               for app in (b, c)]
+        evs = [wire_events((await _ok(app, _req(None, "GET", f"/v1/responses/{rid}",
+                                                 q))).stream) for app in (b, c)]
         assert evs[0] == evs[1]
         assert [e for e, _ in evs[0]] == ["response.created", "response.queued",
                                           "response.in_progress", "response.failed"]

@@ -23,6 +23,7 @@ from llmsim.state.store import BoundedStore
 from llmsim.streaming.clock import FakeClock
 from llmsim.streaming.flow import Pump
 from tests import rawhttp
+from tests.responses_sse import wire_events
 from tests.sinks import FrameSink
 
 
@@ -343,13 +344,13 @@ async def test_ws_branch_contract():
 
     res = await create({"model": "gpt-4o", "input": "hi", "store": False})
     assert isinstance(res, StreamResponse) and res.stream.dialect.endpoint == "responses"
-    evs = res.stream.drain()
+    evs = wire_events(res.stream)
     rid = evs[0][1]["response"]["id"]
     assert evs[-1][0] == "response.completed" and list(ws.cache) == [rid]
     # store=false responses chain through the connection cache only
     res2 = await create({"model": "gpt-4o", "input": "more", "previous_response_id": rid})
     assert isinstance(res2, StreamResponse)
-    evs2 = res2.stream.drain()
+    evs2 = wire_events(res2.stream)
     assert evs2[-1][1]["response"]["usage"]["input_tokens"] > \
         evs[-1][1]["response"]["usage"]["input_tokens"]
     http = await app.dispatch(_req({"model": "gpt-4o", "input": "x",
@@ -363,14 +364,14 @@ async def test_ws_branch_contract():
     assert isinstance(bg, RawResponse) and orjson.loads(bg.body)["error"]["param"] == \
         "background"
     warm = await create({"model": "gpt-4o", "input": "prepare", "generate": False})
-    wevs = warm.stream.drain()
+    wevs = wire_events(warm.stream)
     assert [t for t, _ in wevs] == ["response.created", "response.completed"]
     done = wevs[-1][1]["response"]
     assert done["output"] == [] and done["usage"]["output_tokens"] == 0
     wid = done["id"]
     assert wid in ws.cache
     chained = await create({"model": "gpt-4o", "input": "go", "previous_response_id": wid})
-    cevs = chained.stream.drain()
+    cevs = wire_events(chained.stream)
     assert cevs[-1][1]["response"]["usage"]["input_tokens"] > done["usage"]["input_tokens"]
     # generate is a WS-only field
     http2 = await app.dispatch(_req({"model": "gpt-4o", "input": "x", "generate": False}))

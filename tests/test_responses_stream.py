@@ -184,8 +184,8 @@ async def _deadlines(app: App, body: dict[str, Any]) -> list[tuple[float, str, A
     s = res.stream
     s.begin(0.0)
     out = []
-    while (ev := s.pull()) is not None:
-        out.append(ev)
+    while (ev := s.pull()) is not None:  # (a rendered event as its JSON)
+        out.append((ev[0], ev[1], orjson.loads(ev[2]) if type(ev[2]) is bytes else ev[2]))
     return out
 
 
@@ -230,3 +230,160 @@ async def test_non_streamed_takes_the_stream_duration():
                                    "max_output_tokens": 21}))
     assert res.data["usage"]["output_tokens"] == 21
     assert clock.now() - t0 == pytest.approx(0.300 + 20 * 0.010)
+
+
+# -- the plan's rendered events (bytes) against the objects they render ------------------------
+
+def _outs() -> list[Any]:
+    from llmsim.api.responses import render as r
+    from llmsim.sim.decide import Usage
+
+    lp = [{"token": "a\"", "logprob": -0.5, "bytes": [97, 34], "top_logprobs": []}]
+    ann = [{"type": "url_citation", "url": "https://x/é", "title": "t", "start_index": 0,
+            "end_index": 1}]
+    return [
+        r.RespOut("resp_1", 7, Usage(3, 2), [r.MessageOut("msg_1", ["Hi", " \"é\"\n"], 2)],
+                  streamed=2),
+        r.RespOut("resp_2", 8, Usage(3, 1, 0, 1), [r.MessageOut(
+            "msg_2", ["a\""], 1, "incomplete", lp, ann)], "incomplete", "max_output_tokens",
+            streamed=1),
+        r.RespOut("resp_3", 9, Usage(5, 9, 4), [
+            r.ReasoningOut("rs_3", 4, [["think", "ing"]], "blob"),
+            r.CallOut("fc_3", "call_3", "get", '{"a":1}', ['{"a"', ":1}"], 2),
+            r.CallOut("ctc_3", "call_4", "sh", 'ls "é"', ["ls", ' "é"'], 2,
+                      "custom_tool_call", "incomplete"),
+            r.HostedOut("ws_3", {"id": "ws_3", "type": "web_search_call",
+                                 "status": "in_progress"},
+                        {"id": "ws_3", "type": "web_search_call", "status": "completed"}),
+            r.MessageOut("msg_3", ["x"], 1), r.MessageOut("msg_4", ["y", "z"], 2)],
+            streamed=9, tool_usage={"web_search": {"num_requests": 1}}),
+        r.RespOut("resp_4", 10, Usage(3, 0)),  # no output (a WebSocket warm-up)
+    ]
+
+
+def test_rendered_response_objects_are_the_snapshots_json() -> None:
+    """The Response object a plan renders (render.response_json, from an echo, output and
+    text rendered once) is byte for byte orjson's rendering of render.snapshot, in every
+    status, with and without usage, tool_usage and an echo."""
+    from llmsim.api.responses import render as r
+
+    echo = {"model": "m\"é", "store": True, "metadata": {"k": "v"}, "tools": [], "top_p": 1.0}
+    for e in (echo, {}):
+        for out in _outs():
+            items = [r.item_json(i) for i in out.items]
+            output = orjson.dumps(items)
+            text = orjson.dumps(r.output_text(items))
+            for status in ("queued", "in_progress", out.status):
+                assert r.response_json(r.echo_json(e), out, status) == \
+                    orjson.dumps(r.snapshot(e, out, status))
+            assert r.response_json(r.echo_json(e), out, out.status, output, text, usage=True,
+                                   completed_at=r.completed_at(out),
+                                   incomplete=out.incomplete_reason) == \
+                orjson.dumps(r.final_snapshot(e, out))
+
+
+def test_rendered_plan_events_carry_the_objects_they_render() -> None:
+    """Every event a plan yields rendered is numbered by the stream like a dict, and carries
+    the JSON of what it renders: created and in_progress the running snapshot, each
+    output_item.done its item (render.item_json), each text's done events the joined
+    deltas, the terminal event the final snapshot (byte for byte)."""
+    from llmsim.api.responses import RESPONSES
+    from llmsim.api.responses import render as r
+    from llmsim.streaming.stream import EventStream
+
+    echo = {"model": "m", "instructions": "be \"brief\""}
+    for out in _outs():
+        for background in (False, True):
+            plan = r.plan(echo, out, background=background, warmup=not out.items)
+            got = EventStream(plan, RESPONSES, first_seq=3).drain()
+            assert got[-1][0] in ("response.completed", "response.incomplete")
+            events = []
+            for i, (etype, data) in enumerate(got):
+                wire = data if type(data) is bytes else orjson.dumps(data)
+                ev = orjson.loads(wire)
+                assert ev["type"] == etype and ev["sequence_number"] == 3 + i
+                assert list(ev)[-1] == "sequence_number"
+                events.append(ev)
+                if type(data) is bytes and etype != RESPONSES.token_type:
+                    # (rendered: the same bytes as the dict of the same event)
+                    assert data == orjson.dumps(ev)
+            first = events[0]["response"]
+            assert first == r.snapshot(echo, out, "queued" if background else "in_progress")
+            final = got[-1][1]
+            assert orjson.loads(final)["response"] == r.final_snapshot(echo, out)
+            assert final.endswith(orjson.dumps(r.final_snapshot(echo, out)) +
+                                  b',"sequence_number":%d}' % (2 + len(got)))
+            added = [ev["item"] for ev in events
+                     if ev["type"] == "response.output_item.added"]
+            assert added == [r.item_json(i, done=False) for i in out.items]
+            done = [ev["item"] for ev in events if ev["type"] == "response.output_item.done"]
+            assert done == [r.item_json(i) for i in out.items]
+            texts = [ev["text"] for ev in events if ev["type"] == "response.output_text.done"]
+            assert texts == [i.text for i in out.items if isinstance(i, r.MessageOut)]
+            summaries = [ev["text"] for ev in events
+                         if ev["type"] == "response.reasoning_summary_text.done"]
+            assert summaries == [s["text"] for i in done if i["type"] == "reasoning"
+                                 for s in i["summary"]]
+            assert summaries == [ev["part"]["text"] for ev in events
+                                 if ev["type"] == "response.reasoning_summary_part.done"]
+            args = [ev.get("arguments", ev.get("input")) for ev in events
+                    if ev["type"] in ("response.function_call_arguments.done",
+                                      "response.custom_tool_call_input.done")]
+            assert args == [i.get("arguments", i.get("input")) for i in done
+                            if i["type"] in ("function_call", "custom_tool_call")]
+            parts = [ev["part"] for ev in events
+                     if ev["type"] == "response.content_part.done"]
+            assert parts == [c for i in done if i["type"] == "message" for c in i["content"]]
+
+
+async def test_a_stored_response_reads_what_its_stream_told() -> None:
+    """The record of a streamed response follows its stream without keeping its events:
+    mid-stream GET shows the items done so far, then the terminal Response the stream
+    sent, as JSON equal to the wire's (the record renders it when first read)."""
+    from llmsim.streaming.clock import FakeClock
+
+    app = App(Config(latency="instant", seed=4), clock=FakeClock())
+    res = await app.dispatch(_req({"model": "o4-mini", "input": "hi", "stream": True,
+                                   "reasoning": {"effort": "low", "summary": "auto"}}))
+    assert isinstance(res, StreamResponse)
+    s = res.stream
+    seen: list[dict[str, Any]] = []
+    got = None
+    while (ev := s.pull()) is not None:
+        data = orjson.loads(ev[2]) if type(ev[2]) is bytes else ev[2]
+        if ev[1] == "response.output_item.done":
+            seen.append(data["item"])
+            got = await app.dispatch(Request("GET", f"/v1/responses/{s.id}", {}, {}, b"",
+                                             "req_g"))
+            assert got.data["status"] == "in_progress"  # type: ignore[union-attr]
+            assert got.data["output"] == seen  # type: ignore[union-attr]
+        last = data
+    assert got is not None and len(seen) == 2
+    final = await app.dispatch(Request("GET", f"/v1/responses/{s.id}", {}, {}, b"", "req_g"))
+    assert last["type"] == "response.completed"
+    assert final.data == last["response"]  # type: ignore[union-attr]
+
+
+async def test_a_memoised_create_splices_its_kept_echo() -> None:
+    """A create whose body the memo kept renders its Responses with the echo JSON kept
+    there (rendered once per body): the same bytes as the first create's own rendering."""
+    from llmsim.api.responses import render as r
+    from llmsim.api.responses.state import state
+
+    app = App(Config(latency="instant", seed=4))
+    body = {"model": "gpt-4o", "input": "hi", "stream": True, "instructions": "é \"q\"",
+            "metadata": {"a": "b"}, "max_output_tokens": 20}
+    kept = []
+    for _ in range(3):
+        res = await app.dispatch(_req(body))
+        assert isinstance(res, StreamResponse)
+        got = res.stream.drain()
+        rec = state(app).store.get(res.stream.id or "")
+        assert rec is not None
+        kept.append(rec.echo_json)
+        want = r.snapshot(rec.echo, rec.out, "in_progress")
+        assert got[0][1] == (b'{"type":"response.created","response":' + orjson.dumps(want) +
+                             b',"sequence_number":0}')
+        assert orjson.loads(got[-1][1])["response"] == rec.final == \
+            r.final_snapshot(rec.echo, rec.out)
+    assert kept[0] is None and kept[1] is not None and kept[2] is kept[1]

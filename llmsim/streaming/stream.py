@@ -9,8 +9,11 @@ lazy generation keeps memory per stream small however long the output is.
 :class:`EventStream` wraps the plan, turns offsets into absolute deadlines anchored at the
 stream's start (so delays never accumulate lateness), and, when its
 :class:`~llmsim.streaming.dialect.Dialect` numbers events (Responses), stamps ``sequence_number`` on
-every event in the order the transport will emit them. A plan's payload is a dict or a
-:class:`TokenRun`; plans build no bytes. It is the only place that decides a sequence number:
+every event in the order the transport will emit them. A plan's payload is a dict, a
+:class:`TokenRun` (plans build no token bytes) or an event rendered already, ``bytes``: its
+JSON, in a numbering dialect cut before its number, which the stream appends as it does to
+a token's (a Responses plan's lifecycle and item events: each Response object rendered once
+for all the events that carry it). It is the only place that decides a sequence number:
 ``seq``, the next number, is the one count of the stream. A resumed stream starts at
 ``first_seq``; an out-of-band event that belongs to the stream (a WebSocket error or steer
 answer, the terminal error frame of a failed stream) takes :meth:`EventStream.claim` (the
@@ -71,8 +74,8 @@ Plan = Iterable[PlanItem]
 def numbered(etype: str, data: Any) -> bool:
     """Does this plan event take a sequence number (in a numbering dialect)? Every event the
     client sees (not a control type) whose payload is an object: a dict, a token (a
-    :class:`TokenRun` of one piece, as :func:`expand_runs` yields them) or its rendering
-    (``bytes``, see :class:`EventStream`)."""
+    :class:`TokenRun` of one piece, as :func:`expand_runs` yields them) or a rendering
+    (``bytes``, see :class:`EventStream`: a token's, or an event a plan rendered)."""
     return etype[0] != "_" and (type(data) is dict or type(data) is TokenRun
                                 or type(data) is bytes)
 
@@ -240,9 +243,9 @@ class EventStream:
 
     def claim_ahead(self, unsent: PlanItem | None) -> tuple[int, PlanItem | None]:
         """:meth:`claim` ahead of ``unsent``, the ``(deadline, type, data)`` pulled but not
-        yet written: returns the number and ``unsent`` as it must now be written (a token
-        event rendered from its template cannot be renumbered in place: it comes back
-        re-rendered)."""
+        yet written: returns the number and ``unsent`` as it must now be written (an event
+        rendered already, a token's or a plan's, cannot be renumbered in place: it comes
+        back re-rendered)."""
         if unsent is None or type(unsent[2]) is not bytes or not self._numbered:
             return self.claim(unsent[2] if unsent is not None else None), unsent
         data = unsent[2]
@@ -330,7 +333,7 @@ class EventStream:
         self.deadline += offset
         if self._numbered and etype[0] != "_":  # numbered(), inlined
             seq = self.seq
-            if type(data) is bytes:  # a token (_stamped, inlined)
+            if type(data) is bytes:  # a rendering (_stamped, inlined)
                 data = data + (_STAMPS[seq] if seq < _NSTAMPS else _STAMP % seq)
                 self.seq = seq + 1
             elif type(data) is dict:

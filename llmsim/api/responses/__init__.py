@@ -198,12 +198,13 @@ class _Kept:
     """A create that needs no stored state (no ``previous_response_id``, ``conversation`` or
     item reference) as the body memo keeps it: its request, its input items (copied for each
     use, the ids the server generated issued anew: ``fresh``, their indexes), its input
-    token count and the fields each Response echoes. Shared by every create with these
+    token count and the fields each Response echoes (and their JSON, as every stream's
+    Response objects splice it: :func:`.render.echo_json`). Shared by every create with these
     bytes: read-only, as everything a BodyMemo keeps (but ``held``: the records'
     :func:`.record.input_bytes`, a function of these bytes, set by the first create that
     measures it)."""
 
-    __slots__ = ("rr", "items", "fresh", "tokens", "echo", "held")
+    __slots__ = ("rr", "items", "fresh", "tokens", "echo", "echo_json", "held")
 
     def __init__(self, p: Prepared) -> None:
         self.rr = p.rr
@@ -211,6 +212,8 @@ class _Kept:
         self.fresh = generated_ids(p.rr.body.get("input"))
         self.tokens = p.input_tokens
         self.echo = p.echo
+        assert p.echo is not None
+        self.echo_json = render.echo_json(p.echo)
         self.held: int | None = None
 
     def prepared(self) -> Prepared:
@@ -400,7 +403,7 @@ class Responses(Family):
 
     def on_complete(self, p: Parsed, d: Decision, meta: Meta, data: Any) -> None:
         rec = meta.state
-        rec.done_output = list(data["output"])
+        rec.done = len(rec.out.items)
         rec.finish(data)
 
     def on_abandon(self, p: Parsed, d: Decision, meta: Meta) -> None:
@@ -423,6 +426,7 @@ def _new_record(req: Request, app: Services, pr: Prepared, out: RespOut) -> Reco
     held = st.measure(rec, req.body, k.held if k is not None else None)
     if k is not None:
         k.held = held
+        rec.echo_json = k.echo_json
     if rr.store and st.put(rec):
         st.items.add(rec, st.store)
         if st.shared is not None:  # --workers > 1: other workers see it too

@@ -138,9 +138,9 @@ class Record:
     """One response's state (stored, WebSocket-cached, or only live while streaming)."""
 
     __slots__ = ("id", "echo", "out", "input_items", "parent", "depth", "status", "background",
-                 "stream", "pump", "cancel_seq", "failed_event", "done_output",
-                 "final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
-                 "nbytes", "refs", "claimed")
+                 "stream", "pump", "cancel_seq", "failed_event", "done",
+                 "_final", "conversation", "ws_context", "app", "warmup", "_finished", "shared",
+                 "nbytes", "refs", "claimed", "echo_json")
 
     def __init__(self, app: Services, echo: dict[str, Any], out: RespOut, input_items: list[Item],
                  parent: Record | Snapshot | None, *, background: bool = False,
@@ -151,6 +151,7 @@ class Record:
         self.warmup = warmup  # WebSocket generate: false
         self.id = out.id
         self.echo = echo
+        self.echo_json: bytes | None = None  # render.echo_json(echo), when the creator has it
         self.out = out
         self.input_items = input_items
         self.parent = parent
@@ -164,8 +165,10 @@ class Record:
         # the numbers the live stream gave events outside its plan (a record replayed from
         # a Snapshot has no live stream: they come with it)
         self.claimed: tuple[int, ...] = ()
-        self.done_output: list[Item] = []
-        self.final: dict[str, Any] | None = None
+        self.done = 0  # output items done (the live stream's output_item.done events)
+        # the terminal Response object: None while running, and when it is the plan's own
+        # (``final_snapshot``: rendered when read, see :attr:`final`)
+        self._final: dict[str, Any] | None = None
         self.conversation = conversation
         self.ws_context = ws_context
         self._finished = False
@@ -176,16 +179,29 @@ class Record:
     # -- views --------------------------------------------------------------------------------
     @property
     def terminal(self) -> bool:
-        return self.final is not None
+        return self._finished
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        """The terminal Response object (None while the response runs)."""
+        if self._final is None and self._finished:  # the plan's terminal event's
+            self._final = render.final_snapshot(self.echo, self.out)
+        return self._final
 
     def response(self) -> dict[str, Any]:
         """The current Response object (what GET returns)."""
-        if self.final is not None:
-            return self.final
-        return render.snapshot(self.echo, self.out, self.status, list(self.done_output))
+        final = self.final
+        if final is not None:
+            return final
+        return render.snapshot(self.echo, self.out, self.status, self.done_output())
+
+    def done_output(self) -> list[Item]:
+        """The output items done so far."""
+        return [render.item_json(i) for i in self.out.items[:self.done]]
 
     def output_items(self) -> list[Item]:
-        return list(self.final["output"]) if self.final is not None else list(self.done_output)
+        final = self.final
+        return list(final["output"]) if final is not None else self.done_output()
 
     def turns(self, max_depth: int) -> list[list[Item]]:
         """Input and output items of each turn of the chain up to and including this response
@@ -240,30 +256,30 @@ class Record:
 
     def observe(self, etype: str, data: Any) -> None:
         """The live stream's events of the :data:`OBSERVED` types, as they are sent
-        (updates status/output/terminal)."""
-        if type(data) is not dict:
-            return
+        (updates status/output/terminal; the plan's events are rendered, ``bytes``: what
+        they tell is :attr:`out`'s)."""
         if etype == "response.output_item.done":
-            self.done_output.append(data["item"])
+            self.done += 1
         elif etype == "response.in_progress":
             if self.status == "queued":
                 self.status = "in_progress"
                 if self.shared is not None:  # other workers answer in_progress too
                     self.shared.publish(self)
         elif etype in ("response.completed", "response.incomplete"):
-            self.finish(data["response"])
-        elif etype == "response.failed" and self.failed_event is None:
+            self.finish(data["response"] if type(data) is dict else None)
+        elif etype == "response.failed" and self.failed_event is None and type(data) is dict:
             self.failed_event = data
             self.finish(data["response"])
 
-    def finish(self, response: dict[str, Any]) -> None:
-        """The response reached a terminal state: record it, update state (its billed tokens
-        are counted where it is delivered, :mod:`llmsim.state.accounting`)."""
+    def finish(self, response: dict[str, Any] | None) -> None:
+        """The response reached a terminal state: record it (None: the plan's terminal
+        Response, :func:`render.final_snapshot`), update state (its billed tokens are
+        counted where it is delivered, :mod:`llmsim.state.accounting`)."""
         if self._finished:
             return
         self._finished = True
-        self.final = response
-        self.status = response["status"]
+        self._final = response
+        self.status = response["status"] if response is not None else self.out.status
         # let go of the conversation: a stored record must not keep a deleted or evicted
         # conversation (up to conversation_max_bytes) alive outside its store's budget
         conv, self.conversation = self.conversation, None
@@ -283,7 +299,7 @@ class Record:
         ``response.failed`` event with the full Response object (status failed, error)."""
         code = err.code if err.code in FAILED_CODES else (
             "rate_limit_exceeded" if err.status == 429 else "server_error")
-        resp = render.snapshot(self.echo, self.out, "failed", list(self.done_output),
+        resp = render.snapshot(self.echo, self.out, "failed", self.done_output(),
                                error={"code": code, "message": err.message})
         data = {"type": "response.failed", "response": resp}
         self.failed_event = data
@@ -295,14 +311,15 @@ class Record:
         if self.terminal:
             return
         self.cancel_seq = self.emitted
-        self.finish(render.snapshot(self.echo, self.out, "cancelled", list(self.done_output)))
+        self.finish(render.snapshot(self.echo, self.out, "cancelled", self.done_output()))
         pump, self.pump = self.pump, None
         if pump is not None:
             pump.cancel()
 
     def live_plan(self, background: bool = False) -> Iterator[tuple[float, str, Any]]:
         """The plan of the live stream (its stream calls :meth:`live_ended` when it ends)."""
-        return render.plan(self.echo, self.out, background=background, warmup=self.warmup)
+        return render.plan(self.echo, self.out, background=background, warmup=self.warmup,
+                           rendered=self.echo_json)
 
     def live_ended(self) -> None:
         """The live stream's plan ended (run out, or closed): one that ended early marks
@@ -321,7 +338,8 @@ class Record:
         cum = 0.0
         sent = 0.0
         for off, etype, data in expand_runs(render.plan(  # (each token on its own time)
-                self.echo, self.out, background=self.background, warmup=self.warmup)):
+                self.echo, self.out, background=self.background, warmup=self.warmup,
+                rendered=self.echo_json)):
             cum += off
             target = 0.0 if self.terminal else max(0.0, origin + cum - now)
             d = max(0.0, target - sent)
@@ -449,7 +467,7 @@ class Snapshot:
         rec = Record(app, self.echo, self.out, self.input_items, None,
                      background=self.background, warmup=self.warmup)
         rec._finished = True
-        rec.final = self.response
+        rec._final = self.response
         rec.status = self.status
         rec.cancel_seq = self.cancel_seq
         rec.failed_event = self.failed_event

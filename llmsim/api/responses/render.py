@@ -233,6 +233,14 @@ def output_text(output: list[dict[str, Any]]) -> str:
     return "".join(texts)
 
 
+def _head(out: RespOut, status: str, completed_at: int | None, error: dict[str, Any] | None,
+          incomplete: str | None) -> dict[str, Any]:
+    """The fields a Response object has before the request echo (:func:`snapshot`)."""
+    return {"id": out.id, "object": "response", "created_at": out.created_at, "status": status,
+            "completed_at": completed_at, "error": error,
+            "incomplete_details": {"reason": incomplete} if incomplete else None}
+
+
 def snapshot(echo: dict[str, Any], out: RespOut, status: str,
              output: list[dict[str, Any]] | None = None, *, usage: bool = False,
              error: dict[str, Any] | None = None, completed_at: int | None = None,
@@ -240,13 +248,39 @@ def snapshot(echo: dict[str, Any], out: RespOut, status: str,
     """A full Response object (the shape of create/retrieve and of every lifecycle event)."""
     out_items = output if output is not None else []
     return {
-        "id": out.id, "object": "response", "created_at": out.created_at, "status": status,
-        "completed_at": completed_at, "error": error,
-        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        **_head(out, status, completed_at, error, incomplete),
         **echo, "output": out_items, "output_text": output_text(out_items),
         "usage": out.usage() if usage else None,
         **({"tool_usage": out.tool_usage} if usage and out.tool_usage is not None else {}),
     }
+
+
+# RespOut.usage(), rendered (tests/test_responses_stream.py pins them equal)
+_USAGE = (b'{"input_tokens":%d,"input_tokens_details":{"cached_tokens":%d,'
+          b'"cache_write_tokens":0},"output_tokens":%d,"output_tokens_details":'
+          b'{"reasoning_tokens":%d},"total_tokens":%d}')
+
+
+def echo_json(echo: dict[str, Any]) -> bytes:
+    """The request echo as :func:`response_json` splices it (its members, comma first)."""
+    return b"," + _dumps(echo)[1:-1] if echo else b""
+
+
+def response_json(echo: bytes, out: RespOut, status: str, output: bytes = b"[]",
+                  text: bytes = b'""', *, usage: bool = False, completed_at: int | None = None,
+                  incomplete: str | None = None) -> bytes:
+    """The JSON of :func:`snapshot` (no error) from parts rendered already: ``echo``
+    (:func:`echo_json`), ``output`` (the items' JSON array) and ``text`` (the JSON of their
+    ``output_text``), so that a stream renders each of them once for all its events."""
+    u = out.counts
+    parts = [_dumps(_head(out, status, completed_at, None, incomplete))[:-1], echo,
+             b',"output":', output, b',"output_text":', text, b',"usage":',
+             _USAGE % (u.prompt_tokens, u.cached_tokens, u.output_tokens, u.reasoning_tokens,
+                       u.total_tokens) if usage else b"null"]
+    if usage and out.tool_usage is not None:
+        parts += (b',"tool_usage":', _dumps(out.tool_usage))
+    parts.append(b"}")
+    return b"".join(parts)
 
 
 def completed_at(out: RespOut) -> int:
@@ -322,27 +356,66 @@ RESPONSES = Dialect("responses", numbered=True, sse=encode.sse_responses, ws=enc
 numbered by the stream."""
 
 
+# The plan's fixed events, rendered as bytes: each one's JSON cut before its sequence_number
+# value, which the stream appends (as for a token). A Response object, an item or a text is
+# rendered once for all the events that carry it.
+_SEQ = b',"sequence_number":'
+_CREATED = b'{"type":"response.created","response":%b' + _SEQ
+_QUEUED = b'{"type":"response.queued","response":%b' + _SEQ
+_IN_PROGRESS = b'{"type":"response.in_progress","response":%b' + _SEQ
+_TERMINAL = {t: b'{"type":"' + t.encode() + b'","response":%b' + _SEQ
+             for t in ("response.completed", "response.incomplete")}
+_ITEM_ADDED = b'{"type":"response.output_item.added","output_index":%d,"item":%b' + _SEQ
+_ITEM_DONE = b'{"type":"response.output_item.done","output_index":%d,"item":%b' + _SEQ
+_PART_ADDED = (b'{"type":"response.content_part.added","item_id":%b,"output_index":%d,'
+               b'"content_index":0,"part":{"type":"output_text","text":"","annotations":[],'
+               b'"logprobs":[]}' + _SEQ)
+_TEXT_DONE = (b'{"type":"response.output_text.done","item_id":%b,"output_index":%d,'
+              b'"content_index":0,"text":%b,"logprobs":%b' + _SEQ)
+_PART_DONE = (b'{"type":"response.content_part.done","item_id":%b,"output_index":%d,'
+              b'"content_index":0,"part":{"type":"output_text","text":%b,"annotations":%b,'
+              b'"logprobs":%b}' + _SEQ)
+_SUMMARY_ADDED = (b'{"type":"response.reasoning_summary_part.added","item_id":%b,'
+                  b'"output_index":%d,"summary_index":%d,"part":{"type":"summary_text",'
+                  b'"text":""}' + _SEQ)
+_SUMMARY_TEXT_DONE = (b'{"type":"response.reasoning_summary_text.done","item_id":%b,'
+                      b'"output_index":%d,"summary_index":%d,"text":%b' + _SEQ)
+_SUMMARY_DONE = (b'{"type":"response.reasoning_summary_part.done","item_id":%b,'
+                 b'"output_index":%d,"summary_index":%d,"part":{"type":"summary_text",'
+                 b'"text":%b}' + _SEQ)
+_ARGUMENTS_DONE = (b'{"type":"response.function_call_arguments.done","item_id":%b,'
+                   b'"output_index":%d,"name":%b,"arguments":%b' + _SEQ)
+_INPUT_DONE = (b'{"type":"response.custom_tool_call_input.done","item_id":%b,'
+               b'"output_index":%d,"input":%b' + _SEQ)
+# a message added and done, :func:`item_json`'s (tests/test_responses_stream.py pins them
+# equal)
+_MESSAGE_ADDED = b'{"id":%b,"type":"message","status":"in_progress","content":[],"role":"assistant"}'
+_MESSAGE = (b'{"id":%b,"type":"message","status":%b,"content":[{"type":"output_text",'
+            b'"text":%b,"annotations":%b,"logprobs":%b}],"role":"assistant"}')
+
+
 def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
-         warmup: bool = False) -> Iterator[PlanItem]:
+         warmup: bool = False, rendered: bytes | None = None) -> Iterator[PlanItem]:
     """The event plan ``(offset, type, data)`` (sequence numbers are added by EventStream).
 
     ``response.created`` is immediate; the first visible output waits ``out.first_delay``
-    (TTFT + reasoning time); every later token waits one gap.
+    (TTFT + reasoning time); every later token waits one gap. The lifecycle events and
+    every item's added and done events are yielded rendered (``bytes``, see above), the
+    others as dicts. ``rendered``: ``echo_json(echo)``, when the caller has it.
     """
-    first = snapshot(echo, out, "queued" if background else "in_progress")
-    yield 0.0, "response.created", {"type": "response.created", "response": first}
+    ej = rendered if rendered is not None else echo_json(echo)
+    first = response_json(ej, out, "queued" if background else "in_progress")
+    yield 0.0, "response.created", _CREATED % first
     if background:
-        yield 0.0, "response.queued", {"type": "response.queued",
-                                       "response": snapshot(echo, out, "queued")}
+        yield 0.0, "response.queued", _QUEUED % first
     if warmup:  # WebSocket generate: false: created, then completed with no output
-        yield 0.0, "response.completed", {"type": "response.completed",
-                                          "response": final_snapshot(echo, out)}
+        yield 0.0, "response.completed", _TERMINAL["response.completed"] % response_json(
+            ej, out, out.status, usage=True, completed_at=completed_at(out),
+            incomplete=out.incomplete_reason)
         return
-    # (in_progress shows the Response object created showed, unless that one was queued:
-    # the same dict, read-only once yielded, serialised once per event)
-    yield 0.0, "response.in_progress", {
-        "type": "response.in_progress",
-        "response": snapshot(echo, out, "in_progress") if background else first}
+    # (in_progress shows the Response object created showed, unless that one was queued)
+    yield 0.0, "response.in_progress", _IN_PROGRESS % (
+        response_json(ej, out, "in_progress") if background else first)
     pending = out.first_delay
     gaps = out.iter_gaps()
     if type(gaps) is ConstantGaps:  # equal gaps: a token run takes them at once (flow.Pump)
@@ -368,58 +441,51 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
         pending = 0.0
         return d
 
-    done_items: list[dict[str, Any]] = []
-    text: str | None  # a message's text, joined once for its events and its item
+    done_items: list[bytes] = []  # each item's JSON when done
+    texts: list[tuple[str, bytes | None]] = []  # the output_text parts so far (and JSON)
     for idx, item in enumerate(out.items):
         rid = item.id
         if type(item) is ReasoningOut:
             # the reasoning item opens at once (the client sees the model "thinking")
-            yield 0.0, "response.output_item.added", {
-                "type": "response.output_item.added", "output_index": idx,
-                "item": item_json(item, done=False)}
+            yield 0.0, "response.output_item.added", _ITEM_ADDED % (
+                idx, _dumps(item_json(item, done=False)))
+            rj = _dumps(rid)
             for si, pieces in enumerate(item.parts):
-                yield wait(), "response.reasoning_summary_part.added", {
-                    "type": "response.reasoning_summary_part.added", "item_id": rid,
-                    "output_index": idx, "summary_index": si,
-                    "part": {"type": "summary_text", "text": ""}}
+                yield wait(), "response.reasoning_summary_part.added", _SUMMARY_ADDED % (
+                    rj, idx, si)
                 for p in pieces:
                     d = lead.pop() if lead else next(gaps, 0.0)
                     yield d, "response.reasoning_summary_text.delta", {
                         "type": "response.reasoning_summary_text.delta", "item_id": rid,
                         "output_index": idx, "summary_index": si, "delta": p}
-                text = "".join(pieces)
-                yield 0.0, "response.reasoning_summary_text.done", {
-                    "type": "response.reasoning_summary_text.done", "item_id": rid,
-                    "output_index": idx, "summary_index": si, "text": text}
-                yield 0.0, "response.reasoning_summary_part.done", {
-                    "type": "response.reasoning_summary_part.done", "item_id": rid,
-                    "output_index": idx, "summary_index": si,
-                    "part": {"type": "summary_text", "text": text}}
-            done = item_json(item)
-            yield wait(), "response.output_item.done", {
-                "type": "response.output_item.done", "output_index": idx, "item": done}
+                sj = _dumps("".join(pieces))
+                yield 0.0, "response.reasoning_summary_text.done", _SUMMARY_TEXT_DONE % (
+                    rj, idx, si, sj)
+                yield 0.0, "response.reasoning_summary_part.done", _SUMMARY_DONE % (
+                    rj, idx, si, sj)
+            done = _dumps(item_json(item))
+            yield wait(), "response.output_item.done", _ITEM_DONE % (idx, done)
             done_items.append(done)
             continue
         if type(item) is HostedOut:
-            yield wait(), "response.output_item.added", {
-                "type": "response.output_item.added", "output_index": idx, "item": item.added}
+            yield wait(), "response.output_item.added", _ITEM_ADDED % (idx, _dumps(item.added))
             for delay, etype, fields in item.steps:
                 yield delay, etype, ({"type": etype, "output_index": idx, **fields}
                                      if etype in NO_ITEM_ID else
                                      {"type": etype, "item_id": rid, "output_index": idx,
                                       **fields})
-            yield item.tail, "response.output_item.done", {
-                "type": "response.output_item.done", "output_index": idx, "item": item.done}
-            done_items.append(item.done)
+            done = _dumps(item.done)
+            yield item.tail, "response.output_item.done", _ITEM_DONE % (idx, done)
+            done_items.append(done)
+            hosted_text = output_text([item.done])
+            if hosted_text:
+                texts.append((hosted_text, None))
             continue
-        yield wait(), "response.output_item.added", {
-            "type": "response.output_item.added", "output_index": idx,
-            "item": item_json(item, done=False)}
         if type(item) is MessageOut:
-            yield 0.0, "response.content_part.added", {
-                "type": "response.content_part.added", "item_id": rid, "output_index": idx,
-                "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
+            rj = _dumps(rid)
+            yield wait(), "response.output_item.added", _ITEM_ADDED % (
+                idx, _MESSAGE_ADDED % rj)
+            yield 0.0, "response.content_part.added", _PART_ADDED % (rj, idx)
             lps = item.logprobs
             if lps is None:  # the hot path: the deltas as one run (stream.TokenRun, the
                 # dialect's token event: the bytes the dict below gives), each a gap after
@@ -435,23 +501,24 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                         "type": "response.output_text.delta", "item_id": rid,
                         "output_index": idx, "content_index": 0, "delta": p,
                         "logprobs": [lp]}
-            for ai, ann in enumerate(item.annotations or ()):
+            anns = item.annotations
+            for ai, ann in enumerate(anns or ()):
                 yield 0.0, "response.output_text.annotation.added", {
                     "type": "response.output_text.annotation.added", "item_id": rid,
                     "output_index": idx, "content_index": 0, "annotation_index": ai,
                     "annotation": ann}
             text = item.text
-            yield 0.0, "response.output_text.done", {
-                "type": "response.output_text.done", "item_id": rid, "output_index": idx,
-                "content_index": 0, "text": text, "logprobs": lps or []}
-            yield 0.0, "response.content_part.done", {
-                "type": "response.content_part.done", "item_id": rid, "output_index": idx,
-                "content_index": 0, "part": {"type": "output_text", "text": text,
-                                             "annotations": item.annotations or [],
-                                             "logprobs": lps or []}}
+            tj = _dumps(text)
+            lj = _dumps(lps) if lps else b"[]"
+            aj = _dumps(anns) if anns else b"[]"
+            texts.append((text, tj))
+            yield 0.0, "response.output_text.done", _TEXT_DONE % (rj, idx, tj, lj)
+            yield 0.0, "response.content_part.done", _PART_DONE % (rj, idx, tj, aj, lj)
+            done = _MESSAGE % (rj, _dumps(item.status), tj, aj, lj)
         else:
             assert type(item) is CallOut
-            text = None
+            yield wait(), "response.output_item.added", _ITEM_ADDED % (
+                idx, _dumps(item_json(item, done=False)))
             fn = item.kind == "function_call"
             dtype = ("response.function_call_arguments.delta" if fn
                      else "response.custom_tool_call_input.delta")
@@ -460,19 +527,22 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 yield d, dtype, {"type": dtype, "item_id": rid, "output_index": idx,
                                  "delta": p}
             if fn:
-                yield 0.0, "response.function_call_arguments.done", {
-                    "type": "response.function_call_arguments.done", "item_id": rid,
-                    "output_index": idx, "name": item.name, "arguments": item.arguments}
+                yield 0.0, "response.function_call_arguments.done", _ARGUMENTS_DONE % (
+                    _dumps(rid), idx, _dumps(item.name), _dumps(item.arguments))
             else:
-                yield 0.0, "response.custom_tool_call_input.done", {
-                    "type": "response.custom_tool_call_input.done", "item_id": rid,
-                    "output_index": idx, "input": item.arguments}
-        done = item_json(item, text=text)
-        yield 0.0, "response.output_item.done", {
-            "type": "response.output_item.done", "output_index": idx, "item": done}
+                yield 0.0, "response.custom_tool_call_input.done", _INPUT_DONE % (
+                    _dumps(rid), idx, _dumps(item.arguments))
+            done = _dumps(item_json(item))
+        yield 0.0, "response.output_item.done", _ITEM_DONE % (idx, done)
         done_items.append(done)
     final = "response.completed" if out.status == "completed" else "response.incomplete"
-    resp = snapshot(echo, out, out.status, done_items, usage=True,
-                    completed_at=completed_at(out),
-                    incomplete=out.incomplete_reason)
-    yield wait(), final, {"type": final, "response": resp}
+    if not texts:
+        otj = b'""'
+    elif len(texts) == 1 and texts[0][1] is not None:
+        otj = texts[0][1]
+    else:
+        otj = _dumps("".join(t for t, _ in texts))
+    resp = response_json(ej, out, out.status, b"[" + b",".join(done_items) + b"]", otj,
+                         usage=True, completed_at=completed_at(out),
+                         incomplete=out.incomplete_reason)
+    yield wait(), final, _TERMINAL[final] % resp
