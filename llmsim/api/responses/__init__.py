@@ -46,7 +46,9 @@ from .state import (
     Record,
     ResponsesState,
     Snapshot,
+    input_bytes,
     install,
+    record_bytes,
     state,
 )
 
@@ -216,13 +218,6 @@ class _Kept:
         self.echo_json = render.echo_json(p.echo)
         self.held: int | None = None
 
-    def prepared(self) -> Prepared:
-        items: list[Item] = orjson.loads(self.items)  # this response's own items
-        for i in self.fresh:
-            items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
-        return Prepared(self.rr, None, None, items, list(items), self.tokens, 0, self.echo,
-                        self)
-
 
 MEMO, WS_MEMO = "responses", "responses.ws"  # validated creates in App.memos, by transport
 
@@ -334,9 +329,16 @@ class Responses(Family):
         return replace(p, info=_Kept(p.info)) if p.info.keeps() else None
 
     def reuse(self, kept: Any) -> Parsed:
+        """The kept create made ready for one more request: its input items copied (this
+        response's own), the ids the server generated issued anew."""
         k: Parsed = kept  # (built directly: dataclasses.replace costs microseconds)
-        return Parsed(k.ask, k.model, k.stream, k.body, k.info.prepared(), k.cache_blocks,
-                      k.retention)
+        kk: _Kept = k.info
+        items: list[Item] = orjson.loads(kk.items)
+        for i in kk.fresh:
+            items[i]["id"] = new_id(ID_PREFIX[items[i]["type"]])
+        return Parsed(k.ask, k.model, k.stream, k.body,
+                      Prepared(kk.rr, None, None, items, list(items), kk.tokens, 0, kk.echo,
+                               kk), k.cache_blocks, k.retention)
 
     def cached(self, app: Services, p: Parsed, seg: Segments | None) -> int:
         """The longest cached prefix (OpenAI's rule), when longer than what the chain's
@@ -375,7 +377,7 @@ class Responses(Family):
         pr = p.info
         rr = pr.rr
         assert meta.ask is not None and meta.rng is not None and meta.lat is not None
-        if hosted.involved(rr):
+        if rr.tools and hosted.involved(rr):  # (most have no tools: no call)
             out = hosted.response_out(d, meta.ask, rr, pr.context, pr.input_items, app.config,
                                       meta.rng, meta.lat, meta.id, meta.created)
         else:
@@ -420,12 +422,19 @@ def _new_record(req: Request, app: Services, pr: Prepared, out: RespOut) -> Reco
     rr = pr.rr
     assert pr.echo is not None
     rec = Record(app, pr.echo, out, pr.input_items, pr.parent, background=rr.background,
-                 conversation=pr.conversation, ws_context=_previous_responses(req),
+                 conversation=pr.conversation,
+                 ws_context=_previous_responses(req),
                  warmup=not rr.generate)
+    # its size (every record: an unstored one can still be held by a chain); the input's
+    # share is a function of the body, kept by the memo's entry once measured
     k = pr.kept
-    held = st.measure(rec, req.body, k.held if k is not None else None)
-    if k is not None:
-        k.held = held
+    if k is None:
+        rec.nbytes = record_bytes(rec, req.body)
+    else:
+        held = k.held
+        if held is None:
+            held = k.held = input_bytes(rec, req.body)
+        rec.nbytes = record_bytes(rec, req.body, held)
         rec.echo_json = k.echo_json
     if rr.store and st.put(rec):
         st.items.add(rec, st.store)

@@ -85,10 +85,12 @@ RECORD_BYTES = 4096  # the record, the Response object around the output, usage,
 CONVERSATION_BYTES = 16384  # a conversation and its metadata (at most 16 short pairs)
 
 
-def _output_bytes(out: RespOut) -> int:
-    """The decided output's memory (plan and rendered items), from its numbers."""
-    n = 0
-    for it in out.items:
+def record_bytes(rec: Record, body: bytes, held: int | None = None) -> int:
+    """An honest estimate of what ``rec`` holds, without serializing anything: its input and
+    request echo (``held``: :func:`input_bytes` of ``body``, when not given), and its decided
+    output's memory (plan and rendered items) from its numbers."""
+    n = RECORD_BYTES + (input_bytes(rec, body) if held is None else held)
+    for it in rec.out.items:
         if type(it) is MessageOut:
             n += TOKEN_BYTES * len(it.pieces)
             lps = it.logprobs
@@ -101,15 +103,6 @@ def _output_bytes(out: RespOut) -> int:
         elif type(it) is HostedOut:  # its JSON twice (added, done) and the events between
             n += 3 * len(orjson.dumps(it.done)) + ITEM_OVERHEAD * (2 + len(it.steps))
     return n
-
-
-def record_bytes(rec: Record, body: bytes, held: int | None = None) -> int:
-    """An honest estimate of what ``rec`` holds, without serializing anything: its output from
-    token counts, and its input and request echo (``held``: :func:`input_bytes` of ``body``,
-    when not given)."""
-    if held is None:
-        held = input_bytes(rec, body)
-    return RECORD_BYTES + held + _output_bytes(rec.out)
 
 
 def input_bytes(rec: Record, body: bytes) -> int:
@@ -325,7 +318,7 @@ class Record:
         """The live stream's plan ended (run out, or closed): one that ended early marks
         the response cancelled (client gone: the real API stops generating a non-background
         response)."""
-        if not self.terminal and not self.background:
+        if not self._finished and not self.background:
             self.cancel()
 
     def follow_plan(self, now: float) -> Iterator[tuple[float, str, Any]]:

@@ -120,15 +120,6 @@ class ResponsesState:
             rec.cancel()
 
     # -- stored responses: byte accounting (see the class doc) ---------------------------------
-    @staticmethod
-    def measure(rec: Record, body: bytes, held: int | None = None) -> int:
-        """Set ``rec.nbytes`` (every record: an unstored one can still be held by a chain);
-        ``held``: its :func:`input_bytes` of ``body`` when known. Returns that."""
-        if held is None:
-            held = input_bytes(rec, body)
-        rec.nbytes = record_bytes(rec, body, held)
-        return held
-
     def put(self, rec: Record) -> bool:
         """Store ``rec`` (``rec.nbytes`` set); False when it is not kept: storage disabled or
         the response alone bigger than ``store_max_bytes`` (it is still answered; a later GET
@@ -200,7 +191,7 @@ class ResponsesState:
 
 def state(app: Services) -> ResponsesState:
     """The app's Responses state (made by :func:`install` when the family registers)."""
-    st = cast("ResponsesState | None", app.feature(RESPONSES))
+    st: ResponsesState | None = app.feature(RESPONSES)  # (RESPONSES is a Key[Any]: no cast)
     assert st is not None, "the Responses family is not installed"
     return st
 
