@@ -58,6 +58,22 @@ def test_bounded_store_entry_cap_and_ttl():
     assert off.put("x", 1) is False and off.get("x") is None
 
 
+def test_bounded_store_put_purges_and_evicts_by_itself():
+    # put drops expired entries and holds the byte bound with no other call between
+    now = [0.0]
+    s: BoundedStore[int] = BoundedStore(10, 10.0, lambda: now[0], max_bytes=100)
+    s.put("a", 1, nbytes=40)
+    s.put("b", 2, nbytes=40)
+    now[0] = 5.0
+    assert s.put("c", 3, nbytes=10) and s.bytes == 90  # nothing due: all kept
+    now[0] = 10.0  # a and b (born at 0) have expired
+    assert s.put("d", 4, nbytes=10) and s.bytes == 20
+    assert s.put("e", 5, nbytes=90) and s.bytes == 100  # c (oldest) goes for the bound
+    assert s.get("c") is None and s.get("d") == 4 and s.get("e") == 5
+    s.extra_bytes = 95  # owner-kept bytes: the new entry cannot fit beside them
+    assert s.put("f", 6, nbytes=10) is False and s.bytes == 0
+
+
 def test_stored_responses_bound_holds(make_server):
     """responses.store_max_entries: only the newest N responses stay retrievable."""
     s = make_server(responses=ResponsesConfig(store_max_entries=3))
