@@ -434,12 +434,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     # (``lead.pop() if lead else next(gaps, 0.0)``: a token's wait, written out where one is
     # yielded, no call per token)
     lead = [0.0]
-
-    def wait() -> float:
-        nonlocal pending
-        d = pending
-        pending = 0.0
-        return d
+    # an item's first event takes what is pending (``w, pending = pending, 0.0``, written out
+    # where one is yielded: no closure per plan, no call per item)
 
     done_items: list[bytes] = []  # each item's JSON when done
     texts: list[tuple[str, bytes | None]] = []  # the output_text parts so far (and JSON)
@@ -451,7 +447,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 idx, _dumps(item_json(item, done=False)))
             rj = _dumps(rid)
             for si, pieces in enumerate(item.parts):
-                yield wait(), "response.reasoning_summary_part.added", _SUMMARY_ADDED % (
+                w, pending = pending, 0.0
+                yield w, "response.reasoning_summary_part.added", _SUMMARY_ADDED % (
                     rj, idx, si)
                 for p in pieces:
                     d = lead.pop() if lead else next(gaps, 0.0)
@@ -464,11 +461,13 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                 yield 0.0, "response.reasoning_summary_part.done", _SUMMARY_DONE % (
                     rj, idx, si, sj)
             done = _dumps(item_json(item))
-            yield wait(), "response.output_item.done", _ITEM_DONE % (idx, done)
+            w, pending = pending, 0.0
+            yield w, "response.output_item.done", _ITEM_DONE % (idx, done)
             done_items.append(done)
             continue
         if type(item) is HostedOut:
-            yield wait(), "response.output_item.added", _ITEM_ADDED % (idx, _dumps(item.added))
+            w, pending = pending, 0.0
+            yield w, "response.output_item.added", _ITEM_ADDED % (idx, _dumps(item.added))
             for delay, etype, fields in item.steps:
                 yield delay, etype, ({"type": etype, "output_index": idx, **fields}
                                      if etype in NO_ITEM_ID else
@@ -483,7 +482,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             continue
         if type(item) is MessageOut:
             rj = _dumps(rid)
-            yield wait(), "response.output_item.added", _ITEM_ADDED % (
+            w, pending = pending, 0.0
+            yield w, "response.output_item.added", _ITEM_ADDED % (
                 idx, _MESSAGE_ADDED % rj)
             yield 0.0, "response.content_part.added", _PART_ADDED % (rj, idx)
             lps = item.logprobs
@@ -517,7 +517,8 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
             done = _MESSAGE % (rj, _dumps(item.status), tj, aj, lj)
         else:
             assert type(item) is CallOut
-            yield wait(), "response.output_item.added", _ITEM_ADDED % (
+            w, pending = pending, 0.0
+            yield w, "response.output_item.added", _ITEM_ADDED % (
                 idx, _dumps(item_json(item, done=False)))
             fn = item.kind == "function_call"
             dtype = ("response.function_call_arguments.delta" if fn
@@ -545,4 +546,5 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     resp = response_json(ej, out, out.status, b"[" + b",".join(done_items) + b"]", otj,
                          usage=True, completed_at=completed_at(out),
                          incomplete=out.incomplete_reason)
-    yield wait(), final, _TERMINAL[final] % resp
+    w, pending = pending, 0.0
+    yield w, final, _TERMINAL[final] % resp
