@@ -148,6 +148,9 @@ class BoundedStore(Generic[V]):
         cap = self.max_bytes
         while data and (len(data) > self.max_entries
                         or (cap and self.bytes + self.extra_bytes > cap)):
+            if keep is None:  # (the usual case: one C call takes the oldest)
+                self._gone(*data.popitem(last=False))
+                continue
             it = iter(data)
             old_key = next(it)
             if old_key == keep:
@@ -192,7 +195,11 @@ class BoundedStore(Generic[V]):
 
     def _drop(self, key: str) -> None:
         """Remove ``key`` because of a bound (or clear): account, tell the owner."""
-        _, value, size = self._data.pop(key)
+        self._gone(key, self._data.pop(key))
+
+    def _gone(self, key: str, entry: tuple[float, V, int]) -> None:
+        """``key``'s entry was taken out by a bound (or clear): account, tell the owner."""
+        _, value, size = entry
         self.bytes -= size
         self.evicted += 1
         if self.on_remove is not None:
