@@ -354,7 +354,6 @@ class Responses(Family):
         st = state(app)
         pr = p.info
         rr = pr.rr
-        cfg = app.config.responses
         if pr.conversation is not None:  # the input joins the conversation: it must fit there
             st.conversation_item_sizes(pr.input_items, "input")
         if rr.store and st.shared is not None:
@@ -362,6 +361,7 @@ class Responses(Family):
         if rr.background:
             if not st.store.enabled:
                 raise E.background_needs_store.at("background")
+            cfg = app.config.responses
             if st.active_background >= cfg.background_max_active:
                 raise E.too_many_background.at("background", limit=cfg.background_max_active)
         if rr.generate:
