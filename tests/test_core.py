@@ -219,6 +219,26 @@ def test_forked_workers_do_not_repeat_ids():
     assert child_req.startswith("req_") and child_req != new_request_id()
 
 
+def test_long_ids_map_each_random_byte_to_an_alphanumeric(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """An id of another length than 24 (a WebSocket create's request id, a container's, a
+    conversation's) is one alphanumeric per random byte: byte b is the (b mod 62)th of
+    a-z, A-Z, 0-9."""
+    import os
+    import string
+
+    from llmsim.sim import rng
+
+    alnum = string.ascii_lowercase + string.ascii_uppercase + string.digits
+    raw = bytes(range(256))
+    monkeypatch.setattr(os, "urandom", lambda n: raw[:n])
+    got = rng.new_id("req_", 256)
+    assert got == "req_" + "".join(alnum[b % 62] for b in raw)
+    monkeypatch.undo()
+    ids = {rng.new_id("", 32) for _ in range(100)}
+    assert len(ids) == 100 and all(len(i) == 32 and i.isalnum() and i.isascii() for i in ids)
+
+
 async def test_two_servers_in_one_process_keep_their_own_tokenizer_mode():
     """--tokenizer is per server, not process state: starting a second server with another
     mode does not change the first one's counts."""

@@ -40,6 +40,24 @@ def test_handshake_accepts_and_computes_the_rfc_accept_value() -> None:
     assert check_handshake("GET", "/openai/v1/responses/", GOOD, PATHS) == accept_key(KEY)
 
 
+@pytest.mark.parametrize("value,ok", [
+    ("Upgrade", True), ("upgrade", True), ("UPGRADE", True), (" Upgrade ", True),
+    ("keep-alive, Upgrade", True), ("Upgrade,keep-alive", True), (",,upgrade,", True),
+    ("keep-alive", False), ("upgrades", False), ("up grade", False), ("", False),
+    ("keep-alive; upgrade", False),
+])
+def test_handshake_connection_header_lists_upgrade(value: str, ok: bool) -> None:
+    """``Connection`` is a comma-separated token list (RFC 9110 §7.6.1): ``upgrade`` in any
+    case and place, a token alone or among others; nothing else passes."""
+    headers = {**GOOD, "connection": value}
+    if ok:
+        assert check_handshake("GET", "/v1/responses", headers, PATHS) == accept_key(KEY)
+        return
+    with pytest.raises(APIError) as info:
+        check_handshake("GET", "/v1/responses", headers, PATHS)
+    assert info.value.code == "invalid_websocket_handshake"
+
+
 @pytest.mark.parametrize("method,path,headers,version,status,code", [
     ("GET", "/v1/chat/completions", GOOD, b"1.1", 400, "websocket_not_supported"),
     ("POST", "/v1/responses", GOOD, b"1.1", 400, "invalid_websocket_handshake"),

@@ -11,6 +11,7 @@ check between them, so an unauthenticated client is told 401 rather than 429).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 from collections.abc import Collection, Mapping
 
@@ -21,8 +22,11 @@ __all__ = ["check_handshake", "check_capacity", "accept_key", "ws_path"]
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",") if t.strip()}
+def _has_token(value: str, token: str) -> bool:
+    """Whether the comma-separated header ``value`` lists ``token`` (lower-case)."""
+    if value.lower() == token:  # (what clients send: the one token alone)
+        return True
+    return any(t.strip().lower() == token for t in value.split(","))
 
 
 def ws_path(path: str) -> str:
@@ -32,7 +36,9 @@ def ws_path(path: str) -> str:
 
 def accept_key(key: str) -> bytes:
     """The ``Sec-WebSocket-Accept`` value for a ``Sec-WebSocket-Key``."""
-    return base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest())
+    # (base64.b64encode without its wrapper)
+    return binascii.b2a_base64(hashlib.sha1(key.encode("ascii") + _GUID).digest(),
+                               newline=False)
 
 
 def check_handshake(method: str, path: str, headers: Mapping[str, str],
@@ -49,7 +55,7 @@ def check_handshake(method: str, path: str, headers: Mapping[str, str],
         raise E.websocket_not_get.at(method=method)
     if http_version != b"1.1":
         raise E.websocket_not_http11.at()
-    if "upgrade" not in _tokens(headers.get("connection", "")):
+    if not _has_token(headers.get("connection", ""), "upgrade"):
         raise E.websocket_no_connection_upgrade.at()
     if headers.get("sec-websocket-version", "").strip() != "13":
         raise E.websocket_version.at(headers=[("sec-websocket-version", "13")])

@@ -41,7 +41,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from ..errors import APIError, E, server_error
-from ..messages import Key, Request, Result
+from ..messages import Key, Request, Result, error_result
 from ..routing import WSMode
 from ..streaming.wire import WSWire
 from .handshake import check_capacity, check_handshake, ws_path
@@ -103,8 +103,6 @@ WEBSOCKET: Key[WebSocketState] = Key("websocket")  # in App.features
 
 async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     """Switch to a WebSocket connection (http.py calls it), or return the HTTP error."""
-    from ..app import error_result
-
     if protocol.transport is None or protocol.transport.is_closing():
         return None
     try:
@@ -119,8 +117,6 @@ async def upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
 
 def _upgrade(protocol: HTTPProtocol, req: Request) -> Result | None:
     app = protocol.app
-    from ..app import error_result
-
     st = state(app)
     path = ws_path(req.path)
     modes = app.router.ws_modes

@@ -108,6 +108,11 @@ def _from_result(res: Result, stream_id: str | None) -> dict[str, Any]:
                        stream_id, hdrs)
 
 
+# (the frozen slots' setters, as Request.http uses them)
+_set_transport = Request.transport.__set__  # type: ignore[attr-defined,misc]
+_set_context = Request.context.__set__  # type: ignore[attr-defined,misc]
+
+
 # ------------------------------------------------------------------------------------------
 # The session
 # ------------------------------------------------------------------------------------------
@@ -152,8 +157,16 @@ class ResponsesWS(WSMode):
         # the default lane
         self.cache = ConnectionCache(cfg.max_lanes + 1)
         # the connection's own stream, of no events: a numbered event of no response
-        # running here (a steer answer) claims its number from it (0, 1, 2, ...)
-        self.own = EventStream((), RESPONSES)
+        # running here (a steer answer) claims its number from it (0, 1, 2, ...); made at
+        # the first such event (most connections never steer)
+        self._own: EventStream | None = None
+
+    @property
+    def own(self) -> EventStream:
+        own = self._own
+        if own is None:
+            own = self._own = EventStream((), RESPONSES)
+        return own
 
     @property
     def busy(self) -> bool:
@@ -226,11 +239,13 @@ class ResponsesWS(WSMode):
             self._reject(E.server_shutting_down.at(), stream_id=sid)
             return
         hs = conn.handshake
-        req = Request(method="POST", path="/v1/responses", query=hs.query,
-                      headers=hs.headers, body=orjson.dumps(ev.body),
-                      request_id="req_" + new_id("", 32), transport="ws",
-                      client=hs.client, received_at=self.app.clock.now(),
-                      context=self.cache.lane(sid))
+        # (Request.http's fast construction, then the two fields a WebSocket create differs
+        # in: the frozen class's constructor sets every field through object.__setattr__)
+        req = Request.http("POST", "/v1/responses", hs.query, hs.headers,
+                           orjson.dumps(ev.body), "req_" + new_id("", 32), hs.client,
+                           self.app.clock.now())
+        _set_transport(req, "ws")
+        _set_context(req, self.cache.lane(sid))
         try:
             self.lanes.admit(sid, (req, ev.previous_id))
         except LaneLimitError as exc:
