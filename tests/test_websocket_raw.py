@@ -450,6 +450,29 @@ async def test_a_create_starts_on_the_next_pass_without_a_task() -> None:
         assert (st.active_requests, st.active_streams, st.active_websockets) == (0, 0, 0)
 
 
+async def test_an_upgrade_is_handled_on_the_next_pass_without_a_task() -> None:
+    """The WebSocket upgrade is handled as an HTTP request is: on the loop pass after the
+    one that read it, its first step outside a Task (it never waits); a connection gone
+    before that pass is not upgraded."""
+    server = mem_server()
+    for gone in (False, True):
+        proto, tr = connect(server)
+        proto.data_received(handshake())
+        assert proto.upgraded is None and not tr.out  # not inside the read
+        if gone:
+            proto.connection_lost(None)
+        await asyncio.sleep(0)
+        if gone:
+            assert proto.upgraded is None and not tr.out
+            assert server.app.stats.active_requests == 0
+            continue
+        assert proto.upgraded is not None and proto._task is None
+        assert tr.out.startswith(b"HTTP/1.1 101 ")
+        proto.connection_lost(None)
+        await asyncio.sleep(0)
+    assert (server.app.stats.active_requests, server.app.stats.active_websockets) == (0, 0)
+
+
 async def test_creates_that_end_at_once_are_answered_in_turn() -> None:
     """Creates queued on a lane behind a running response, each ending at once (an error
     event), are all answered, in order, once it ends (each starts when the one before

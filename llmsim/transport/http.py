@@ -196,7 +196,7 @@ class Exchange:
     __slots__ = ("head", "method", "http11", "keep_alive", "ambiguous", "rid", "t0", "headers",
                  "body", "body_len",
                  "endpoint", "counted", "framing", "status", "req", "track",
-                 "on_close", "first_step")
+                 "on_close", "first_step", "upgrade")
 
     def __init__(self, head: h11.Request | None, rid: str, t0: float) -> None:
         self.head = head
@@ -219,6 +219,7 @@ class Exchange:
         self.track: Any = None  # its StreamTrack while the stream gauges are open
         self.on_close: Any = None  # its StreamResponse.on_close, until released
         self.first_step = False  # its handler runs its first step (start_handler)
+        self.upgrade = False  # a WebSocket upgrade: handled by HTTPProtocol._upgrade
 
 
 def _run_handlers(server: Server) -> None:
@@ -532,8 +533,7 @@ class HTTPProtocol(asyncio.Protocol):
         ex.counted = True
         if "upgrade" in headers and headers["upgrade"].lower() == "websocket" \
                 and not ex.ambiguous:
-            self._task = asyncio.get_running_loop().create_task(self._upgrade(req))
-            return
+            ex.upgrade = True
         # handled on the loop's next pass (_handle), with the others read until then: one
         # callback for them all (_run_handlers)
         srv = self.server
@@ -558,7 +558,8 @@ class HTTPProtocol(asyncio.Protocol):
         tr = self.transport
         if not self._serving(ex) or tr is None or tr.is_closing():
             return  # (the connection went meanwhile: connection_lost releases the request)
-        task = start_handler(self._run(req, ex), lambda: self._serving(ex), ex)
+        task = start_handler(self._upgrade(req) if ex.upgrade else self._run(req, ex),
+                             lambda: self._serving(ex), ex)
         if task is not None:
             self._task = task
 
