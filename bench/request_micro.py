@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -35,10 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from pump_micro import ManualClock  # noqa: E402
-from wire_micro import Transport, request  # noqa: E402
+from wire_micro import connections, medians, request  # noqa: E402
 
 from llmsim import Config  # noqa: E402
-from llmsim.transport.http import HTTPProtocol  # noqa: E402
 from llmsim.transport.server import GC_YOUNG_THRESHOLD, Server  # noqa: E402
 
 
@@ -49,11 +47,7 @@ async def run(n: int, rounds: int, tokens: int, prof: cProfile.Profile | None
                         max_tokens_mode="exact"), clock=clock)
     raw = request("chat", tokens)
     sink = [0, 0, 0]
-    protos = []
-    for _ in range(n):
-        p = HTTPProtocol(srv)
-        p.connection_made(Transport(sink))  # type: ignore[arg-type]
-        protos.append(p)
+    protos = connections(srv, n, sink)
     for p in protos[:2]:  # warm-up: tokenizer, caches, the body memo
         p.data_received(raw)
     await asyncio.sleep(0)
@@ -96,15 +90,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=40)
     a = ap.parse_args()
-    got: list[tuple[float, float, float, int]] = []
-    for i in range(a.repeat):
-        prof = cProfile.Profile() if a.profile and i == 0 else None
-        got.append(asyncio.run(run(a.n, a.rounds, a.tokens, prof)))
-        if prof:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
-    med = [sorted(g[i] for g in got)[len(got) // 2] for i in range(3)]
+    med, writes = medians(lambda prof: run(a.n, a.rounds, a.tokens, prof), a.repeat,
+                          a.profile, a.top)
     print(f"chat stream: {a.n} connections x {a.rounds} requests x {a.tokens} tokens, "
-          f"{got[-1][3]} writes a run")
+          f"{writes} writes a run")
     print(f"  read    {med[0]:7.2f} us per request")
     print(f"  handle  {med[1]:7.2f} us per request")
     print(f"  stream  {med[2]:7.2f} us per request ({a.tokens} tokens, finish, end)")

@@ -19,6 +19,7 @@ import cProfile
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,30 @@ class Transport:
     resume_reading = pause_reading
 
 
+def connections(srv: Any, n: int, sink: list[int]) -> list[Any]:
+    """``n`` of the server's HTTP connections, each on a counting :class:`Transport`."""
+
+    protos = []
+    for _ in range(n):
+        p = HTTPProtocol(srv)
+        p.connection_made(Transport(sink))  # type: ignore[arg-type]
+        protos.append(p)
+    return protos
+
+
+def medians(run: Callable[[cProfile.Profile | None], Any], repeat: int, profile: bool,
+            top: int) -> tuple[list[float], int]:
+    """``run`` ``repeat`` times (the first under cProfile with ``profile``, its top ``top``
+    printed), each returning three costs and a write count: their medians, the last count."""
+    got = []
+    for i in range(repeat):
+        prof = cProfile.Profile() if profile and i == 0 else None
+        got.append(asyncio.run(run(prof)))
+        if prof:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    return [sorted(g[i] for g in got)[len(got) // 2] for i in range(3)], got[-1][3]
+
+
 def request(kind: str, tokens: int) -> bytes:
     if kind == "responses":
         path = "/v1/responses"
@@ -94,11 +119,7 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
                  clock=clock)
     raw = request(kind, tokens)
     sink = [0, 0, 0]
-    protos = []
-    for _ in range(n):
-        p = HTTPProtocol(srv)
-        p.connection_made(Transport(sink))  # type: ignore[arg-type]
-        protos.append(p)
+    protos = connections(srv, n, sink)
     protos[0].data_received(raw)  # warm-up: tokenizer, caches
     clock.run()
     await asyncio.sleep(0)
@@ -112,6 +133,7 @@ async def llmsim_run(kind: str, n: int, tokens: int, rounds: int,
         s0 = time.process_time()
         for p in protos:
             p.data_received(raw)
+        await asyncio.sleep(0)  # the handlers run on the loop pass after the read
         split += time.process_time() - s0
         clock.run()
         for _ in range(3):

@@ -27,7 +27,6 @@ import asyncio
 import cProfile
 import gc
 import os
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 from pump_micro import ManualClock  # noqa: E402
-from wire_micro import Transport  # noqa: E402
+from wire_micro import Transport, medians  # noqa: E402
 
 from llmsim import Config  # noqa: E402
 from llmsim.transport.http import HTTPProtocol  # noqa: E402
@@ -134,15 +133,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=40)
     a = ap.parse_args()
-    got: list[tuple[float, float, float, int]] = []
-    for i in range(a.repeat):
-        prof = cProfile.Profile() if a.profile and i == 0 else None
-        got.append(asyncio.run(run(a.n, a.tokens, prof)))
-        if prof:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
-    med = [sorted(g[i] for g in got)[len(got) // 2] for i in range(3)]
+    med, writes = medians(lambda prof: run(a.n, a.tokens, prof), a.repeat, a.profile, a.top)
     print(f"responses ws: {a.n} connections x 1 create x {a.tokens} tokens, "
-          f"{got[-1][3]} writes a run")
+          f"{writes} writes a run")
     print(f"  setup   {med[0]:7.2f} us per connection")
     print(f"  create  {med[1]:7.2f} us per create")
     print(f"  stream  {med[2]:7.2f} us per create ({a.tokens} tokens, terminal, end)")
