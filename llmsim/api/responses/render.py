@@ -360,11 +360,10 @@ numbered by the stream."""
 # value, which the stream appends (as for a token). A Response object, an item or a text is
 # rendered once for all the events that carry it.
 _SEQ = b',"sequence_number":'
-_CREATED = b'{"type":"response.created","response":%b' + _SEQ
-_QUEUED = b'{"type":"response.queued","response":%b' + _SEQ
-_IN_PROGRESS = b'{"type":"response.in_progress","response":%b' + _SEQ
-_TERMINAL = {t: b'{"type":"' + t.encode() + b'","response":%b' + _SEQ
-             for t in ("response.completed", "response.incomplete")}
+# the lifecycle events, each carrying the whole Response
+_WITH_RESPONSE = {t: b'{"type":"' + t.encode() + b'","response":%b' + _SEQ
+                  for t in ("response.created", "response.queued", "response.in_progress",
+                            "response.completed", "response.incomplete")}
 _ITEM_ADDED = b'{"type":"response.output_item.added","output_index":%d,"item":%b' + _SEQ
 _ITEM_DONE = b'{"type":"response.output_item.done","output_index":%d,"item":%b' + _SEQ
 _PART_ADDED = (b'{"type":"response.content_part.added","item_id":%b,"output_index":%d,'
@@ -405,16 +404,16 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
     """
     ej = rendered if rendered is not None else echo_json(echo)
     first = response_json(ej, out, "queued" if background else "in_progress")
-    yield 0.0, "response.created", _CREATED % first
+    yield 0.0, "response.created", _WITH_RESPONSE["response.created"] % first
     if background:
-        yield 0.0, "response.queued", _QUEUED % first
+        yield 0.0, "response.queued", _WITH_RESPONSE["response.queued"] % first
     if warmup:  # WebSocket generate: false: created, then completed with no output
-        yield 0.0, "response.completed", _TERMINAL["response.completed"] % response_json(
+        yield 0.0, "response.completed", _WITH_RESPONSE["response.completed"] % response_json(
             ej, out, out.status, usage=True, completed_at=completed_at(out),
             incomplete=out.incomplete_reason)
         return
     # (in_progress shows the Response object created showed, unless that one was queued)
-    yield 0.0, "response.in_progress", _IN_PROGRESS % (
+    yield 0.0, "response.in_progress", _WITH_RESPONSE["response.in_progress"] % (
         response_json(ej, out, "in_progress") if background else first)
     pending = out.first_delay
     gaps = out.iter_gaps()
@@ -547,4 +546,4 @@ def plan(echo: dict[str, Any], out: RespOut, *, background: bool = False,
                          usage=True, completed_at=completed_at(out),
                          incomplete=out.incomplete_reason)
     w, pending = pending, 0.0
-    yield w, final, _TERMINAL[final] % resp
+    yield w, final, _WITH_RESPONSE[final] % resp
