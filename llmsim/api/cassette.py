@@ -409,14 +409,22 @@ def _event_frame(ev: Any, name: str, where: str) -> dict[str, Any]:
     return ev
 
 
+def _timed(items: Any, name: str, where: str, what: str, shape: str
+           ) -> Iterator[tuple[str, list[Any]]]:
+    """The ``[offset_s, x]`` pairs of a recorded list (at most MAX_EVENTS), each with its
+    place in the cassette."""
+    if not isinstance(items, list) or len(items) > MAX_EVENTS:
+        raise _fail(name, where, f"a list of at most {MAX_EVENTS} {what}")
+    for i, item in enumerate(items):
+        w = f"{where}[{i}]"
+        if not isinstance(item, list) or len(item) != 2:
+            raise _fail(name, w, shape)
+        yield w, item
+
+
 def _frames(events: Any, framing: Framing, name: str) -> list[tuple[float, Any]]:
-    if not isinstance(events, list) or len(events) > MAX_EVENTS:
-        raise _fail(name, "response.events", f"a list of at most {MAX_EVENTS} frames")
     out = []
-    for i, ev in enumerate(events):
-        w = f"response.events[{i}]"
-        if not isinstance(ev, list) or len(ev) != 2:
-            raise _fail(name, w, "[offset_s, frame]")
+    for w, ev in _timed(events, name, "response.events", "frames", "[offset_s, frame]"):
         frame = ev[1]
         if framing.name == "eventstream":
             frame = _event_frame(frame, name, f"{w}[1]")
@@ -581,13 +589,9 @@ def validate(entry: Any, name: str) -> dict[str, Any]:
     events = rs.get("events")
     chunks = rs.get("chunks")
     if chunks is not None:
-        if not isinstance(chunks, list) or len(chunks) > MAX_EVENTS:
-            raise _fail(name, "response.chunks", f"a list of at most {MAX_EVENTS} chunks")
         got = []
-        for i, ch in enumerate(chunks):
-            w = f"response.chunks[{i}]"
-            if not isinstance(ch, list) or len(ch) != 2:
-                raise _fail(name, w, "[offset_s, base64 bytes]")
+        for w, ch in _timed(chunks, name, "response.chunks", "chunks",
+                            "[offset_s, base64 bytes]"):
             got.append((_seconds(ch[0], name, f"{w}[0]"), _b64(ch[1], name, f"{w}[1]",
                                                                empty=False)))
         res["chunks"] = got
