@@ -548,3 +548,43 @@ async def test_body_deadline_runs_from_the_head_when_the_body_is_late(
     await asyncio.sleep(0)
     assert bytes(tr.out).startswith(b"HTTP/1.1 200 ")
     assert "body" not in kinds and proto._timer_kind == "idle"
+
+
+@pytest.mark.parametrize("family", sorted(STREAMS))
+async def test_the_events_due_at_once_go_out_with_the_head(family: str) -> None:
+    """A stream's head is held for its first write: the events due when it starts (the
+    Responses lifecycle's ``response.created``) go out with it in one write; a family whose
+    first event waits for the first token writes its head alone at once."""
+    got = await _stream_writes(family, ends=True)
+    first = got[0][0]
+    assert first.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in first
+    head, _, rest = first.partition(b"\r\n\r\n")
+    if family == "responses":
+        assert re.match(rb"[0-9a-f]+\r\nevent: response.created\n", rest)  # (a chunk)
+        assert b"event: response.created\n" in rest and b"event: response.in_progress\n" in rest
+        assert b"response.output_text.delta" not in rest  # (the first token waits for TTFT)
+    else:
+        assert rest == b""
+
+
+async def test_a_stream_that_ends_in_its_start_is_one_write() -> None:
+    """With instant latency the whole stream is decided and written as it starts: the head,
+    every event and the terminating chunk leave in one write."""
+    server = mem_server(latency="instant")
+    proto, tr = connect(server)
+    writes: list[bytes] = []
+    write = tr.write
+
+    def record(data: bytes) -> None:
+        writes.append(bytes(data))
+        write(data)
+
+    tr.write = record  # type: ignore[method-assign]
+    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 5})
+    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    assert await _until(lambda: proto.phase is Phase.IDLE and proto.exchange is None)
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n0\r\n\r\n")
+    assert b"data: [DONE]\n\n" in writes[0] and proto.wire.head is None
+    proto.connection_lost(None)

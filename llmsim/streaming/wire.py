@@ -125,7 +125,13 @@ class HTTPWire(Wire):
     it (a lost connection too), before the terminating chunk: nothing is written outside
     the body."""
 
-    __slots__ = ()
+    __slots__ = ("head",)
+
+    def __init__(self, transport: asyncio.Transport | None, paused: bool = False) -> None:
+        super().__init__(transport, paused)
+        # the response head, while the protocol holds it for the stream's first write (the
+        # events due at once, e.g. response.created, go out with it: one write, not two)
+        self.head: bytes | None = None
 
     def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:
         """The chunk of a streamed event ``prefix + payload + suffix``: its size line, the
@@ -135,17 +141,18 @@ class HTTPWire(Wire):
     def write_wire(self, frames: list[bytes]) -> None:
         """Chunks framed with :meth:`wire_frame`, in one write."""
         if self.open and self.transport is not None:
+            head = self.head
+            if head is not None:
+                self.head = None
+                self.transport.write(head + b"".join(frames))
+                return
             self.transport.write(b"".join(frames))
 
     def write_events(self, frames: list[bytes]) -> None:
         """Each payload as one chunk, in one write."""
         if not self.open or self.transport is None:
             return
-        if len(frames) == 1:
-            data = frames[0]
-            self.transport.write(CHUNK % (len(data), data))
-        else:
-            self.transport.write(b"".join([CHUNK % (len(f), f) for f in frames]))
+        self.write_wire([CHUNK % (len(f), f) for f in frames])
 
 
 class WSWire(Wire):

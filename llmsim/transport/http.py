@@ -699,7 +699,7 @@ class HTTPProtocol(asyncio.Protocol):
         ex.on_close = res.on_close  # released by _release_stream on every path
         stream = res.stream
         if not self._out(status=res.status, headers=header_bytes(res.headers)
-                         + (stream.dialect.stream_headers or _SSE_HEADERS)):
+                         + (stream.dialect.stream_headers or _SSE_HEADERS), hold=True):
             # HEAD: the head GET would get, no events
             stream.close()
             accounting.response_sent(self.app, req, ex.endpoint, res.status, res)
@@ -721,12 +721,23 @@ class HTTPProtocol(asyncio.Protocol):
             stream.close()
             self.write_events([dialect.sse_error(server_error(), stream.claim())])
             self._stream_done("error")
+            self._flush_head()
             return
         # (a handler that has not suspended: the schedule counts from the read, Pump.start)
         self._pump.start(req.received_at if ex.first_step else None)  # never raises
+        self._flush_head()
+
+    def _flush_head(self) -> None:
+        """Write the held response head (``_out(hold=True)``) if nothing took it along."""
+        head = self.wire.head
+        if head is not None:
+            self.wire.head = None
+            if self.transport is not None and self.phase is not _CLOSED:
+                self.transport.write(head)
 
     def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
-             length: int = -1, end: bool = False, framed: list[bytes] | None = None) -> bool:
+             length: int = -1, end: bool = False, framed: list[bytes] | None = None,
+             hold: bool = False) -> bool:
         """THE outbound path of HTTP: every byte of a response is written here.
 
         ``status`` (with ``headers``: the response's own header lines) starts a response: a
@@ -736,7 +747,9 @@ class HTTPProtocol(asyncio.Protocol):
         ``data`` is body bytes, framed accordingly (or dropped when no body is allowed);
         ``end`` finishes the response (the last chunk) and the exchange; ``framed``: the
         parts of chunks a stream's pump framed (Wire.last), written ahead of the last chunk
-        in its write. Returns whether the response carries a body."""
+        in its write; ``hold``: a chunked head is held (``HTTPWire.head``) for the stream's
+        first write to carry (``_flush_head`` writes it if none did). Returns whether the
+        response carries a body."""
         tr = self.transport
         ex = self.exchange
         if tr is None or ex is None or self.phase is _CLOSED:
@@ -781,23 +794,33 @@ class HTTPProtocol(asyncio.Protocol):
             ex.status = status
             if end:  # released before the last byte leaves: a client that has it sees it
                 self._release_request(ex)
-            tr.write(head)
+            if hold and framing is _CHUNKED:
+                self.wire.head = head
+            else:
+                tr.write(head)
         else:
             framing = ex.framing
             if end:
                 self._release_request(ex)
+            held = self.wire.head  # (a stream ending or failing in its start)
+            if held is not None:
+                self.wire.head = None
             if data and framing is not _NOBODY:
                 if framing is _CHUNKED:
                     data = _CHUNK % (len(data), data)
                     if end:
                         data += b"0\r\n\r\n"
-                tr.write(data)
+                tr.write(data if held is None else held + data)
             elif end and framing is _CHUNKED:
                 if framed:
                     framed.append(b"0\r\n\r\n")
+                    if held is not None:
+                        framed.insert(0, held)
                     tr.write(b"".join(framed))
                 else:
-                    tr.write(b"0\r\n\r\n")
+                    tr.write(b"0\r\n\r\n" if held is None else held + b"0\r\n\r\n")
+            elif held is not None:
+                tr.write(held)
         if end:
             self._end_cycle(ex)
         return framing is not _NOBODY
