@@ -15,7 +15,9 @@ Workloads (see README "Performance"):
            lateness (actual receive time minus scheduled) p50/p99/max, share on time.
   ws       the same Responses stream over WebSocket (if llmsim serves it).
   Streaming runs against the bare paced-SSE anchor (``bench/baseline_h11.py``) on the same
-  event loop, once per ``--loops`` entry; each run is repeated ``--rounds`` times (medians).
+  event loop, once per ``--loops`` entry: its chat stream for every workload (the issue-15
+  targets), and for Responses and Responses over WebSocket also its same-wire stream (the
+  same Responses events, sizes and writes, paced bare: the second ratio); each run is repeated ``--rounds`` times (medians).
   Single-worker streaming servers run on CPU 0 and the load generator on CPU 1 (``--no-pin``:
   not), server CPU is the threads' schedstat run time (ns), and each round drives the anchor
   and every llmsim server in turn.
@@ -307,15 +309,16 @@ def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
 
 def stream(server: Child, n: int, seconds: float, kind: str = "chat",
            ws: bool = False) -> dict[str, Any]:
+    extra: list[str] = []
     if kind == "chat":
         body: dict[str, Any] = {"model": "gpt-4o-mini", "stream": True,
                                 "messages": [{"role": "user", "content": "Hi"}],
                                 "max_tokens": STREAM_TOKENS}
-        req, marker, extra = http_request("/v1/chat/completions", body), CHAT_MARKER, []
+        req, marker = http_request("/v1/chat/completions", body), CHAT_MARKER
     else:
         body = {"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": STREAM_TOKENS,
                 "stream": True}
-        req, marker, extra = http_request("/v1/responses", body), RESP_MARKER, []
+        req, marker = http_request("/v1/responses", body), RESP_MARKER
     if ws:
         body.pop("stream", None)
         frame = write_tmp(json.dumps({"type": "response.create", **body}).encode())
@@ -345,7 +348,8 @@ def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(v, (int, float)) and all(isinstance(x, (int, float)) for x in vals):
             out[k] = med(vals)
         elif isinstance(v, dict) and all(isinstance(x, dict) for x in vals):
-            out[k] = {f: med([x[f] for x in vals]) if isinstance(fv, (int, float)) else fv
+            out[k] = {f: med([x[f] for x in vals])  # type: ignore[index]
+                      if isinstance(fv, (int, float)) else fv
                       for f, fv in v.items()}
         else:
             out[k] = v
@@ -624,15 +628,20 @@ def main(argv: list[str] | None = None) -> int:
                           "TTFT err ms p50/p99/max", "gap err ms p50/p99/max",
                           "lateness ms p50/p99/max", "client CPU s", "errors"], rows)
 
+    def cpu_tok(r: dict[str, Any]) -> float:
+        return float(r["server_cpu_s"]) / max(r["tokens"], 1)
+
     def ratio_rows(kind: str, runs: list[tuple[str, int, dict[str, Any]]],
-                   anchor: dict[int, dict[str, Any]]) -> None:
-        """The issue-15 targets, side by side with the anchor at the same stream count."""
+                   anchor: dict[int, dict[str, Any]],
+                   same: dict[int, dict[str, Any]] | None = None) -> None:
+        """The issue-15 targets, side by side with the anchor at the same stream count;
+        ``same``: the same-wire anchor's runs too (Responses), a second CPU ratio."""
         rows = []
         for name, n, r in runs:
             a = anchor[n]
-            cpu_tok = r["server_cpu_s"] / max(r["tokens"], 1)
-            a_cpu_tok = a["server_cpu_s"] / max(a["tokens"], 1)
-            rows.append([name, str(n), f"{cpu_tok / max(a_cpu_tok, 1e-12):.2f}",
+            rows.append([name, str(n), f"{cpu_tok(r) / max(cpu_tok(a), 1e-12):.2f}",
+                         *([f"{cpu_tok(r) / max(cpu_tok(same[n]), 1e-12):.2f}"]
+                           if same is not None else []),
                          f"{r['gap_err_ms']['p99'] - a['gap_err_ms']['p99']:+.2f}",
                          f"{r['ttft_err_ms']['p99'] - a['ttft_err_ms']['p99']:+.2f}",
                          f"{r.get('abs_gap_err_ms', {}).get('p50', float('nan')):.2f} / "
@@ -640,7 +649,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r['events_per_s'] / max(a['events_per_s'], 1e-9):.2f}"])
         rep.table(f"Streaming {kind} against the bare anchor (targets: CPU/token ≤ 1.10, gap "
                   "p99 ≤ +1 ms, TTFT p99 ≤ +2 ms, abs gap err p50 ≤ 1 ms, events ≥ 1.00)",
-                  ["server", "streams", "CPU per token ÷ anchor", "gap err p99 − anchor ms",
+                  ["server", "streams", "CPU per token ÷ anchor",
+                   *(["CPU per token ÷ same-wire anchor"] if same is not None else []),
+                   "gap err p99 − anchor ms",
                    "TTFT err p99 − anchor ms", "abs gap err p50 ms (this / anchor)",
                    "events/s ÷ anchor"], rows)
 
@@ -687,9 +698,17 @@ def main(argv: list[str] | None = None) -> int:
                     plan.append(("ws", f"llmsim responses WS ({loop})", 1, s, "responses",
                                  True))
                 got: dict[str, dict[int, list[dict[str, Any]]]] = {"anchor": {}}
+                # the same-wire anchors: (table, row name, kind, over WebSocket)
+                same_wire = ([("responses", f"bare h11 anchor, Responses SSE ({loop})",
+                               "responses", False)] if "responses" in kinds else []) + (
+                    [("ws", f"bare h11 anchor, Responses WS ({loop})", "responses", True)]
+                    if ws_too else [])
                 for n in counts:
                     for _ in range(n_rounds):
                         got["anchor"].setdefault(n, []).append(stream(b, n, sdur))
+                        for _t, name, kind, ws in same_wire:
+                            got.setdefault(name, {}).setdefault(n, []).append(
+                                stream(b, n, sdur, kind, ws=ws))
                         for _t, name, w, s, kind, ws in plan:
                             if w > 1 and n < 1000:
                                 continue
@@ -699,6 +718,11 @@ def main(argv: list[str] | None = None) -> int:
             for table in [*kinds, *(["ws"] if ws_too else [])]:
                 runs = [(f"bare h11 anchor ({loop})", n, anchor[n])
                         for n in counts] if table == "chat" else []
+                same: dict[int, dict[str, Any]] | None = None
+                for t, name, _k, _ws in same_wire:
+                    if t == table:
+                        same = {n: median_result(rs) for n, rs in got[name].items()}
+                        runs += [(name, n, same[n]) for n in counts]
                 for t, name, _w, _s, _k, _ws in plan:
                     if t == table:
                         runs += [(name, n, median_result(rs)) for n, rs in got.get(name, {}).items()]
@@ -706,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
                 if table == "ws":
                     stream_rows(f"Streaming Responses over WebSocket ({loop}, one connection "
                                 f"per stream){rounds_note}", runs)
-                    ratio_rows(f"Responses WebSocket ({loop})", mine, anchor)
+                    ratio_rows(f"Responses WebSocket ({loop})", mine, anchor, same)
                     continue
                 if table == "chat" and loop == loops[0]:
                     if "llmock" in peers:
@@ -720,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
                 stream_rows(f"Streaming {table} ({loop}): TTFT {TTFT_MS:.0f} ms, gap "
                             f"{ITL_MS:.0f} ms, {STREAM_TOKENS} tokens a stream, back to back "
                             f"for {sdur:.0f} s{rounds_note}", runs)
-                ratio_rows(f"{table} ({loop})", mine, anchor)
+                ratio_rows(f"{table} ({loop})", mine, anchor, same)
 
     if "mem" in only:
         rows = []
