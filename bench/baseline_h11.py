@@ -15,10 +15,11 @@ TCP_NODELAY, Date and keep-alive handling, doing the least a server must do.
 - Paced Responses (``POST /v1/responses`` with ``"stream": true``, or a ``response.create``
   on a WebSocket upgraded at ``/v1/responses``): the same pacing of the Responses event
   stream llmsim sends for a text answer cut at ``max_output_tokens``, with the same event
-  shapes and sizes: ``response.created`` and ``response.in_progress`` at once (after the head),
+  shapes and sizes: ``response.created`` and ``response.in_progress`` at once (with the head),
   the item and content part with the first delta at TTFT, one numbered delta every gap, and
   the last delta with the three ``.done`` events and ``response.incomplete`` (the full
-  Response). Each event's JSON is built per event (``json.dumps``), as the chat chunks are;
+  Response). Each event's JSON is built per event: a delta's token as the chat chunks' is
+  (``json.dumps``), the others with orjson, the library llmsim uses;
   over SSE each write is one hand-framed chunk, over WebSocket one hand-framed text frame per
   event (the client's masked frames are parsed by hand; ping, close). This is the same-wire
   anchor of llmsim's Responses streams: the least a server must do to send those bytes.
@@ -43,6 +44,7 @@ from email.utils import formatdate
 from typing import Any
 
 import h11
+import orjson
 
 BODY = (b'{"id":"chatcmpl-0123456789abcdefghijklmn","object":"chat.completion","created":1700000000,'
         b'"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":'
@@ -95,8 +97,9 @@ _ids = itertools.count(10**23)
 
 
 def event(ws: bool, etype: str, data: dict[str, Any]) -> bytes:
-    """One Responses event: its JSON, SSE-framed unless over WebSocket."""
-    js = json.dumps({"type": etype, **data}, separators=(",", ":")).encode()
+    """One Responses event: its JSON (orjson, as llmsim's), SSE-framed unless over
+    WebSocket."""
+    js = orjson.dumps({"type": etype, **data})
     return js if ws else b"event: %s\ndata: %s\n\n" % (etype.encode(), js)
 
 
@@ -182,7 +185,8 @@ class RespStream(Stream):
 
     __slots__ = ("ws", "rid", "mid", "created", "seq", "words", "head")
 
-    def __init__(self, proto: Proto, tokens: int, itl: float, ws: bool) -> None:
+    def __init__(self, proto: Proto, tokens: int, itl: float, ws: bool,
+                 head: bytes = b"") -> None:
         super().__init__(proto, tokens, itl)
         self.ws = ws
         self.rid = f"resp_{next(_ids)}"
@@ -194,14 +198,15 @@ class RespStream(Stream):
         obj = response_object(self.rid, self.created, tokens, "in_progress", [], "", None)
         self.seq = 2
         self.send([event(ws, "response.created", {"response": obj, "sequence_number": 0}),
-                   event(ws, "response.in_progress", {"response": obj, "sequence_number": 1})])
+                   event(ws, "response.in_progress", {"response": obj, "sequence_number": 1})],
+                  head)
 
-    def send(self, events: list[bytes]) -> None:
+    def send(self, events: list[bytes], head: bytes = b"") -> None:
         if self.ws:
             self.proto.t.write(b"".join([ws_frame(e) for e in events]))
         else:
             payload = b"".join(events)
-            self.proto.t.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+            self.proto.t.write(b"%b%x\r\n%b\r\n" % (head, len(payload), payload))
 
     def numbered(self, etype: str, data: dict[str, Any]) -> bytes:
         data["sequence_number"] = self.seq
@@ -373,10 +378,14 @@ class Proto(asyncio.Protocol):
         return True
 
     def start_stream(self, tokens: int, responses: bool = False) -> None:
-        self.t.write(self.conn.send(h11.Response(status_code=200, headers=[
-            (b"date", formatdate(time.time(), usegmt=True).encode()), *SSE_HEADERS])))
-        self.stream = s = (RespStream(self, max(1, tokens), self.itl, False) if responses
-                           else Stream(self, max(1, tokens), self.itl))
+        head = self.conn.send(h11.Response(status_code=200, headers=[
+            (b"date", formatdate(time.time(), usegmt=True).encode()), *SSE_HEADERS]))
+        s: Stream
+        if responses:  # (the head goes out with the events due at once, as llmsim's does)
+            self.stream = s = RespStream(self, max(1, tokens), self.itl, False, head)
+        else:
+            self.t.write(head)
+            self.stream = s = Stream(self, max(1, tokens), self.itl)
         self.pacer.push(self.pacer.loop.time() + self.ttft, s)
 
     def end_stream(self) -> None:
