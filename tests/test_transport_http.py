@@ -588,3 +588,31 @@ async def test_a_stream_that_ends_in_its_start_is_one_write() -> None:
     assert writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n0\r\n\r\n")
     assert b"data: [DONE]\n\n" in writes[0] and proto.wire.head is None
     proto.connection_lost(None)
+
+
+async def test_a_stream_whose_pump_cannot_start_ends_with_its_head_and_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head is held when the pump fails to start: the client still gets it, then the
+    terminal error event and the end of the body, in that order, and the connection and its
+    counters are released for the next request."""
+    import llmsim.transport.http as http_mod
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("no pump")
+
+    monkeypatch.setattr(http_mod, "Pump", broken)
+    server = mem_server()
+    proto, tr = connect(server)
+    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 5})
+    proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    assert await _until(lambda: proto.phase is Phase.IDLE and proto.exchange is None)
+    out = bytes(tr.out)
+    assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"\r\n0\r\n\r\n")
+    head, _, rest = out.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head and b'"error"' in rest
+    assert b"server_error" in rest and proto.wire.head is None
+    st = server.app.stats
+    assert (st.active_streams, st.active_requests) == (0, 0)
+    assert not tr.closed
+    proto.connection_lost(None)
