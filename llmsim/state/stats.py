@@ -399,7 +399,12 @@ class Stats:
     def record(self, endpoint: str, model: str | None, transport: str, status: int,
                error: str | None = None) -> None:
         """Count one request (at response time). ``transport``: http | sse | ws."""
-        self.requests[(endpoint, self.model_key(model), transport, status)] += 1
+        self._count(endpoint, self.model_key(model), transport, status, error)
+
+    def _count(self, endpoint: str, key: str, transport: str, status: int,
+               error: str | None = None) -> None:
+        """:meth:`record` for a model already made a label (``key``: :meth:`model_key`)."""
+        self.requests[(endpoint, key, transport, status)] += 1
         self.requests_n += 1
         if error:
             self.error(error)
@@ -459,11 +464,7 @@ class Stats:
         """A stream's head was written: :meth:`record` the request and :meth:`track` the
         stream, the model's label looked up once (once per streamed request)."""
         key = self.model_key(model)
-        self.requests[(endpoint, key, transport, status)] += 1  # (record's count)
-        self.requests_n += 1
-        now = self._time()
-        if int(now) != self._ring_sec:
-            self._tick(now)
+        self._count(endpoint, key, transport, status)
         return self._track(key, t0, transport, is_token, prompt_tokens)
 
     def _track(self, key: str, t0: float, transport: str,

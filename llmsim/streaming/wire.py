@@ -133,6 +133,13 @@ class HTTPWire(Wire):
         # events due at once, e.g. response.created, go out with it: one write, not two)
         self.head: bytes | None = None
 
+    def take_head(self) -> bytes | None:
+        """The held head, if any, no longer held (whoever takes it writes it first)."""
+        head = self.head
+        if head is not None:
+            self.head = None
+        return head
+
     def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:
         """The chunk of a streamed event ``prefix + payload + suffix``: its size line, the
         event, the chunk's CRLF."""
@@ -141,11 +148,8 @@ class HTTPWire(Wire):
     def write_wire(self, frames: list[bytes]) -> None:
         """Chunks framed with :meth:`wire_frame`, in one write."""
         if self.open and self.transport is not None:
-            head = self.head
-            if head is not None:
-                self.head = None
-                self.transport.write(head + b"".join(frames))
-                return
+            if self.head is not None:  # (take_head: only a stream's first write)
+                frames = [self.take_head(), *frames]  # type: ignore[list-item]
             self.transport.write(b"".join(frames))
 
     def write_events(self, frames: list[bytes]) -> None:

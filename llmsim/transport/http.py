@@ -729,11 +729,9 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _flush_head(self) -> None:
         """Write the held response head (``_out(hold=True)``) if nothing took it along."""
-        head = self.wire.head
-        if head is not None:
-            self.wire.head = None
-            if self.transport is not None and self.phase is not _CLOSED:
-                self.transport.write(head)
+        head = self.wire.take_head()
+        if head is not None and self.transport is not None and self.phase is not _CLOSED:
+            self.transport.write(head)
 
     def _out(self, data: bytes = b"", *, status: int = 0, headers: bytes = b"",
              length: int = -1, end: bool = False, framed: list[bytes] | None = None,
@@ -802,25 +800,20 @@ class HTTPProtocol(asyncio.Protocol):
             framing = ex.framing
             if end:
                 self._release_request(ex)
-            held = self.wire.head  # (a stream ending or failing in its start)
-            if held is not None:
-                self.wire.head = None
+            # the body's bytes of this call, in one write; first the head of a stream that
+            # ends or fails in its start, if it is still held
+            held = self.wire.take_head()
+            parts = [held] if held is not None else []
             if data and framing is not _NOBODY:
-                if framing is _CHUNKED:
-                    data = _CHUNK % (len(data), data)
-                    if end:
-                        data += b"0\r\n\r\n"
-                tr.write(data if held is None else held + data)
+                parts.append(data if framing is not _CHUNKED else _CHUNK % (len(data), data))
+                if end and framing is _CHUNKED:
+                    parts.append(b"0\r\n\r\n")
             elif end and framing is _CHUNKED:
                 if framed:
-                    framed.append(b"0\r\n\r\n")
-                    if held is not None:
-                        framed.insert(0, held)
-                    tr.write(b"".join(framed))
-                else:
-                    tr.write(b"0\r\n\r\n" if held is None else held + b"0\r\n\r\n")
-            elif held is not None:
-                tr.write(held)
+                    parts += framed
+                parts.append(b"0\r\n\r\n")
+            if parts:
+                tr.write(parts[0] if len(parts) == 1 else b"".join(parts))
         if end:
             self._end_cycle(ex)
         return framing is not _NOBODY
