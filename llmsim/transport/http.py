@@ -61,6 +61,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -84,9 +85,9 @@ class Server(Protocol):
 
     app: App
     connections: set[HTTPProtocol]
-    # the requests read and not yet handled, and the loop whose next pass handles them
-    # (_run_handlers)
-    due: list[tuple[HTTPProtocol, Request, Exchange]]
+    # what was deferred to the next loop pass (HTTPProtocol.defer: the requests read and
+    # not yet handled), and the loop whose next pass runs it (_run_handlers)
+    due: list[tuple[Callable[[Any, Any], Any], Any, Any]]
     due_loop: asyncio.AbstractEventLoop | None
 
     def loop_time(self) -> float: ...
@@ -223,18 +224,18 @@ class Exchange:
 
 
 def _run_handlers(server: Server) -> None:
-    """The loop pass after a read: run the handlers of the requests read since the last
-    such pass, in the order they were read (:meth:`HTTPProtocol._handle`); one scheduled
-    callback for them all, not a Handle and a context copy per request. A request read
-    meanwhile waits for the next pass."""
+    """The loop pass after a read: run what was deferred since the last such pass
+    (:meth:`HTTPProtocol.defer`: the handlers of the requests read, the WebSocket creates),
+    in the order it was deferred; one scheduled callback for them all, not a Handle and a
+    context copy each. What is deferred meanwhile waits for the next pass."""
     due = server.due
     server.due = []
-    for proto, req, ex in due:
+    for fn, a, b in due:
         try:
-            proto._handle(req, ex)
+            fn(a, b)
         except Exception as exc:  # (reported as the loop reports a failed callback)
             asyncio.get_running_loop().call_exception_handler({
-                "message": f"Exception in callback {proto._handle!r}", "exception": exc})
+                "message": f"Exception in callback {fn!r}", "exception": exc})
 
 
 class HTTPProtocol(asyncio.Protocol):
@@ -245,7 +246,7 @@ class HTTPProtocol(asyncio.Protocol):
     __slots__ = ("server", "app", "cfg", "conn", "transport", "peer", "phase", "exchange",
                  "upgraded", "_buffered", "_deadline", "_heads", "_pump",
                  "_reading_paused", "_shutdown", "_stall_deadline", "_task", "_timer_kind",
-                 "wire", "__weakref__")
+                 "wire", "loop", "__weakref__")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -271,6 +272,9 @@ class HTTPProtocol(asyncio.Protocol):
         self._stall_deadline = _INF  # clock time when a client that stopped reading is cut
         self.upgraded: Any = None  # the WebSocket session after a 101
         self.peer = ""
+        # the loop the connection runs on (connection_made): asyncio.get_running_loop() is
+        # a getpid() system call on Python 3.11, not a call to make per request
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _new_conn(self) -> h11.Connection:
         return h11.Connection(h11.SERVER, max_incomplete_event_size=self.cfg.max_header_bytes)
@@ -284,6 +288,7 @@ class HTTPProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.transport = transport  # type: ignore[assignment]
         self.wire.transport = self.transport
+        self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -534,17 +539,23 @@ class HTTPProtocol(asyncio.Protocol):
         if "upgrade" in headers and headers["upgrade"].lower() == "websocket" \
                 and not ex.ambiguous:
             ex.upgrade = True
-        # handled on the loop's next pass (_handle), with the others read until then: one
-        # callback for them all (_run_handlers)
+        self.defer(self._handle, req, ex)
+
+    def defer(self, fn: Callable[[Any, Any], Any], a: Any, b: Any) -> None:
+        """Call ``fn(a, b)`` on the loop's next pass, with everything else deferred until
+        then (:func:`_run_handlers`): a request's handler (:meth:`_handle`), a WebSocket
+        create's (the modes, through their connection's ``defer``)."""
         srv = self.server
         due = srv.due
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
         if not due or srv.due_loop is not loop:
-            if due:  # (read on a loop that stopped before handling them: never handled)
+            if due:  # (deferred on a loop that stopped before running them: never run)
                 due.clear()
             srv.due_loop = loop
             loop.call_soon(_run_handlers, srv)
-        due.append((self, req, ex))
+        due.append((fn, a, b))
 
     def _handle(self, req: Request, ex: Exchange) -> None:
         """Run the handler of ``req``, on the loop pass after the one that read it.

@@ -22,10 +22,9 @@ from typing import Any
 
 from ..app import App
 from ..config import Config
-from ..messages import Request
 from ..sim import tokens
 from ..streaming.clock import Clock
-from .http import Exchange, HTTPProtocol
+from .http import HTTPProtocol
 
 # The collector's young-generation threshold a serving process runs with (``Server.settle``;
 # CPython's default is 700). Measured at 1000 streams (issue 15, RESULTS.md): 0.20-0.28 µs of
@@ -186,7 +185,7 @@ class Server:
         self.app = App(self.config, clock=clock, state_dir=state_dir)
         self.connections: set[HTTPProtocol] = set()
         # the requests its connections read, to handle on the loop's next pass (http.py)
-        self.due: list[tuple[HTTPProtocol, Request, Exchange]] = []
+        self.due: list[tuple[Callable[[Any, Any], Any], Any, Any]] = []
         self.due_loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None  # (a loop without add_reader)
         self._listener: Listener | None = None

@@ -26,6 +26,7 @@ idle (a graceful shutdown may close now).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -68,6 +69,8 @@ class HTTPProtocol(Protocol):
     def switch_protocol(self, headers: list[tuple[bytes, bytes]], session: Any) -> bytes: ...
 
     def force_close(self) -> None: ...
+
+    def defer(self, fn: Callable[[Any, Any], Any], a: Any, b: Any) -> None: ...
 
 __all__ = ["upgrade", "WSConnection", "WebSocketState", "state", "WEBSOCKET",
            "FRAGMENT_OVERHEAD"]
@@ -170,6 +173,9 @@ class WSConnection:
         self._timer: Timer | None = None  # connection_time_limit_s
         self._close_timer: Timer | None = None  # close_timeout_s after our close frame
         self.opened_at = app.clock.now()
+        # ``defer(fn, a, b)``: ``fn(a, b)`` on the loop's next pass, with the requests read
+        # meanwhile (HTTPProtocol.defer): how a mode starts the work a message asks for
+        self.defer = protocol.defer
         mode.attach(self)
 
     @property

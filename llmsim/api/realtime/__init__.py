@@ -907,7 +907,7 @@ class RealtimeWS(WSMode):
         job.req = req
         self.job = job
         self.app.stats.request_open()
-        asyncio.get_running_loop().call_soon(self._start_job, job)
+        self.conn.defer(self._start_job, job, None)  # (the next loop pass, as HTTP's)
 
     def _input(self, raw: Any) -> list[Item]:
         if not isinstance(raw, list):
@@ -942,7 +942,7 @@ class RealtimeWS(WSMode):
         the audio it plays: nothing to do."""
 
     # -- running a response --------------------------------------------------------------------
-    def _start_job(self, job: Job) -> None:
+    def _start_job(self, job: Job, _: None = None) -> None:
         if not job.done:
             job.task = start_handler(self._run(job), job.running, job)
 

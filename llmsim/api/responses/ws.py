@@ -262,11 +262,11 @@ class ResponsesWS(WSMode):
             job = Job(lane, req, prev)
             self._jobs.add(job)
             self.app.stats.request_open()
-            # (on the next loop pass, as HTTP starts a handler: protocol.start_handler)
-            asyncio.get_running_loop().call_soon(self._start_job, job)
+            # (on the next loop pass, with the HTTP requests read meanwhile)
+            self.conn.defer(self._start_job, job, None)
         self.conn.maybe_resume_reading()
 
-    def _start_job(self, job: Job) -> None:
+    def _start_job(self, job: Job, _: None = None) -> None:
         if not job.done:  # (not cancelled meanwhile: _cancel_all ends a job with no task)
             job.task = start_handler(self._run(job), job.running, job)
 
