@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import socket
@@ -713,3 +714,33 @@ def test_steer_answer_is_numbered_by_the_steered_stream(make_server: Any) -> Non
         assert ev["type"] == "response.steer.failed" and ev["sequence_number"] == 0
     finally:
         c.close()
+
+
+def test_a_create_gets_a_request_id_like_an_http_request(make_server: Any) -> None:
+    """A WebSocket create's request id (the access log's) is the HTTP one's form, ``req_``
+    and 32 hex digits, from the same id stream (no system call per create)."""
+    import logging
+    import re
+
+    from llmsim.state.logs import setup_logging
+
+    srv = make_server(**SHORT)
+    buf = io.StringIO()
+    h = setup_logging("info", "json", buf)
+    try:
+        c = RawWS(srv.url)
+        try:
+            c.send_json({"type": "response.create", "model": "gpt-4o-mini", "input": "Hi",
+                         "max_output_tokens": 16})
+            assert c.until_terminal()[-1]["type"] == "response.incomplete"
+        finally:
+            c.close()
+        assert wait_for(lambda: '"transport": "ws"' in buf.getvalue()
+                        or '"transport":"ws"' in buf.getvalue())
+    finally:
+        logging.getLogger("llmsim").removeHandler(h)
+        logging.getLogger("llmsim").setLevel(logging.WARNING)
+    lines = [json.loads(ln) for ln in buf.getvalue().splitlines() if '"llmsim.access"' in ln]
+    ws = [ln for ln in lines if ln["transport"] == "ws"]
+    assert len(ws) == 1
+    assert re.fullmatch(r"req_[0-9a-f]{32}", ws[0]["request_id"]), ws[0]["request_id"]

@@ -37,7 +37,7 @@ from ...routing import Route, WSMode
 from ...sim import schema as sch
 from ...sim import tokens as tok
 from ...sim.decide import Ask, Decision, Usage
-from ...sim.rng import derive, new_id, request_seed, rng_of
+from ...sim.rng import derive, new_id, new_request_id, request_seed, rng_of
 from ...state import accounting
 from ...streaming.dialect import Dialect
 from ...streaming.flow import Pump
@@ -900,7 +900,7 @@ class RealtimeWS(WSMode):
         if isinstance(job.limit, int):
             body["max_output_tokens"] = job.limit
         req = Request(method="POST", path="/v1/realtime", query=hs.query, headers=hs.headers,
-                      body=orjson.dumps(body), request_id="req_" + new_id("", 32),
+                      body=orjson.dumps(body), request_id=new_request_id(),
                       transport="ws", client=hs.client, received_at=self.app.clock.now(),
                       context=job)
         job.mode = self

@@ -43,7 +43,7 @@ import orjson
 from ...errors import APIError, E, server_error
 from ...messages import JSONResponse, RawResponse, Request, Result, StreamResponse
 from ...routing import WSMode
-from ...sim.rng import new_id
+from ...sim.rng import new_request_id
 from ...state import accounting  # per-request accounting shared with HTTP (stats, access log)
 from ...streaming.flow import Pump
 from ...streaming.start import start_handler
@@ -242,7 +242,7 @@ class ResponsesWS(WSMode):
         # (Request.http's fast construction, then the two fields a WebSocket create differs
         # in: the frozen class's constructor sets every field through object.__setattr__)
         req = Request.http("POST", "/v1/responses", hs.query, hs.headers,
-                           orjson.dumps(ev.body), "req_" + new_id("", 32), hs.client,
+                           orjson.dumps(ev.body), new_request_id(), hs.client,
                            self.app.clock.now())
         _set_transport(req, "ws")
         _set_context(req, self.cache.lane(sid))
