@@ -7,8 +7,9 @@ are fed the same raw HTTP request bytes the load generator sends. Streams are pa
 manual clock that jumps from deadline to deadline, so no time is spent waiting and the figure
 is pure CPU: request parsing, dispatch, pacing, framing, stats, everything but the syscalls
 (which cost both servers the same per write). The ratio is what the socket benchmark's
-"CPU per token ÷ anchor" converges to when the write syscall is taken out; quiet or busy box,
-it moves little. ``--profile`` prints the top of cProfile for llmsim.
+"CPU per token ÷ anchor" converges to when the write syscall is taken out (``--kind
+responses``: ÷ the same-wire anchor, whose Responses stream sends llmsim's events); quiet or
+busy box, it moves little. ``--profile`` prints the top of cProfile for llmsim.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
 
     loop = _AnchorLoop()
     b.Proto.pacer = b.Pacer(loop)  # type: ignore[arg-type]
-    raw = request("chat" if kind != "rps" else "rps", tokens)
+    raw = request(kind, tokens)  # (responses: the anchor's same-wire Responses stream)
     sink = [0, 0, 0]
     protos = []
     for _ in range(n):
