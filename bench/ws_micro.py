@@ -12,8 +12,9 @@ connection, the median of ``--repeat`` runs, in three parts:
 
 - ``setup``: ``connection_made`` and the upgrade request read, the loop pass that validates
   the handshake, answers 101 and builds the WebSocket connection and its mode;
-- ``create``: the frame read (wsproto parses it), the create parsed and admitted, and the loop
-  passes that dispatch it and start its pump (the first event written);
+- ``create``: the frame read (a whole text frame: unmasked by the connection), the create
+  parsed and admitted, and the loop passes that dispatch it and start its pump (the first
+  event written);
 - ``stream``: the clock runs the responses: ``--tokens`` token events each, the terminal
   event, the end of the job's accounting.
 

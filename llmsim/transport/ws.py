@@ -5,8 +5,11 @@ carrying ``Upgrade: websocket`` to :func:`upgrade`, which finds the mode the rou
 path (:meth:`llmsim.routing.Router.add_ws`: e.g. the Responses API's at ``/v1/responses``), validates the handshake (RFC 6455 §4.2.1), the API key and the connection
 cap, and answers any problem as an ordinary HTTP error *before* switching. Otherwise it answers
 101 through h11 (:meth:`HTTPProtocol.switch_protocol`) and the :class:`WSConnection` takes the
-connection over: the bytes that arrived behind the upgrade request are the first fed to a
-fresh ``wsproto`` connection (no extension is negotiated: no permessage-deflate).
+connection over: the bytes that arrived behind the upgrade request are its first read. Reads
+go to a fresh ``wsproto`` connection (no extension is negotiated: no permessage-deflate),
+except while every read has been whole masked text frames: those the connection unmasks
+itself (``_read_direct``), and the first read that is anything else hands wsproto the rest
+of the connection from that frame on.
 
 The connection owns everything a mode should not have to know: text messages reassembled from
 wsproto's partial frames under a size cap (close 1009), a server-wide budget for the bytes of
@@ -170,6 +173,9 @@ class WSConnection:
         self._held = 0  # memory of self._msg, counted in WebSocketState.pending_bytes
         self._frag_timer: Timer | None = None  # fragment_timeout_s of the unfinished message
         self._read_paused = False
+        # every read so far was whole text frames, handled without wsproto (_read_direct):
+        # wsproto has been fed nothing
+        self._direct = True
         self._timer: Timer | None = None  # connection_time_limit_s
         self._close_timer: Timer | None = None  # close_timeout_s after our close frame
         self.opened_at = app.clock.now()
@@ -325,11 +331,77 @@ class WSConnection:
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self._direct:
+            data = self._read_direct(data)
+            if not data:
+                return
         try:
             self.ws.receive_data(data)
         except LocalProtocolError:  # bytes after the close handshake
             return
         self._process()
+
+    def _read_direct(self, data: bytes) -> bytes:
+        """The connection's reads while each has been whole text frames (what clients send
+        a create as): the messages handled here, without wsproto's general parser (about 40
+        Python calls a frame). Anything else (a control, fragmented, unmasked, non-minimal,
+        long or non-UTF-8 frame, a frame split over reads, a close under way, reading paused)
+        hands wsproto the rest of the connection for good, from the first byte of that frame:
+        wsproto then holds everything it would have, and answers every protocol error as
+        before. What is returned is that rest (empty: all handled here)."""
+        at = 0
+        end = len(data)
+        while at < end:
+            if self.closing or self._read_paused:
+                break
+            b0 = data[at]
+            if b0 != 0x81 or end - at < 6:  # FIN, no RSV bits, a text frame; a mask key
+                break
+            b1 = data[at + 1]
+            n = b1 & 0x7F
+            if b1 < 0x80:  # unmasked: a client MUST mask (wsproto closes 1002)
+                break
+            head = 6
+            if n == 126:
+                if end - at < 8:
+                    break
+                n = (data[at + 2] << 8) | data[at + 3]
+                if n < 126:  # (not the minimal length encoding: wsproto's error)
+                    break
+                head = 8
+            elif n == 127:
+                break
+            stop = at + head + n
+            if stop > end:  # split over reads
+                break
+            mask = data[at + head - 4:at + head]
+            raw = (int.from_bytes(data[at + head:stop], "little")
+                   ^ int.from_bytes((mask * ((n >> 2) + 1))[:n], "little")).to_bytes(n, "little")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:  # (wsproto closes 1007)
+                break
+            at = stop
+            if n > self.cfg.max_message_bytes:
+                self.close(1009, f"message too big: the limit is {self.cfg.max_message_bytes} "
+                           "bytes")
+                return b""
+            try:
+                self.mode.message(text)
+            except Exception:  # as _process: a bug closes 1011
+                log.exception("websocket event handling failed")
+                self.close(1011, "internal error")
+                return b""
+            if self.closed:
+                return b""
+            if self.protocol.paused or self.mode.busy:
+                self._direct = False
+                self._pause_reading()
+                return data[at:]  # (wsproto holds the rest until reading resumes)
+        if at < end:
+            self._direct = False
+            return data[at:]
+        return b""
 
     def _pause_reading(self) -> None:
         if not self._read_paused:
