@@ -221,6 +221,7 @@ class Clock:
         monotonic = _monotonic
         per_slot = self._per_slot
         n = 0  # timers run since the time was last checked
+        rearmed = 0  # timers that fired and armed themselves again (self._entries)
         self._running = True
         held = self.outbox = self._held
         try:
@@ -249,16 +250,22 @@ class Clock:
                             except Exception:  # a broken callback must not stop the others
                                 log.exception("timer callback failed")
                                 continue
-                            if again is not None:  # (recall, inlined: once per token)
-                                ts = slots.get(int(again * per_slot))
+                            if again is not None:  # (recall, inlined: once per token;
+                                t.deadline = again  # no _arm inside the pass)
+                                t.cancelled = False
+                                rearmed += 1
+                                try:
+                                    k2 = int(again * per_slot)
+                                except OverflowError:
+                                    k2 = self._slot(again)
+                                ts = slots.get(k2)
                                 if ts is None:  # (a new slot: the heap too)
-                                    self.recall(t, again)
+                                    slots[k2] = [t]
+                                    _heappush(keys, k2)
                                 else:
-                                    t.deadline = again
-                                    t.cancelled = False
-                                    self._entries += 1
                                     ts.append(t)
         finally:
+            self._entries += rearmed
             self._running = False
             if held:
                 self.flush()
