@@ -132,10 +132,11 @@ class Pump(Timer):
     __slots__ = ("_done", "_fast", "_in_run", "_wired", "sink", "_nw", "stream", "_now", "_same",
                  "_catch_up", "_run_at", "_run_i", "_run_n", "_run_gap",
                  "_run_pieces", "_run_stamps", "_run_nstamps", "_run_extra", "_run_head",
-                 "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "_pending", "clock",
+                 "_run_tail", "_leads", "_nleads", "_times", "_fold_every", "clock",
+                 "held_write", "_pending",
                  "encode", "on_done", "observer", "error_frame", "_paused_at", "_per_write",
                  "_is_token", "_unobserved", "_frame", "_token_types", "_fold", "_each",
-                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates", "held_write")
+                 "_lead", "_tail", "_run_gaps", "_run_post", "_run_key", "_templates")
 
     def __init__(self, stream: EventStream, clock: Clock,
                  encode: Callable[[str, Any], bytes], sink: Sink,
