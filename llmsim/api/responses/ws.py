@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -354,19 +354,24 @@ class ResponsesWS(WSMode):
         if ws_text is None:  # (only families with a WebSocket mode are dispatched here)
             raise TypeError(f"{res.stream.dialect} has no WebSocket mode")
         prev = job.prev_id
+        enc: Callable[[str, Any], bytes]
+        if suffix is None and prev is None:
+            # nothing to add to the dialect's frames and no continuation to evict at a
+            # response.failed: its encoder itself (the pump's facts for it are cached)
+            enc = ws_text
+        else:
+            def enc(etype: str, data: Any) -> bytes:
+                b = ws_text(etype, data)
+                if etype == "response.failed":
+                    self.cache.continuation_failed(sid, prev)
+                if suffix is not None and b[-1:] == b"}":
+                    return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
+                return b
 
-        def enc(etype: str, data: Any) -> bytes:
-            b = ws_text(etype, data)
-            if etype == "response.failed":
-                self.cache.continuation_failed(sid, prev)
-            if suffix is not None and b[-1:] == b"}":
-                return b[:-1] + suffix if len(b) > 2 else b"{" + suffix[1:]
-            return b
-
-        if suffix is None and hasattr(ws_text, "bytes_frame"):
-            # a token event (the dialect's template, never response.failed) is its own
-            # payload then: the pump renders runs without calling enc (issue 15)
-            enc.bytes_frame = ws_text.bytes_frame  # type: ignore[attr-defined]
+            if suffix is None and hasattr(ws_text, "bytes_frame"):
+                # a token event (the dialect's template, never response.failed) is its own
+                # payload then: the pump renders runs without calling enc (issue 15)
+                enc.bytes_frame = ws_text.bytes_frame  # type: ignore[attr-defined]
 
         def error_frame(err: APIError, seq: int) -> bytes:
             ev = error_event(500, err.type, err.message, err.code, stream_id=sid)
