@@ -348,12 +348,21 @@ class RealClock(Clock):
         self._armed_at = float("inf")
         self._time_fn: Callable[[], float] | None = None
         self._coarse: bool | None = None  # the loop's time is whole milliseconds (uvloop)
+        if loop is not None:
+            self._bind(loop)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+            self._bind(self._loop)
         return self._loop
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop is known (it never changes): ``now`` becomes the loop's own bound
+        method, no Python frame per call (a subclass keeps its own ``now``)."""
+        if type(self) is RealClock:
+            self.now = loop.time  # type: ignore[method-assign]
 
     def now(self) -> float:
         loop = self._loop  # (not the property: once per wake-up)
