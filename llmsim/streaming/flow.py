@@ -341,10 +341,11 @@ class Pump(Timer):
         self._run_gap = (gaps.value if type(gaps) is ConstantGaps
                          and gaps.take(self._run_n - 1) else -1.0)
         self._in_run = self._run_n > 0
-        # the tick's one-token path (see fire): equal gaps, wire parts into a Wire, the
-        # per-write observer's times or no per-write observer
+        # the tick's one-token path (see fire): equal gaps, wire parts into a Wire with a
+        # transport (whose writes a clock pass holds), the per-write observer's times or no
+        # per-write observer
         self._fast = (self._in_run and self._run_gap >= 0.0 and self._wired
-                      and self._nw is not None
+                      and self._nw is not None and self.held_write is not None
                       and (self._times is not None or self._per_write is None))
         key = run.key
         if key is self._run_key:  # (the template the run before used)
@@ -567,7 +568,7 @@ class Pump(Timer):
         bookkeeping for several events, plan events and other sinks (the same bytes, state
         and statistics); the write is held by the clock's pass (``Clock.outbox``) and the
         next deadline returned for the clock to arm. Anything else: the general tick."""
-        if self._fast and not self._done:
+        if self._fast:  # (never once done: _finish clears it)
             nw: Wire = self._nw  # type: ignore[assignment]  # (_fast: a Wire)
             now = self._now()
             deadline = self._run_at
@@ -594,7 +595,7 @@ class Pump(Timer):
                     self._run_i = i
                     self._run_at = nxt
                     held = self.clock.outbox
-                    if held is None or self.held_write is None:
+                    if held is None:  # (outside a clock pass; _fast: held_write is set)
                         nw.write_wire(out)  # type: ignore[arg-type]
                     elif nw.open:  # (the wire's own test)
                         held.append((self, b"".join(out)))  # type: ignore[arg-type]
