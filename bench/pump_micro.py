@@ -135,7 +135,9 @@ async def main(n: int, tokens: int, kind: str, profile: bool, sink_kind: str = "
         track = accounting.stream_started(app, req, "chat.completions", res)  # type: ignore[arg-type]
         st = res.stream  # type: ignore[union-attr]
         ws = sink_kind == "ws"
-        pumps.append(Pump(st, clock, st.dialect.ws if ws else st.dialect.sse,
+        enc = st.dialect.ws if ws else st.dialect.sse
+        assert enc is not None  # (--sink ws: Responses, which has a WebSocket mode)
+        pumps.append(Pump(st, clock, enc,
                           sink if sink_kind == "plain" else wire_sink(sink, ws), None,
                           track.observe, st.dialect.sse_error))
     c1 = time.process_time()

@@ -178,6 +178,52 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
     return time.process_time() - c0, sink[0]
 
 
+def opcodes(kind: str, n: int, tokens: int) -> None:
+    """Bytecode instructions each server executes per token and per request (a tracer with
+    ``f_trace_opcodes``): the slope and intercept between runs of ``tokens`` tokens and of
+    one. Unlike CPU time, a count the box's load cannot move; it says how much Python a
+    token costs, not how much each instruction costs (the cache misses a live server adds)."""
+    count = [0]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            count[0] += 1
+        return tracer
+
+    def traced(run: Callable[[], Any]) -> int:
+        count[0] = 0
+        sys.settrace(tracer)
+        try:
+            run()
+        finally:
+            sys.settrace(None)
+        return count[0]
+
+    async def llmsim_traced(t: int) -> None:
+        sys.settrace(tracer)  # (asyncio.run's task runs in a fresh context: trace inside it)
+        await llmsim_run(kind, n, t, 1, False)
+
+    def llmsim_once(t: int) -> int:
+        count[0] = 0
+        try:
+            asyncio.run(llmsim_traced(t))
+        finally:
+            sys.settrace(None)
+        return count[0]
+
+    lo = 16 if kind == "responses" else 1  # (the Responses API's least max_output_tokens)
+    llmsim_once(tokens)  # warm-up: imports on first use, tables, caches
+    print(f"{kind}: bytecode instructions, {n} streams of {tokens} tokens against {lo}")
+    for name, once in (("anchor", lambda t: traced(lambda: anchor_run(kind, n, t, 1))),
+                       ("llmsim", llmsim_once)):
+        many, few = once(tokens), once(lo)
+        per_token = (many - few) / (n * (tokens - lo))
+        print(f"  {name}  {per_token:7.1f} per token   {few / n - lo * per_token:8.0f} per "
+              "request")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -192,7 +238,16 @@ def main() -> None:
                     help="--profile's order")
     ap.add_argument("--only", choices=["anchor", "llmsim"],
                     help="run one server only (instruction counting under callgrind)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="count the bytecode instructions per token and per request instead "
+                         "(slow: a tracer; try -n 20)")
     a = ap.parse_args()
+    if a.opcodes:
+        if a.kind == "rps" or a.tokens < (17 if a.kind == "responses" else 2):
+            ap.error("--opcodes: a streaming --kind and more --tokens than its least (1, or "
+                     "16 for responses)")
+        opcodes(a.kind, a.n, a.tokens)
+        return
     PROFILE_SORT[0] = a.sort
     PROFILE_TOP[0] = a.top
     kind = a.kind
