@@ -180,9 +180,10 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
 
 def opcodes(kind: str, n: int, tokens: int) -> None:
     """Bytecode instructions each server executes per token and per request (a tracer with
-    ``f_trace_opcodes``): the slope and intercept between runs of ``tokens`` tokens and of
-    one. Unlike CPU time, a count the box's load cannot move; it says how much Python a
-    token costs, not how much each instruction costs (the cache misses a live server adds)."""
+    ``f_trace_opcodes``), from runs of 1 and 3 requests per connection (what a run costs
+    once, its set-up, cancels) of ``tokens`` tokens and of the least. Unlike CPU time, a
+    count the box's load cannot move; it says how much Python a token costs, not how much
+    each instruction costs (the cache misses a live server adds)."""
     count = [0]
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -192,36 +193,38 @@ def opcodes(kind: str, n: int, tokens: int) -> None:
             count[0] += 1
         return tracer
 
-    def traced(run: Callable[[], Any]) -> int:
+    def anchor_once(t: int, rounds: int) -> int:
         count[0] = 0
         sys.settrace(tracer)
         try:
-            run()
+            anchor_run(kind, n, t, rounds)
         finally:
             sys.settrace(None)
         return count[0]
 
-    async def llmsim_traced(t: int) -> None:
+    async def llmsim_traced(t: int, rounds: int) -> None:
         sys.settrace(tracer)  # (asyncio.run's task runs in a fresh context: trace inside it)
-        await llmsim_run(kind, n, t, 1, False)
+        await llmsim_run(kind, n, t, rounds, False)
 
-    def llmsim_once(t: int) -> int:
+    def llmsim_once(t: int, rounds: int) -> int:
         count[0] = 0
         try:
-            asyncio.run(llmsim_traced(t))
+            asyncio.run(llmsim_traced(t, rounds))
         finally:
             sys.settrace(None)
         return count[0]
 
     lo = 16 if kind == "responses" else 1  # (the Responses API's least max_output_tokens)
-    llmsim_once(tokens)  # warm-up: imports on first use, tables, caches
-    print(f"{kind}: bytecode instructions, {n} streams of {tokens} tokens against {lo}")
-    for name, once in (("anchor", lambda t: traced(lambda: anchor_run(kind, n, t, 1))),
-                       ("llmsim", llmsim_once)):
-        many, few = once(tokens), once(lo)
-        per_token = (many - few) / (n * (tokens - lo))
-        print(f"  {name}  {per_token:7.1f} per token   {few / n - lo * per_token:8.0f} per "
-              "request")
+    llmsim_once(tokens, 1)  # warm-up: imports on first use, tables, caches
+    print(f"{kind}: bytecode instructions, {n} connections, streams of {tokens} tokens and "
+          f"of {lo}")
+    once: Callable[[int, int], int]
+    for name, once in (("anchor", anchor_once), ("llmsim", llmsim_once)):
+        many = once(tokens, 3) - once(tokens, 1)  # 2n requests of ``tokens`` tokens
+        few = once(lo, 3) - once(lo, 1)  # 2n of ``lo``
+        per_token = (many - few) / (2 * n * (tokens - lo))
+        per_request = few / (2 * n) - lo * per_token
+        print(f"  {name}  {per_token:7.1f} per token   {per_request:8.0f} per request")
 
 
 def main() -> None:

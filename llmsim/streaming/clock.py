@@ -243,7 +243,7 @@ class Clock:
                     for t in chunk:  # (a timer armed meanwhile for slot k goes into a new
                         if not t.cancelled:  # list, run in a later turn)
                             t.cancelled = True  # fired; a late cancel() is a no-op
-                            if held and t.callback is not holds_writes:
+                            if t.callback is not holds_writes and held:
                                 self.flush()  # (a timer that may write: after the held)
                             try:
                                 again = t.fire()

@@ -609,7 +609,7 @@ class Pump(Timer):
                     self._unobserved = 1 if out else 0  # (the frames _fail writes count)
                     self._fail(list(out))
                     return None
-                if not self._done and self.cancelled:
+                if self.cancelled:  # (not armed meanwhile; never done on this path)
                     return nxt  # (the clock arms it: Clock._run_due)
                 return None
         self._tick()
