@@ -157,3 +157,78 @@ def test_real_clock_on_uvloop_waits_for_the_millisecond_tick() -> None:
     assert all(at >= when - RealClock.coalesce - 1e-9 for when, at in late)  # never early
     # about one pass per tick of the 10 ms span; spinning made it hundreds
     assert fires <= 2 * 12, fires
+
+
+async def test_the_entry_count_holds_through_every_path_of_a_pass() -> None:
+    # a pass counts only the timers it takes out for good: re-armed ones (returned a
+    # deadline, or recalled inside fire), cancelled, ended, failing, and those a pass left
+    # for the next (its time budget) must leave entries equal to what the slots hold
+    from llmsim.streaming.clock import Timer
+
+    clock = FakeClock(start=0.0)
+
+    def held() -> int:
+        return sum(len(ts) for ts in clock._slots.values())
+
+    class Rearm(Timer):
+        def __init__(self, d: float, times: int, via_recall: bool = False) -> None:
+            super().__init__(d, lambda: None)
+            self.left, self.via_recall = times, via_recall
+
+        def fire(self) -> float | None:
+            self.left -= 1
+            if self.left <= 0:
+                return None
+            if self.via_recall:  # (as a pump's general tick re-arms itself)
+                clock.recall(self, self.deadline + 0.01)
+                return None
+            return self.deadline + 0.01
+
+    class Broken(Timer):
+        def fire(self) -> float | None:
+            raise RuntimeError("broken timer")
+
+    rng = random.Random(3)
+    for i in range(300):
+        d = rng.uniform(0.0, 0.05)
+        kind = i % 5
+        if kind == 0:
+            clock.recall(Rearm(d, 4), d)
+        elif kind == 1:
+            clock.recall(Rearm(d, 3, via_recall=True), d)
+        elif kind == 2:
+            clock.cancel(clock.call_at(d, lambda: None))
+        elif kind == 3:
+            clock.recall(Broken(d, lambda: None), d)
+        else:
+            clock.call_at(d, lambda: None)
+    assert clock.entries == held()
+    # a pass that stops at once (its time budget spent) leaves the rest for the next
+    clock._run_due(0.02, stop_at=0.0)
+    assert clock.entries == held()
+    for t in (0.02, 0.04, 0.06, 0.08, 0.1):
+        clock._run_due(t)
+        assert clock.entries == held()
+    clock._run_due(1.0)
+    assert clock.entries == held() == 0
+
+
+async def test_a_pass_that_raises_counts_its_entries_again() -> None:
+    # a timer that returns what is not a deadline stops the pass (a bug): what the slots
+    # still hold is what the clock counts, not what the pass had taken out
+    from llmsim.streaming.clock import Timer
+
+    clock = FakeClock(start=0.0)
+
+    class Bad(Timer):
+        def fire(self) -> Any:
+            return "not a deadline"
+
+    for i in range(10):
+        clock.call_at(0.001 * i, lambda: None)
+    clock.recall(Bad(0.0045, lambda: None), 0.0045)
+    for i in range(10):
+        clock.call_at(0.02 + 0.001 * i, lambda: None)
+    with pytest.raises(TypeError):
+        clock._run_due(0.01)
+    assert clock.entries == sum(len(ts) for ts in clock._slots.values())

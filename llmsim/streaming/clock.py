@@ -221,14 +221,15 @@ class Clock:
         monotonic = _monotonic
         per_slot = self._per_slot
         n = 0  # timers run since the time was last checked
-        rearmed = 0  # timers that fired and armed themselves again (self._entries)
+        # the timers taken from the slots and not put back in one (self._entries, counted
+        # once when the pass ends: a token re-arms its pump, which then stays counted)
+        gone = 0
         self._running = True
         held = self.outbox = self._held
         try:
             while keys and keys[0] <= last:
                 k = pop(keys)
                 timers = slots.pop(k)
-                self._entries -= len(timers)
                 # in chunks of 32 (a slot is usually one chunk: no slice, no per-timer count)
                 for i in range(0, len(timers), 32):
                     if n >= 32:
@@ -249,11 +250,11 @@ class Clock:
                                 again = t.fire()
                             except Exception:  # a broken callback must not stop the others
                                 log.exception("timer callback failed")
+                                gone += 1
                                 continue
                             if again is not None:  # (recall, inlined: once per token;
                                 t.deadline = again  # no _arm inside the pass)
                                 t.cancelled = False
-                                rearmed += 1
                                 try:
                                     k2 = int(again * per_slot)
                                 except OverflowError:
@@ -264,8 +265,16 @@ class Clock:
                                     _heappush(keys, k2)
                                 else:
                                     ts.append(t)
+                            else:  # (its own recall() inside fire counted it again)
+                                gone += 1
+                        else:
+                            gone += 1
+        except BaseException:  # (the pass stops: what its slots hold, counted again)
+            gone = 0
+            self._entries = sum(len(ts) for ts in slots.values())
+            raise
         finally:
-            self._entries += rearmed
+            self._entries -= gone
             self._running = False
             if held:
                 self.flush()
@@ -287,8 +296,8 @@ class Clock:
                     log.exception("a held stream write failed")
 
     def _put_back(self, k: int, timers: list[Timer]) -> None:
-        """Timers of slot ``k`` a pass left: first in their slot again."""
-        self._entries += len(timers)
+        """Timers of slot ``k`` a pass left: first in their slot again (still counted in
+        ``_entries``: a pass counts only what it takes out for good)."""
         cur = self._slots.get(k)
         if cur is None:
             self._slots[k] = timers
