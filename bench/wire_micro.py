@@ -178,6 +178,12 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
     return time.process_time() - c0, sink[0]
 
 
+def least_tokens(kind: str) -> int:
+    """The fewest tokens a stream of ``kind`` asks for (the Responses API's least
+    ``max_output_tokens`` is 16)."""
+    return 16 if kind == "responses" else 1
+
+
 def opcodes(kind: str, n: int, tokens: int) -> None:
     """Bytecode instructions each server executes per token and per request (a tracer with
     ``f_trace_opcodes``), from runs of 1 and 3 requests per connection (what a run costs
@@ -193,28 +199,29 @@ def opcodes(kind: str, n: int, tokens: int) -> None:
             count[0] += 1
         return tracer
 
-    def anchor_once(t: int, rounds: int) -> int:
+    def counted(start: Callable[[], Any]) -> int:
         count[0] = 0
-        sys.settrace(tracer)
         try:
-            anchor_run(kind, n, t, rounds)
+            start()  # (it sets the tracer: asyncio.run's task runs in a fresh context)
         finally:
             sys.settrace(None)
         return count[0]
+
+    def anchor_traced(t: int, rounds: int) -> None:
+        sys.settrace(tracer)
+        anchor_run(kind, n, t, rounds)
 
     async def llmsim_traced(t: int, rounds: int) -> None:
-        sys.settrace(tracer)  # (asyncio.run's task runs in a fresh context: trace inside it)
+        sys.settrace(tracer)
         await llmsim_run(kind, n, t, rounds, False)
 
-    def llmsim_once(t: int, rounds: int) -> int:
-        count[0] = 0
-        try:
-            asyncio.run(llmsim_traced(t, rounds))
-        finally:
-            sys.settrace(None)
-        return count[0]
+    def anchor_once(t: int, rounds: int) -> int:
+        return counted(lambda: anchor_traced(t, rounds))
 
-    lo = 16 if kind == "responses" else 1  # (the Responses API's least max_output_tokens)
+    def llmsim_once(t: int, rounds: int) -> int:
+        return counted(lambda: asyncio.run(llmsim_traced(t, rounds)))
+
+    lo = least_tokens(kind)
     llmsim_once(tokens, 1)  # warm-up: imports on first use, tables, caches
     print(f"{kind}: bytecode instructions, {n} connections, streams of {tokens} tokens and "
           f"of {lo}")
@@ -246,9 +253,9 @@ def main() -> None:
                          "(slow: a tracer; try -n 20)")
     a = ap.parse_args()
     if a.opcodes:
-        if a.kind == "rps" or a.tokens < (17 if a.kind == "responses" else 2):
-            ap.error("--opcodes: a streaming --kind and more --tokens than its least (1, or "
-                     "16 for responses)")
+        if a.kind == "rps" or a.tokens <= least_tokens(a.kind):
+            ap.error(f"--opcodes: a streaming --kind and more --tokens than its least "
+                     f"({least_tokens(a.kind)})")
         opcodes(a.kind, a.n, a.tokens)
         return
     PROFILE_SORT[0] = a.sort

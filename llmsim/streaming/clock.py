@@ -355,7 +355,6 @@ class RealClock(Clock):
         self._loop = loop
         self._handle: asyncio.Handle | None = None
         self._armed_at = float("inf")
-        self._time_fn: Callable[[], float] | None = None
         self._coarse: bool | None = None  # the loop's time is whole milliseconds (uvloop)
         if loop is not None:
             self._bind(loop)
@@ -369,25 +368,19 @@ class RealClock(Clock):
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop is known (it never changes): ``now`` becomes the loop's own bound
-        method, no Python frame per call (a subclass keeps its own ``now``)."""
-        if type(self) is RealClock:
-            self.now = loop.time  # type: ignore[method-assign]
+        method, no Python frame per call, one object every pump's tick shares."""
+        self.now = loop.time  # type: ignore[method-assign]
 
     def now(self) -> float:
         loop = self._loop  # (not the property: once per wake-up)
         return (loop if loop is not None else self.loop).time()
 
     def now_fn(self) -> Callable[[], float]:
-        fn = self._time_fn
-        if fn is not None:
-            return fn
         try:
-            # the loop's own bound method (one C call per tick), one object for every pump:
-            # a pump's tick reads a bound method every stream shares, not one of its own
-            fn = self._time_fn = self.loop.time
+            _ = self.loop  # (known: now is the loop's time, see _bind)
         except RuntimeError:  # no loop yet: found at each call
-            return self.now
-        return fn
+            pass
+        return self.now
 
     def _arm(self) -> None:
         # armed for the start of the earliest live slot: its timers all run in that pass

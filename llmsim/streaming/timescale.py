@@ -29,6 +29,9 @@ class ScaledClock(RealClock):
         super().__init__(loop)
         self.scale = scale
 
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        pass  # (now multiplies the loop's time: its own)
+
     def now(self) -> float:
         return self.loop.time() * self.scale
 

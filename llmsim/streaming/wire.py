@@ -135,9 +135,7 @@ class HTTPWire(Wire):
 
     def take_head(self) -> bytes | None:
         """The held head, if any, no longer held (whoever takes it writes it first)."""
-        head = self.head
-        if head is not None:
-            self.head = None
+        head, self.head = self.head, None
         return head
 
     def wire_frame(self, prefix: bytes, suffix: bytes) -> Framing:

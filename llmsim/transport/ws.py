@@ -383,21 +383,12 @@ class WSConnection:
                 break
             at = stop
             if n > self.cfg.max_message_bytes:
-                self.close(1009, f"message too big: the limit is {self.cfg.max_message_bytes} "
-                           "bytes")
+                self._too_big()
                 return b""
-            try:
-                self.mode.message(text)
-            except Exception:  # as _process: a bug closes 1011
-                log.exception("websocket event handling failed")
-                self.close(1011, "internal error")
-                return b""
-            if self.closed:
-                return b""
-            if self.protocol.paused or self.mode.busy:
-                self._direct = False
-                self._pause_reading()
-                return data[at:]  # (wsproto holds the rest until reading resumes)
+            if not self._handled(self.mode.message, text):
+                if self.closing:
+                    return b""
+                break  # (paused: wsproto holds the rest until reading resumes)
         if at < end:
             self._direct = False
             return data[at:]
@@ -422,18 +413,26 @@ class WSConnection:
         if self.closed or self._read_paused:
             return
         for ev in self.ws.events():
-            try:
-                self._handle(ev)
-            except Exception:  # a bug must not kill the loop's callback: close 1011
-                log.exception("websocket event handling failed")
-                self.close(1011, "internal error")
-                return
-            if self.closed:
-                return
-            if self.protocol.paused or self.mode.busy:
-                # stop here: the rest stays in wsproto's buffer (at most one socket read)
-                self._pause_reading()
-                return
+            if not self._handled(self._handle, ev):
+                return  # (paused: the rest stays in wsproto's buffer, at most one read)
+
+    def _handled(self, handle: Callable[[Any], None], item: Any) -> bool:
+        """``handle(item)`` for one thing read (a wsproto event, a message): a bug closes
+        1011 (it must not kill the loop's callback). False: read no further now, the
+        connection being closed or reading paused (the transport above its high-water mark,
+        or the mode busy)."""
+        try:
+            handle(item)
+        except Exception:
+            log.exception("websocket event handling failed")
+            self.close(1011, "internal error")
+            return False
+        if self.closed:
+            return False
+        if self.protocol.paused or self.mode.busy:
+            self._pause_reading()
+            return False
+        return True
 
     def _handle(self, ev: Event) -> None:
         t = type(ev)
@@ -477,7 +476,7 @@ class WSConnection:
         self._msg_bytes += n
         cfg = self.cfg
         if self._msg_bytes > cfg.max_message_bytes:
-            self.close(1009, f"message too big: the limit is {cfg.max_message_bytes} bytes")
+            self._too_big()
             return
         if not ev.message_finished:
             if self._frag_timer is None and cfg.fragment_timeout_s > 0:
@@ -507,6 +506,9 @@ class WSConnection:
             text = data  # type: ignore[assignment]
             self._msg_bytes = 0
         self.mode.message(text)
+
+    def _too_big(self) -> None:
+        self.close(1009, f"message too big: the limit is {self.cfg.max_message_bytes} bytes")
 
     def _drop_message(self) -> None:
         """Forget the unfinished message: release its bytes and its timer (every path)."""
