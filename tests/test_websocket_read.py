@@ -138,3 +138,20 @@ async def test_after_a_control_frame_wsproto_reads_the_rest() -> None:
     evs = server_events(tr)
     assert [type(e) for e in evs] == [TextMessage, Pong, TextMessage, TextMessage]
     assert not any(isinstance(e, Ping) for e in evs)
+
+
+async def test_a_connection_closed_by_the_direct_reader_releases_everything() -> None:
+    # a whole frame over the cap, then the client goes: the gauges and the server-wide
+    # budget of unfinished messages are back to zero, no timer left armed for it
+    from llmsim.transport.ws import state
+
+    proto, tr, mode = await opened(max_message_bytes=100)
+    proto.data_received(frame(b"x" * 101) + frame(b"never"))
+    assert isinstance(server_events(tr)[-1], CloseConnection)
+    proto.connection_lost(None)
+    for _ in range(4):
+        await asyncio.sleep(0)
+    st = proto.app.stats
+    assert (st.active_websockets, st.active_requests, st.active_connections) == (0, 0, 0)
+    assert state(proto.app).pending_bytes == 0 and not state(proto.app).sessions
+    assert mode.got == []
