@@ -175,3 +175,55 @@ async def test_a_failure_after_the_last_events_writes_them_before_its_error() ->
     assert b'"t2"' in got[-1] and b"[DONE]" in got[-1] and b'"error"' in got[-1]
     out = b"".join(got)
     assert out.index(b'"t2"') < out.index(b"[DONE]") < out.index(b'"error"')
+
+
+class Flaky(Transport):
+    """A transport whose ``fail_at``-th write raises (a transport closed under the pass)."""
+
+    def __init__(self, name: int, log: list[tuple[int, bytes, int]], clock: Clock2,
+                 fail_at: int) -> None:
+        super().__init__(name, log, clock)
+        self.writes = 0
+        self.fail_at = fail_at
+        self.failed_held = 0  # how many writes the flush held when this one raised
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        if self.writes == self.fail_at:
+            self.failed_held = self.clock.flushing
+            raise RuntimeError("transport closed")
+        super().write(data)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("broken", [0, 1, 2])
+async def test_a_held_write_that_raises_ends_its_stream_alone(broken: int) -> None:
+    """A held write that raises ends that stream (its token written again, then the error
+    frame) while the other streams' held writes of the pass, before and after it, are made."""
+    clock = Clock2(start=0.0)
+    log: list[tuple[int, bytes, int]] = []
+    loop = asyncio.get_running_loop()
+    done = [loop.create_future() for _ in range(3)]
+    flaky: list[Flaky] = []
+    for i in range(3):
+        # the third write of a connection: its third token, a held one
+        tr = (Flaky(i, log, clock, 3) if i == broken else Transport(i, log, clock))
+        if isinstance(tr, Flaky):
+            flaky.append(tr)
+        wire = HTTPWire(tr)  # type: ignore[arg-type]
+        wire.open = True
+        p = Pump(EventStream(iter(plan(4)), CHAT), clock, encode.sse_chat, wire,
+                 on_done=done[i].set_result, error_frame=CHAT.sse_error)
+        p.start(0.0)
+    got = await asyncio.wait_for(asyncio.gather(*done), 5)
+    assert flaky[0].failed_held == 3  # (a held write: the three streams' in one flush)
+    assert got == ["error" if i == broken else "completed" for i in range(3)]
+    conns = per_connection(log)
+    ok = per_connection(await run(3, 4))
+    for i in range(3):
+        if i != broken:
+            assert conns[i] == ok[i]
+    out = conns[broken]
+    cut = out.rindex(b"\r\n", 0, out.index(b'data: {"error"') - 2) + 2  # (its chunk)
+    assert out[:cut] == ok[broken][:cut] and b'"t2"' in out[:cut]
+    assert b'"t3"' not in out and out.endswith(b"data: [DONE]\n\n\r\n")

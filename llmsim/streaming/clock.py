@@ -26,10 +26,15 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import math
 import time
+from collections import deque as _drain
 from collections.abc import Callable
+from heapq import heappop as _heappop
 from heapq import heappush as _heappush
+from math import ceil as _ceil
+from operator import attrgetter
+from operator import call as _call
+from operator import length_hint as _length_hint
 from time import monotonic as _monotonic
 from typing import Any, Protocol
 
@@ -89,6 +94,7 @@ class Timer:
 log = logging.getLogger("llmsim")
 
 _INF = float("inf")
+_held_write_of = attrgetter("held_write")
 _FAR = 1 << 62  # the slot of an infinite deadline
 
 
@@ -114,6 +120,8 @@ class Clock:
         # inside _run_due: the writes held until the pass ends, (writer, bytes) in order (a
         # pump's common tick appends, flush() makes them); None outside a pass
         self.outbox: list[tuple[HoldsWrites, bytes]] | None = None
+        # inside _run_due: the time the pass began (what its timers take for now)
+        self.pass_at = 0.0
         self._held: list[tuple[HoldsWrites, bytes]] = []
 
     # -- to be provided by subclasses ----------------------------------------------------
@@ -208,27 +216,26 @@ class Clock:
         next pass. The writes held meanwhile (:attr:`outbox`) are made after each 32 timers,
         before a timer that is not a pump, and at the end."""
         keys, slots = self._keys, self._slots
+        per_slot = self._per_slot
         # (+1 ns: a deadline on the loop's own tick, e.g. uvloop's whole milliseconds, may
         # come out a float rounding after that tick; without it the pass finds its slot not
         # yet begun and the loop spins on zero-delay timers until the next tick)
         try:
-            last = int((now + 1e-9) * self._per_slot)  # (_slot, inlined: once per pass)
+            last = int((now + 1e-9) * per_slot)  # (_slot, inlined: once per pass)
         except OverflowError:
             last = self._slot(now + 1e-9)
         if not keys or keys[0] > last:
             return
-        pop = heapq.heappop
-        monotonic = _monotonic
-        per_slot = self._per_slot
         n = 0  # timers run since the time was last checked
         # the timers taken from the slots and not put back in one (self._entries, counted
         # once when the pass ends: a token re-arms its pump, which then stays counted)
         gone = 0
         self._running = True
+        self.pass_at = now
         held = self.outbox = self._held
         try:
             while keys and keys[0] <= last:
-                k = pop(keys)
+                k = _heappop(keys)
                 timers = slots.pop(k)
                 # in chunks of 32 (a slot is usually one chunk: no slice, no per-timer count)
                 for i in range(0, len(timers), 32):
@@ -236,7 +243,7 @@ class Clock:
                         n = 0
                         if held:  # (at most 64 held: a bounded list, a bounded delay)
                             self.flush()
-                        if monotonic() > stop_at:
+                        if _monotonic() > stop_at:
                             self._put_back(k, timers[i:])
                             return
                     chunk = timers if len(timers) <= 32 else timers[i:i + 32]
@@ -284,14 +291,22 @@ class Clock:
         """Make the writes the pass holds (see :attr:`outbox`), in the order they were held.
         Called by whatever may write to a connection during a pass, before it does."""
         held = self._held
-        items = held[:]  # (emptied first: a failing write's stream flushes again as it ends)
-        held.clear()
-        for writer, data in items:
+        n = len(held)
+        if not n:
+            return
+        writers, datas = zip(*held, strict=True)
+        held.clear()  # (emptied first: a failing write's stream flushes again as it ends)
+        # the writes made in C, no bytecode per write; after a raise, the two iterators stand
+        # past the write that raised, and the rest go on from there
+        ws, ds = iter(writers), iter(datas)
+        while True:
             try:
-                writer.held_write(data)
+                _drain(map(_call, map(_held_write_of, ws), ds), 0)
+                return
             except Exception:  # (one connection's broken transport: not the others' writes)
+                j = n - _length_hint(ws) - 1
                 try:
-                    writer.held_write_failed(data)
+                    writers[j].held_write_failed(datas[j])
                 except Exception:
                     log.exception("a held stream write failed")
 
@@ -404,7 +419,7 @@ class RealClock(Clock):
         loop = self._loop
         if loop is None:
             loop = self.loop
-        at = self._loop_at(when)
+        at = when if self._unscaled else self._loop_at(when)
         now = loop.time()
         # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
         # timer. uvloop (libuv) runs a timer re-armed for "now" again in the same timer
@@ -421,7 +436,7 @@ class RealClock(Clock):
             # nearest one: a slot starting within 0.5 ms would fire at once, find the loop's
             # time unchanged and nothing due, and re-arm, spinning the loop until its next
             # millisecond. Armed for the first tick at which the pass sees the slot begun.
-            ms = math.ceil((at - now) * 1000.0 - 1e-6)
+            ms = _ceil((at - now) * 1000.0 - 1e-6)
             if ms < 1:  # within a nanosecond: begun, by the pass's own rule?
                 if self._slot(self.now() + 1e-9) >= k:
                     self._handle = loop.call_soon(self._fire)
@@ -429,6 +444,8 @@ class RealClock(Clock):
                 ms = 1
             at = now + ms / 1000.0
         self._handle = loop.call_at(at, self._fire)
+
+    _unscaled = True  # (_loop_at is the identity: not called)
 
     def _loop_at(self, when: float) -> float:
         """The loop's time at which this clock reads ``when``."""

@@ -38,5 +38,7 @@ class ScaledClock(RealClock):
     def now_fn(self) -> Callable[[], float]:
         return self.now
 
+    _unscaled = False
+
     def _loop_at(self, when: float) -> float:
         return when / self.scale
