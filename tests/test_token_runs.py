@@ -541,16 +541,32 @@ class _Transport:
         self.aborted = True
 
 
-async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int = -1
+class _Times(list[float]):
+    """A stream's held token-write times that remember the most they held."""
+
+    most = 0
+
+    def append(self, t: float) -> None:
+        super().append(t)
+        self.most = max(self.most, len(self))
+
+    def extend(self, ts: Any) -> None:
+        super().extend(ts)
+        self.most = max(self.most, len(self))
+
+
+async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int = -1,
+                        tokens: int = 40, held: list[int] | None = None
                         ) -> tuple[list[tuple[float, bytes]], str, Any, list[Any], bool]:
     """A plan with a run whose gaps are equal (ConstantGaps when ``const``: the pump's
     one-token tick; else the same gaps from an iterator: the general tick) through a real
-    Wire, observed by a stream's stats track."""
+    Wire, observed by a stream's stats track (``held``: gets the most token times the
+    track held at once)."""
     from llmsim.sim.latency import ConstantGaps
     from llmsim.state.stats import Stats
     from llmsim.streaming.wire import HTTPWire, WSWire
 
-    pieces = [f"t{i}" for i in range(40)]
+    pieces = [f"t{i}" for i in range(tokens)]
     clock = FakeClock(start=0.0)
     tr = _Transport(clock, fail_at)
     wire = (HTTPWire if wire_cls == "http" else WSWire)(tr)  # type: ignore[arg-type]
@@ -558,7 +574,8 @@ async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int =
     numbered = dialect is RESPONSES
 
     def plan() -> Any:
-        g: Any = ConstantGaps(0.01, 60) if const else iter([0.01] * 60)
+        g: Any = (ConstantGaps(0.01, tokens + 20) if const
+                  else iter([0.01] * (tokens + 20)))
         if numbered:
             yield 0.0, "response.created", {"type": "response.created"}
             yield 0.05, "response.output_text.delta", TokenRun(pieces, g, MSG)
@@ -569,6 +586,9 @@ async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int =
             yield 0.0, "done", None
     stats = Stats(time_fn=clock.time)
     track = stats.track("m", clock.now(), "sse", dialect.is_token)
+    times = _Times()
+    assert track.observe is not None
+    track.observe.times = times
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     s = EventStream(plan(), dialect)
     enc = dialect.ws if wire_cls == "ws" else dialect.sse
@@ -578,6 +598,8 @@ async def _through_wire(const: bool, dialect: Any, wire_cls: str, fail_at: int =
     clock.advance(0.05)  # the run's first token is written: the run is the pump's now
     fast = p._fast
     reason = await asyncio.wait_for(done, 5)
+    if held is not None:
+        held.append(times.most)
     track.finish(reason, clock.now())
     return tr.writes, reason, (track.tokens, track.first), list(stats.hists["m"]), fast
 
@@ -599,6 +621,22 @@ async def test_the_one_token_tick_writes_what_the_general_tick_writes(
     assert fast[:4] == slow[:4]
     # (the tokens, the end 10 ms after the last; Responses' created before them)
     assert fast[1] == "completed" and len(fast[0]) == 40 + 1 + (dialect is RESPONSES)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("dialect", [CHAT, RESPONSES], ids=["chat", "responses"])
+async def test_a_long_run_folds_its_token_times_as_the_general_tick_does(dialect: Any) -> None:
+    """A run of 300 tokens through the one-token tick: the stream's track never holds more
+    than ``fold_every`` token times (the statistics' bound), and the counts and histograms
+    are the general tick's."""
+    from llmsim.state.stats import FOLD_EVERY
+
+    held: list[int] = []
+    fast = await _through_wire(True, dialect, "http", tokens=300, held=held)
+    slow = await _through_wire(False, dialect, "http", tokens=300, held=held)
+    assert fast[4] is True and fast[:4] == slow[:4]
+    assert fast[2][0] == 300
+    assert held[0] <= FOLD_EVERY and held[1] <= FOLD_EVERY
 
 
 @pytest.mark.asyncio
