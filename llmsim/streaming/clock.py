@@ -27,14 +27,10 @@ import asyncio
 import heapq
 import logging
 import time
-from collections import deque as _drain
 from collections.abc import Callable
 from heapq import heappop as _heappop
 from heapq import heappush as _heappush
 from math import ceil as _ceil
-from operator import attrgetter
-from operator import call as _call
-from operator import length_hint as _length_hint
 from time import monotonic as _monotonic
 from typing import Any, Protocol
 
@@ -94,7 +90,6 @@ class Timer:
 log = logging.getLogger("llmsim")
 
 _INF = float("inf")
-_held_write_of = attrgetter("held_write")
 _FAR = 1 << 62  # the slot of an infinite deadline
 
 
@@ -291,22 +286,16 @@ class Clock:
         """Make the writes the pass holds (see :attr:`outbox`), in the order they were held.
         Called by whatever may write to a connection during a pass, before it does."""
         held = self._held
-        n = len(held)
-        if not n:
-            return
-        writers, datas = zip(*held, strict=True)
-        held.clear()  # (emptied first: a failing write's stream flushes again as it ends)
-        # the writes made in C, no bytecode per write; after a raise, the two iterators stand
-        # past the write that raised, and the rest go on from there
-        ws, ds = iter(writers), iter(datas)
-        while True:
+        items = held[:]  # (emptied first: a failing write's stream flushes again as it ends)
+        held.clear()
+        # (a loop, not map(operator.call, ...) drained by a deque: ~3x dearer for a pass's
+        # usual ten writes, however fewer its bytecodes)
+        for writer, data in items:
             try:
-                _drain(map(_call, map(_held_write_of, ws), ds), 0)
-                return
+                writer.held_write(data)
             except Exception:  # (one connection's broken transport: not the others' writes)
-                j = n - _length_hint(ws) - 1
                 try:
-                    writers[j].held_write_failed(datas[j])
+                    writer.held_write_failed(data)
                 except Exception:
                     log.exception("a held stream write failed")
 
