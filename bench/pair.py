@@ -1,0 +1,137 @@
+"""Two servers measured at once: a paired CPU-per-token comparison that the box's drift cannot move.
+
+``python bench/pair.py A B [--kind chat|responses|ws] [--streams 100] [--seconds 6] [--reps 5]``
+
+``A`` and ``B`` are each ``anchor`` (``bench/baseline_h11.py``, its Responses mode for
+``responses`` and ``ws``) or a source tree of llmsim (a ``git worktree`` of another commit,
+say). Both run pinned to CPU 0, each with its own load generator pinned to CPU 1, over the
+same seconds, so a slower or busier moment of this shared VM slows both alike: the ratio of
+the two servers' CPU per token is measured within one run instead of between runs seconds or
+minutes apart. Each rep swaps the two servers' ports and start order; the report is every
+rep's ``B ÷ A`` and their median.
+
+What it measures is a difference, not ``bench/run.py``'s ratio: two servers on one core share
+its caches and its time, so each runs somewhat dearer than alone. Use it to decide whether a
+change helps (on this box, two copies of the same tree come out within ±3% of each other a
+rep, against ±10% for runs made one after the other); quote ``bench/run.py`` for the
+comparison with the anchor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run as bench  # noqa: E402
+
+PY = sys.executable
+
+
+def start(who: str, kind: str) -> bench.Child:
+    """A server on a free port, pinned to CPU 0 (its load generator: CPU 1)."""
+    timing = ["--ttft-ms", str(bench.TTFT_MS), "--itl-ms", str(bench.ITL_MS)]
+    if who == "anchor":
+        cmd = [PY, str(HERE / "baseline_h11.py"), "--uvloop", "--port", "0", *timing]
+        child = bench.Child("anchor", cmd)
+    else:
+        tree = Path(who).resolve()
+        if not (tree / "llmsim" / "__main__.py").exists():
+            raise SystemExit(f"pair: {who!r} is neither 'anchor' nor a source tree of llmsim")
+        cmd = [PY, "-m", "llmsim", "--port", "0", "--max-tokens-mode", "exact", "--loop",
+               "uvloop", *timing]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        child = bench.Child(who, cmd, cwd=tree, env=env)
+    return child.pin({0}, {1})
+
+
+def loadgen_args(kind: str, n: int, seconds: float) -> list[str]:
+    """The load generator's arguments for ``bench/run.py``'s stream workload of ``kind``."""
+    body: dict[str, Any]
+    extra: list[str] = []
+    if kind == "chat":
+        body = {"model": "gpt-4o-mini", "stream": True,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": bench.STREAM_TOKENS}
+        req, marker = bench.http_request("/v1/chat/completions", body), bench.CHAT_MARKER
+    else:
+        body = {"model": "gpt-4o-mini", "input": "Hi",
+                "max_output_tokens": bench.STREAM_TOKENS, "stream": True}
+        req, marker = bench.http_request("/v1/responses", body), bench.RESP_MARKER
+    if kind == "ws":
+        body.pop("stream")
+        frame = bench.write_tmp(json.dumps({"type": "response.create", **body}).encode())
+        req = bench.ws_upgrade("/v1/responses")
+        extra = ["-w", frame, "-e", '"type":"response.incomplete"']
+    ramp = min(1.0, max(0.2, n / 2000))
+    return ["-c", str(n), "-d", str(seconds), "-f", bench.write_tmp(req),
+            "-t", str(bench.TTFT_MS), "-i", str(bench.ITL_MS), "-m", marker, "-r", str(ramp),
+            *extra]
+
+
+def both(a: bench.Child, b: bench.Child, args: list[str], timeout: float
+         ) -> tuple[float, float]:
+    """Drive both servers at once; each one's CPU seconds per token."""
+    exe = bench.loadgen()
+    cpu0 = (bench.cpu_seconds(a.pid), bench.cpu_seconds(b.pid))
+    procs = [subprocess.Popen([exe, "stream", "-p", str(s.port), *args], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+             for s in (a, b)]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    cpu1 = (bench.cpu_seconds(a.pid), bench.cpu_seconds(b.pid))
+    got = []
+    for out, c0, c1, s in zip(outs, cpu0, cpu1, (a, b), strict=True):
+        r = json.loads(out)
+        if r.get("errors") or not r.get("tokens"):
+            raise SystemExit(f"pair: {s.name}: {r.get('errors')} errors, "
+                             f"{r.get('tokens')} tokens")
+        got.append((c1 - c0) / r["tokens"])
+    return got[0], got[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Two servers' CPU per token, measured at once on one core (see the "
+                    "module doc). A and B: 'anchor' or a source tree of llmsim.")
+    ap.add_argument("a", metavar="A")
+    ap.add_argument("b", metavar="B")
+    ap.add_argument("--kind", choices=("chat", "responses", "ws"), default="chat",
+                    help="the stream workload of bench/run.py (default: chat)")
+    ap.add_argument("--streams", type=int, default=100, help="streams per server (100)")
+    ap.add_argument("--seconds", type=float, default=6.0, help="seconds a rep (6)")
+    ap.add_argument("--reps", type=int, default=5, help="reps (5)")
+    a = ap.parse_args(argv)
+    if not 1 <= a.streams <= 2000 or not 1 <= a.seconds <= 120 or not 1 <= a.reps <= 50:
+        ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
+    if len(os.sched_getaffinity(0)) < 2:
+        ap.error("needs two CPUs (0: the servers, 1: the load generators)")
+    warm = loadgen_args(a.kind, a.streams, 1.0)
+    args = loadgen_args(a.kind, a.streams, a.seconds)
+    ratios = []
+    for rep in range(a.reps):
+        first, second = (a.a, a.b) if rep % 2 == 0 else (a.b, a.a)
+        with start(first, a.kind) as s1, start(second, a.kind) as s2:
+            sa, sb = (s1, s2) if rep % 2 == 0 else (s2, s1)
+            time.sleep(1.0)
+            both(sa, sb, warm, 60)
+            ta, tb = both(sa, sb, args, a.seconds + 60)
+        ratios.append(tb / ta)
+        print(f"rep {rep + 1}: A {ta * 1e6:.2f} us/token, B {tb * 1e6:.2f} us/token, "
+              f"B/A {tb / ta:.3f}", flush=True)
+    print(f"B/A median {statistics.median(ratios):.3f} over {a.reps} reps "
+          f"({a.kind}, {a.streams} streams each)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
