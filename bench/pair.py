@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,13 +90,17 @@ def both(a: bench.Child, b: bench.Child, args: list[str], timeout: float
              for s in (a, b)]
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     cpu1 = (bench.cpu_seconds(a.pid), bench.cpu_seconds(b.pid))
-    got = []
+    got, tokens = [], []
     for out, c0, c1, s in zip(outs, cpu0, cpu1, (a, b), strict=True):
         r = json.loads(out)
         if r.get("errors") or not r.get("tokens"):
             raise SystemExit(f"pair: {s.name}: {r.get('errors')} errors, "
                              f"{r.get('tokens')} tokens")
         got.append((c1 - c0) / r["tokens"])
+        tokens.append(r["tokens"])
+    if abs(tokens[0] - tokens[1]) > 0.02 * max(tokens):  # (a server that fell behind or broke)
+        print(f"pair: warning: A delivered {tokens[0]} tokens, B {tokens[1]}: the two did "
+              "not do the same work", file=sys.stderr, flush=True)
     return got[0], got[1]
 
 
@@ -115,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
     if len(os.sched_getaffinity(0)) < 2:
         ap.error("needs two CPUs (0: the servers, 1: the load generators)")
+    # SIGTERM (e.g. from `timeout`) unwinds through the with blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     warm = loadgen_args(a.kind, a.streams, 1.0)
     args = loadgen_args(a.kind, a.streams, a.seconds)
     ratios = []
