@@ -195,7 +195,7 @@ class Clock:
             for t in slots[keys[0]]:
                 if not t.cancelled:
                     return keys[0]
-            self._entries -= len(slots.pop(heapq.heappop(keys)))
+            self._entries -= len(slots.pop(_heappop(keys)))
         return None
 
     def next_deadline(self) -> float | None:
@@ -353,6 +353,7 @@ class RealClock(Clock):
     # pass, after the loop polled its sockets): a saturated server keeps reading requests
     # and accepting connections (server.Listener: up to ACCEPT_BATCH a pass).
     pass_budget = 0.0005
+    scale = 1.0  # this clock's seconds per second of the loop's (timescale.ScaledClock)
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__()
@@ -408,7 +409,7 @@ class RealClock(Clock):
         loop = self._loop
         if loop is None:
             loop = self.loop
-        at = when if self._unscaled else self._loop_at(when)
+        at = when / self.scale  # (the loop's time at which this clock reads ``when``)
         now = loop.time()
         # Already due (the pass fell behind): run after the loop's next I/O poll, not as a
         # timer. uvloop (libuv) runs a timer re-armed for "now" again in the same timer
@@ -434,11 +435,6 @@ class RealClock(Clock):
             at = now + ms / 1000.0
         self._handle = loop.call_at(at, self._fire)
 
-    _unscaled = True  # (_loop_at is the identity: not called)
-
-    def _loop_at(self, when: float) -> float:
-        """The loop's time at which this clock reads ``when``."""
-        return when
 
     def _fire(self) -> None:
         self._handle = None

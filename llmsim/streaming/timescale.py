@@ -38,7 +38,3 @@ class ScaledClock(RealClock):
     def now_fn(self) -> Callable[[], float]:
         return self.now
 
-    _unscaled = False
-
-    def _loop_at(self, when: float) -> float:
-        return when / self.scale
