@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,7 +37,7 @@ import run as bench  # noqa: E402
 PY = sys.executable
 
 
-def start(who: str, kind: str) -> bench.Child:
+def start(who: str) -> bench.Child:
     """A server on a free port, pinned to CPU 0 (its load generator: CPU 1)."""
     timing = ["--ttft-ms", str(bench.TTFT_MS), "--itl-ms", str(bench.ITL_MS)]
     if who == "anchor":
@@ -53,30 +52,6 @@ def start(who: str, kind: str) -> bench.Child:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         child = bench.Child(who, cmd, cwd=tree, env=env)
     return child.pin({0}, {1})
-
-
-def loadgen_args(kind: str, n: int, seconds: float) -> list[str]:
-    """The load generator's arguments for ``bench/run.py``'s stream workload of ``kind``."""
-    body: dict[str, Any]
-    extra: list[str] = []
-    if kind == "chat":
-        body = {"model": "gpt-4o-mini", "stream": True,
-                "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": bench.STREAM_TOKENS}
-        req, marker = bench.http_request("/v1/chat/completions", body), bench.CHAT_MARKER
-    else:
-        body = {"model": "gpt-4o-mini", "input": "Hi",
-                "max_output_tokens": bench.STREAM_TOKENS, "stream": True}
-        req, marker = bench.http_request("/v1/responses", body), bench.RESP_MARKER
-    if kind == "ws":
-        body.pop("stream")
-        frame = bench.write_tmp(json.dumps({"type": "response.create", **body}).encode())
-        req = bench.ws_upgrade("/v1/responses")
-        extra = ["-w", frame, "-e", '"type":"response.incomplete"']
-    ramp = min(1.0, max(0.2, n / 2000))
-    return ["-c", str(n), "-d", str(seconds), "-f", bench.write_tmp(req),
-            "-t", str(bench.TTFT_MS), "-i", str(bench.ITL_MS), "-m", marker, "-r", str(ramp),
-            *extra]
 
 
 def both(a: bench.Child, b: bench.Child, args: list[str], timeout: float
@@ -122,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs two CPUs (0: the servers, 1: the load generators)")
     # SIGTERM (e.g. from `timeout`) unwinds through the with blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    warm = loadgen_args(a.kind, a.streams, 1.0)
-    args = loadgen_args(a.kind, a.streams, a.seconds)
+    kind, ws = ("responses", True) if a.kind == "ws" else (a.kind, False)
+    warm = bench.stream_args(a.streams, 1.0, kind, ws)
+    args = bench.stream_args(a.streams, a.seconds, kind, ws)
     ratios = []
     for rep in range(a.reps):
         first, second = (a.a, a.b) if rep % 2 == 0 else (a.b, a.a)
-        with start(first, a.kind) as s1, start(second, a.kind) as s2:
+        with start(first) as s1, start(second) as s2:
             sa, sb = (s1, s2) if rep % 2 == 0 else (s2, s1)
             time.sleep(1.0)
             both(sa, sb, warm, 60)

@@ -308,8 +308,9 @@ def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
     return r
 
 
-def stream(server: Child, n: int, seconds: float, kind: str = "chat",
-           ws: bool = False) -> dict[str, Any]:
+def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False) -> list[str]:
+    """The load generator's arguments for ``n`` streams of ``kind`` (chat or responses, over
+    WebSocket with ``ws``) for ``seconds``: the stream workload of this benchmark."""
     extra: list[str] = []
     if kind == "chat":
         body: dict[str, Any] = {"model": "gpt-4o-mini", "stream": True,
@@ -328,9 +329,13 @@ def stream(server: Child, n: int, seconds: float, kind: str = "chat",
         # API's terminal event is response.incomplete, not response.completed
         extra = ["-w", frame, "-e", '"type":"response.incomplete"']
     ramp = min(1.0, max(0.2, n / 2000))
-    args = ["-c", str(n), "-d", str(seconds), "-f", write_tmp(req), "-t", str(TTFT_MS),
+    return ["-c", str(n), "-d", str(seconds), "-f", write_tmp(req), "-t", str(TTFT_MS),
             "-i", str(ITL_MS), "-m", marker, "-r", str(ramp), *extra]
-    r = drive(server, "stream", args, seconds + 90)
+
+
+def stream(server: Child, n: int, seconds: float, kind: str = "chat",
+           ws: bool = False) -> dict[str, Any]:
+    r = drive(server, "stream", stream_args(n, seconds, kind, ws), seconds + 90)
     r["events_per_s"] = r["events"] / r["elapsed_s"]
     r["on_time_pct"] = 100 * r["tokens_on_time_5ms"] / max(r["tokens"], 1)
     r["on_time_2ms_pct"] = 100 * r["tokens_on_time_2ms"] / max(r["tokens"], 1)
