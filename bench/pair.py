@@ -1,6 +1,7 @@
 """Two servers measured at once: a paired CPU-per-token comparison that the box's drift cannot move.
 
-``python bench/pair.py A B [--kind chat|responses|ws] [--streams 100] [--seconds 6] [--reps 5]``
+``python bench/pair.py A B [--kind chat|responses|ws] [--streams 100] [--tokens 100]
+[--seconds 6] [--reps 5]``
 
 ``A`` and ``B`` are each ``anchor`` (``bench/baseline_h11.py``, its Responses mode for
 ``responses`` and ``ws``) or a source tree of llmsim (a ``git worktree`` of another commit,
@@ -88,18 +89,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kind", choices=("chat", "responses", "ws"), default="chat",
                     help="the stream workload of bench/run.py (default: chat)")
     ap.add_argument("--streams", type=int, default=100, help="streams per server (100)")
+    ap.add_argument("--tokens", type=int, default=bench.STREAM_TOKENS,
+                    help=f"tokens a stream ({bench.STREAM_TOKENS}; Responses: at least 16, "
+                         "its least max_output_tokens): short streams weigh what a request "
+                         "costs, long ones what a token costs")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds a rep (6)")
     ap.add_argument("--reps", type=int, default=5, help="reps (5)")
     a = ap.parse_args(argv)
     if not 1 <= a.streams <= 2000 or not 1 <= a.seconds <= 120 or not 1 <= a.reps <= 50:
         ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
+    least = 1 if a.kind == "chat" else 16
+    if not least <= a.tokens <= 4096:
+        ap.error(f"--tokens {least}..4096 for {a.kind}")
     if len(os.sched_getaffinity(0)) < 2:
         ap.error("needs two CPUs (0: the servers, 1: the load generators)")
     # SIGTERM (e.g. from `timeout`) unwinds through the with blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kind, ws = ("responses", True) if a.kind == "ws" else (a.kind, False)
-    warm = bench.stream_args(a.streams, 1.0, kind, ws)
-    args = bench.stream_args(a.streams, a.seconds, kind, ws)
+    warm = bench.stream_args(a.streams, 1.0, kind, ws, a.tokens)
+    args = bench.stream_args(a.streams, a.seconds, kind, ws, a.tokens)
     ratios = []
     for rep in range(a.reps):
         first, second = (a.a, a.b) if rep % 2 == 0 else (a.b, a.a)
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rep {rep + 1}: A {ta * 1e6:.2f} us/token, B {tb * 1e6:.2f} us/token, "
               f"B/A {tb / ta:.3f}", flush=True)
     print(f"B/A median {statistics.median(ratios):.3f} over {a.reps} reps "
-          f"({a.kind}, {a.streams} streams each)")
+          f"({a.kind}, {a.streams} streams each, {a.tokens} tokens a stream)")
     return 0
 
 

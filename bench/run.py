@@ -308,17 +308,19 @@ def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
     return r
 
 
-def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False) -> list[str]:
+def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False,
+                tokens: int = STREAM_TOKENS) -> list[str]:
     """The load generator's arguments for ``n`` streams of ``kind`` (chat or responses, over
-    WebSocket with ``ws``) for ``seconds``: the stream workload of this benchmark."""
+    WebSocket with ``ws``) for ``seconds``: the stream workload of this benchmark, its streams
+    ``tokens`` long."""
     extra: list[str] = []
     if kind == "chat":
         body: dict[str, Any] = {"model": "gpt-4o-mini", "stream": True,
                                 "messages": [{"role": "user", "content": "Hi"}],
-                                "max_tokens": STREAM_TOKENS}
+                                "max_tokens": tokens}
         req, marker = http_request("/v1/chat/completions", body), CHAT_MARKER
     else:
-        body = {"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": STREAM_TOKENS,
+        body = {"model": "gpt-4o-mini", "input": "Hi", "max_output_tokens": tokens,
                 "stream": True}
         req, marker = http_request("/v1/responses", body), RESP_MARKER
     if ws:
