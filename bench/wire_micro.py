@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import cProfile
 import pstats
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -234,6 +235,56 @@ def opcodes(kind: str, n: int, tokens: int) -> None:
         print(f"  {name}  {per_token:7.1f} per token   {per_request:8.0f} per request")
 
 
+_HARNESS = re.compile(r"(/bench/(wire|pump)_micro|/asyncio/[^/]+|/selectors)\.py$")
+
+
+def footprint(kind: str, n: int, tokens: int) -> None:
+    """The code each server runs per request: the Python functions a request of ``tokens``
+    tokens calls (those called more often in runs of 6 requests a connection than of 2; not
+    this harness's, nor the stock asyncio loop's it runs llmsim on, which live is uvloop's C)
+    and the size of their bytecode. Live, this code is cold again by a connection's next request
+    (hundreds of other streams' passes and the kernel's writes run in between), so what a
+    request costs there follows this size, not its instruction count."""
+    calls: dict[Any, int] = {}
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code] = calls.get(frame.f_code, 0) + 1
+
+    def anchor_traced(rounds: int) -> None:
+        sys.settrace(tracer)  # type: ignore[arg-type]
+        anchor_run(kind, n, tokens, rounds)
+
+    async def llmsim_traced(rounds: int) -> None:
+        sys.settrace(tracer)  # type: ignore[arg-type]
+        await llmsim_run(kind, n, tokens, rounds, False)
+
+    def counted(start: Callable[[], Any]) -> dict[Any, int]:
+        calls.clear()
+        try:
+            start()
+        finally:
+            sys.settrace(None)
+        return dict(calls)
+
+    def run_anchor(rounds: int) -> dict[Any, int]:
+        return counted(lambda: anchor_traced(rounds))
+
+    def run_llmsim(rounds: int) -> dict[Any, int]:
+        return counted(lambda: asyncio.run(llmsim_traced(rounds)))
+
+    run_llmsim(1)  # warm-up: imports on first use, tables, caches
+    print(f"{kind}: code run per request, {n} connections, streams of {tokens} tokens")
+    run: Callable[[int], dict[Any, int]]
+    for name, run in (("anchor", run_anchor), ("llmsim", run_llmsim)):
+        few, many = run(2), run(6)
+        per = {c: (k - few.get(c, 0)) / (4 * n) for c, k in many.items()
+               if k > few.get(c, 0) and not _HARNESS.search(c.co_filename)}
+        size = sum(len(c.co_code) for c in per)
+        print(f"  {name}  {len(per):4d} functions   {size / 1024:5.1f} KiB of bytecode   "
+              f"{sum(per.values()):6.0f} calls per request")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,7 +302,15 @@ def main() -> None:
     ap.add_argument("--opcodes", action="store_true",
                     help="count the bytecode instructions per token and per request instead "
                          "(slow: a tracer; try -n 20)")
+    ap.add_argument("--footprint", action="store_true",
+                    help="count the Python functions a request runs and the size of their "
+                         "bytecode instead (a tracer; try -n 10 --tokens 2)")
     a = ap.parse_args()
+    if a.footprint:
+        if a.kind == "rps" or not 1 <= a.tokens <= 4096:
+            ap.error("--footprint: a streaming --kind and --tokens 1..4096")
+        footprint(a.kind, a.n, a.tokens)
+        return
     if a.opcodes:
         if a.kind == "rps" or a.tokens <= least_tokens(a.kind):
             ap.error(f"--opcodes: a streaming --kind and more --tokens than its least "
