@@ -1,7 +1,7 @@
 """Two servers measured at once: a paired CPU-per-token comparison that the box's drift cannot move.
 
 ``python bench/pair.py A B [--kind chat|responses|ws] [--streams 100] [--tokens 100]
-[--seconds 6] [--reps 5]``
+[--ramp S] [--seconds 6] [--reps 5]``
 
 ``A`` and ``B`` are each ``anchor`` (``bench/baseline_h11.py``, its Responses mode for
 ``responses`` and ``ws``) or a source tree of llmsim (a ``git worktree`` of another commit,
@@ -93,11 +93,18 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"tokens a stream ({bench.STREAM_TOKENS}; Responses: at least 16, "
                          "its least max_output_tokens): short streams weigh what a request "
                          "costs, long ones what a token costs")
+    ap.add_argument("--ramp", type=float, default=None,
+                    help="seconds over which the streams' first requests are sent (default: "
+                         "bench/run.py's, 0.2 s up to 400 streams); 0 sends them together, "
+                         "and back-to-back streams of one length keep them together: each "
+                         "loop pass then handles many requests, warm, instead of one, cold")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds a rep (6)")
     ap.add_argument("--reps", type=int, default=5, help="reps (5)")
     a = ap.parse_args(argv)
     if not 1 <= a.streams <= 2000 or not 1 <= a.seconds <= 120 or not 1 <= a.reps <= 50:
         ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
+    if a.ramp is not None and not 0 <= a.ramp <= 10:
+        ap.error("--ramp 0..10")
     least = 1 if a.kind == "chat" else 16
     if not least <= a.tokens <= 4096:
         ap.error(f"--tokens {least}..4096 for {a.kind}")
@@ -106,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. from `timeout`) unwinds through the with blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kind, ws = ("responses", True) if a.kind == "ws" else (a.kind, False)
-    warm = bench.stream_args(a.streams, 1.0, kind, ws, a.tokens)
-    args = bench.stream_args(a.streams, a.seconds, kind, ws, a.tokens)
+    warm = bench.stream_args(a.streams, 1.0, kind, ws, a.tokens, a.ramp)
+    args = bench.stream_args(a.streams, a.seconds, kind, ws, a.tokens, a.ramp)
     ratios = []
     for rep in range(a.reps):
         first, second = (a.a, a.b) if rep % 2 == 0 else (a.b, a.a)
@@ -120,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rep {rep + 1}: A {ta * 1e6:.2f} us/token, B {tb * 1e6:.2f} us/token, "
               f"B/A {tb / ta:.3f}", flush=True)
     print(f"B/A median {statistics.median(ratios):.3f} over {a.reps} reps "
-          f"({a.kind}, {a.streams} streams each, {a.tokens} tokens a stream)")
+          f"({a.kind}, {a.streams} streams each, {a.tokens} tokens a stream"
+          + ("" if a.ramp is None else f", ramp {a.ramp:g} s") + ")")
     return 0
 
 

@@ -309,10 +309,11 @@ def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
 
 
 def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False,
-                tokens: int = STREAM_TOKENS) -> list[str]:
+                tokens: int = STREAM_TOKENS, ramp: float | None = None) -> list[str]:
     """The load generator's arguments for ``n`` streams of ``kind`` (chat or responses, over
     WebSocket with ``ws``) for ``seconds``: the stream workload of this benchmark, its streams
-    ``tokens`` long."""
+    ``tokens`` long, their first requests sent over ``ramp`` seconds (None: this benchmark's
+    ramp for ``n``)."""
     extra: list[str] = []
     if kind == "chat":
         body: dict[str, Any] = {"model": "gpt-4o-mini", "stream": True,
@@ -330,7 +331,8 @@ def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False,
         # max_output_tokens is reached exactly (as the stream benchmark asks), so the real
         # API's terminal event is response.incomplete, not response.completed
         extra = ["-w", frame, "-e", '"type":"response.incomplete"']
-    ramp = min(1.0, max(0.2, n / 2000))
+    if ramp is None:
+        ramp = min(1.0, max(0.2, n / 2000))
     return ["-c", str(n), "-d", str(seconds), "-f", write_tmp(req), "-t", str(TTFT_MS),
             "-i", str(ITL_MS), "-m", marker, "-r", str(ramp), *extra]
 
