@@ -435,7 +435,6 @@ class RealClock(Clock):
             at = now + ms / 1000.0
         self._handle = loop.call_at(at, self._fire)
 
-
     def _fire(self) -> None:
         self._handle = None
         self._armed_at = _INF

@@ -12,7 +12,6 @@ between processes (``--workers``, ``--state``) keep their real-time TTLs and win
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from .clock import RealClock
 
@@ -34,7 +33,4 @@ class ScaledClock(RealClock):
 
     def now(self) -> float:
         return self.loop.time() * self.scale
-
-    def now_fn(self) -> Callable[[], float]:
-        return self.now
 
