@@ -40,18 +40,15 @@ PY = sys.executable
 
 def start(who: str) -> bench.Child:
     """A server on a free port, pinned to CPU 0 (its load generator: CPU 1)."""
-    timing = ["--ttft-ms", str(bench.TTFT_MS), "--itl-ms", str(bench.ITL_MS)]
     if who == "anchor":
-        cmd = [PY, str(HERE / "baseline_h11.py"), "--uvloop", "--port", "0", *timing]
-        child = bench.Child("anchor", cmd)
+        child = bench.Child("anchor", [PY, str(HERE / "baseline_h11.py"), "--uvloop",
+                                       "--port", "0", *bench.STREAM_TIMING])
     else:
         tree = Path(who).resolve()
         if not (tree / "llmsim" / "__main__.py").exists():
             raise SystemExit(f"pair: {who!r} is neither 'anchor' nor a source tree of llmsim")
-        cmd = [PY, "-m", "llmsim", "--port", "0", "--max-tokens-mode", "exact", "--loop",
-               "uvloop", *timing]
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        child = bench.Child(who, cmd, cwd=tree, env=env)
+        child = bench.llmsim(*bench.STREAM_TIMING, "--loop", "uvloop", name=who, warm=False,
+                             tree=tree)
     return child.pin({0}, {1})
 
 
@@ -105,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
     if a.ramp is not None and not 0 <= a.ramp <= 10:
         ap.error("--ramp 0..10")
-    least = 1 if a.kind == "chat" else 16
+    least = bench.least_tokens("responses" if a.kind == "ws" else a.kind)
     if not least <= a.tokens <= 4096:
         ap.error(f"--tokens {least}..4096 for {a.kind}")
     if len(os.sched_getaffinity(0)) < 2:

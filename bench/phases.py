@@ -89,7 +89,6 @@ def serve(who: str, out: str) -> None:
     signal.signal(signal.SIGUSR2, zero)
     for label, _, where in PHASES[who]:
         wrap(label, where)
-    timing = ["--ttft-ms", str(bench.TTFT_MS), "--itl-ms", str(bench.ITL_MS)]
     if who == "anchor":
         import baseline_h11 as b  # type: ignore[import-not-found]
         import uvloop
@@ -100,7 +99,7 @@ def serve(who: str, out: str) -> None:
     from llmsim.ops.cli import main
 
     sys.argv = ["llmsim", "--port", "0", "--max-tokens-mode", "exact", "--loop", "uvloop",
-                *timing]
+                *bench.STREAM_TIMING]
     sys.exit(main())
 
 

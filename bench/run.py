@@ -62,6 +62,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TTFT_MS = 100.0
 ITL_MS = 10.0
 STREAM_TOKENS = 100
+# a stream server's fixed timing (llmsim's and the anchor's flags alike)
+STREAM_TIMING = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
 CHAT_MARKER = '"delta":{"content":'
 RESP_MARKER = "response.output_text.delta"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
@@ -227,12 +229,15 @@ class Child:
         self.stop()
 
 
-def llmsim(*args: str, name: str = "llmsim", warm: bool = True) -> Child:
-    """Start llmsim; ``warm``: wait for one served request (tokenizer loaded) before measuring.
-    Fixed-length answers (``--max-tokens-mode exact``, what a benchmark harness asks for with
-    ``ignore_eos``): every server in a comparison sends the same number of tokens."""
+def llmsim(*args: str, name: str = "llmsim", warm: bool = True,
+           tree: Path | None = None) -> Child:
+    """Start llmsim (this checkout's, or the source tree ``tree``'s); ``warm``: wait for one
+    served request (tokenizer loaded) before measuring. Fixed-length answers
+    (``--max-tokens-mode exact``, what a benchmark harness asks for with ``ignore_eos``):
+    every server in a comparison sends the same number of tokens."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     c = Child(name, [PY, "-m", "llmsim", "--port", "0", "--max-tokens-mode", "exact", *args],
-              cwd=ROOT)
+              cwd=tree or ROOT, env=env)
     if warm:
         body = {**CHAT_BODY, "max_tokens": 1}
         try:
@@ -306,6 +311,12 @@ def rps(server: Child, seconds: float, body: dict[str, Any] | None = None,
     r["rps"] = r["completed"] / r["elapsed_s"]
     r["rps_per_cpu_s"] = r["completed"] / max(r["server_cpu_s"], 1e-9)
     return r
+
+
+def least_tokens(kind: str) -> int:
+    """The fewest tokens a stream of ``kind`` asks for (the Responses API's least
+    ``max_output_tokens`` is 16)."""
+    return 16 if kind == "responses" else 1
 
 
 def stream_args(n: int, seconds: float, kind: str = "chat", ws: bool = False,
@@ -688,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"gap err p99 − anchor ms{both}", f"TTFT err p99 − anchor ms{both}",
                    "abs gap err p50 ms (this / anchor)", "events/s ÷ anchor"], rows)
 
-    timing = ["--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+    timing = STREAM_TIMING
     extra = shlex.split(a.llmsim_args)  # (llmsim's servers only, never the anchor's)
 
     def pin(server: Child) -> None:

@@ -30,6 +30,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 from pump_micro import ManualClock  # noqa: E402
+from run import least_tokens  # noqa: E402
 
 from llmsim import Config  # noqa: E402
 from llmsim.transport.http import HTTPProtocol  # noqa: E402
@@ -179,10 +180,21 @@ def anchor_run(kind: str, n: int, tokens: int, rounds: int) -> tuple[float, int]
     return time.process_time() - c0, sink[0]
 
 
-def least_tokens(kind: str) -> int:
-    """The fewest tokens a stream of ``kind`` asks for (the Responses API's least
-    ``max_output_tokens`` is 16)."""
-    return 16 if kind == "responses" else 1
+def traced(server: str, tracer: Any, kind: str, n: int, tokens: int, rounds: int) -> None:
+    """One run of ``server`` (anchor or llmsim) with ``tracer`` set (``sys.settrace``; inside
+    the run: asyncio.run's task runs in a fresh context), cleared after it."""
+    async def llmsim_traced() -> None:
+        sys.settrace(tracer)
+        await llmsim_run(kind, n, tokens, rounds, False)
+
+    try:
+        if server == "anchor":
+            sys.settrace(tracer)
+            anchor_run(kind, n, tokens, rounds)
+        else:
+            asyncio.run(llmsim_traced())
+    finally:
+        sys.settrace(None)
 
 
 def opcodes(kind: str, n: int, tokens: int) -> None:
@@ -200,36 +212,18 @@ def opcodes(kind: str, n: int, tokens: int) -> None:
             count[0] += 1
         return tracer
 
-    def counted(start: Callable[[], Any]) -> int:
+    def once(server: str, t: int, rounds: int) -> int:
         count[0] = 0
-        try:
-            start()  # (it sets the tracer: asyncio.run's task runs in a fresh context)
-        finally:
-            sys.settrace(None)
+        traced(server, tracer, kind, n, t, rounds)
         return count[0]
 
-    def anchor_traced(t: int, rounds: int) -> None:
-        sys.settrace(tracer)
-        anchor_run(kind, n, t, rounds)
-
-    async def llmsim_traced(t: int, rounds: int) -> None:
-        sys.settrace(tracer)
-        await llmsim_run(kind, n, t, rounds, False)
-
-    def anchor_once(t: int, rounds: int) -> int:
-        return counted(lambda: anchor_traced(t, rounds))
-
-    def llmsim_once(t: int, rounds: int) -> int:
-        return counted(lambda: asyncio.run(llmsim_traced(t, rounds)))
-
     lo = least_tokens(kind)
-    llmsim_once(tokens, 1)  # warm-up: imports on first use, tables, caches
+    once("llmsim", tokens, 1)  # warm-up: imports on first use, tables, caches
     print(f"{kind}: bytecode instructions, {n} connections, streams of {tokens} tokens and "
           f"of {lo}")
-    once: Callable[[int, int], int]
-    for name, once in (("anchor", anchor_once), ("llmsim", llmsim_once)):
-        many = once(tokens, 3) - once(tokens, 1)  # 2n requests of ``tokens`` tokens
-        few = once(lo, 3) - once(lo, 1)  # 2n of ``lo``
+    for name in ("anchor", "llmsim"):
+        many = once(name, tokens, 3) - once(name, tokens, 1)  # 2n requests of ``tokens``
+        few = once(name, lo, 3) - once(name, lo, 1)  # 2n of ``lo``
         per_token = (many - few) / (2 * n * (tokens - lo))
         per_request = few / (2 * n) - lo * per_token
         print(f"  {name}  {per_token:7.1f} per token   {per_request:8.0f} per request")
@@ -244,40 +238,23 @@ def footprint(kind: str, n: int, tokens: int) -> None:
     this harness's, nor the stock asyncio loop's it runs llmsim on, which live is uvloop's C)
     and the size of their bytecode. Live, this code is cold again by a connection's next request
     (hundreds of other streams' passes and the kernel's writes run in between), so what a
-    request costs there follows this size, not its instruction count."""
+    request costs there is likely to follow this size more than its instruction count
+    (docs/performance.md)."""
     calls: dict[Any, int] = {}
 
     def tracer(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             calls[frame.f_code] = calls.get(frame.f_code, 0) + 1
 
-    def anchor_traced(rounds: int) -> None:
-        sys.settrace(tracer)  # type: ignore[arg-type]
-        anchor_run(kind, n, tokens, rounds)
-
-    async def llmsim_traced(rounds: int) -> None:
-        sys.settrace(tracer)  # type: ignore[arg-type]
-        await llmsim_run(kind, n, tokens, rounds, False)
-
-    def counted(start: Callable[[], Any]) -> dict[Any, int]:
+    def run(server: str, rounds: int) -> dict[Any, int]:
         calls.clear()
-        try:
-            start()
-        finally:
-            sys.settrace(None)
+        traced(server, tracer, kind, n, tokens, rounds)
         return dict(calls)
 
-    def run_anchor(rounds: int) -> dict[Any, int]:
-        return counted(lambda: anchor_traced(rounds))
-
-    def run_llmsim(rounds: int) -> dict[Any, int]:
-        return counted(lambda: asyncio.run(llmsim_traced(rounds)))
-
-    run_llmsim(1)  # warm-up: imports on first use, tables, caches
+    run("llmsim", 1)  # warm-up: imports on first use, tables, caches
     print(f"{kind}: code run per request, {n} connections, streams of {tokens} tokens")
-    run: Callable[[int], dict[Any, int]]
-    for name, run in (("anchor", run_anchor), ("llmsim", run_llmsim)):
-        few, many = run(2), run(6)
+    for name in ("anchor", "llmsim"):
+        few, many = run(name, 2), run(name, 6)
         per = {c: (k - few.get(c, 0)) / (4 * n) for c, k in many.items()
                if k > few.get(c, 0) and not _HARNESS.search(c.co_filename)}
         size = sum(len(c.co_code) for c in per)
