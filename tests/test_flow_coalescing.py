@@ -235,6 +235,24 @@ def test_folded_token_times_give_the_per_write_histograms() -> None:
     assert st.raw()["counters"]["tokens_delivered"] == count
 
 
+def test_the_bucket_of_a_value_is_the_binary_search_one() -> None:
+    """``stats.bucket`` (a cell of the value's log, then a step or two) is
+    ``bisect_left(BOUNDS, v)`` for every value: each bound, a float either side of it, the
+    ends, zero, negatives, infinities, NaN and random values over twelve decades."""
+    import math
+    import random
+    from bisect import bisect_left
+
+    from llmsim.state.stats import BOUNDS, bucket
+
+    values = [*BOUNDS, 0.0, -0.0, -1.0, 5e-324, 1e-300, 1e300, math.inf, -math.inf, math.nan]
+    for b in BOUNDS:
+        values += [math.nextafter(b, 0.0), math.nextafter(b, math.inf)]
+    rng = random.Random(11)
+    values += [10 ** rng.uniform(-6, 6) for _ in range(20000)]
+    assert [bucket(v) for v in values] == [bisect_left(BOUNDS, v) for v in values]
+
+
 def test_fold_on_a_millisecond_clock_and_on_bucket_bounds() -> None:
     """The fold counts gaps per bucket, not per gap: on uvloop's clock of whole milliseconds
     (a few distinct gaps), with gaps that are exactly a bucket's bound (the bound is in its

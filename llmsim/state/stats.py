@@ -6,9 +6,10 @@ and N snapshots merge by addition (:func:`merge`): counters sum, gauges sum, his
 bucket by bucket. :func:`render` turns a (merged) raw snapshot into the ``/llmsim/stats`` JSON
 view (percentiles, rates, per-model breakdown); ``state/prom.py`` turns it into Prometheus text.
 
-Hot path. Per streamed token the cost is one call of :meth:`StreamTrack.observe`: the stream's
-``is_token`` check, a ``bisect`` into the fixed bucket bounds and three additions. Everything
-else (request counts, e2e latency, rates) happens once per request. Rates need no per-event
+Hot path. Per streamed token the cost is an append of the write's time to the stream's list
+(:class:`StreamTrack`); every ``FOLD_EVERY`` tokens, and when the stream ends, the list is
+folded into the histograms, one :func:`bucket` per bucket its gaps fall in. Everything else
+(request counts, e2e latency, rates) happens once per request. Rates need no per-event
 clock read: once per second (driven by requests or by reads of the stats) the cumulative totals
 are copied into a bounded ring, and a rate over the window is the difference of two copies.
 
@@ -28,11 +29,13 @@ Gauges never leak: every ``*_open`` has exactly one ``*_close`` (callers use try
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from itertools import chain
+from math import log as _log
 from operator import add as _add
 from operator import sub as _sub
 from typing import TYPE_CHECKING, Any
@@ -75,6 +78,30 @@ NB = len(BOUNDS) + 1  # counts per histogram, the last is the +Inf bucket; then 
 
 # indices into BOUNDS exposed as Prometheus ``le`` buckets
 EXPORT_BOUNDS: tuple[int, ...] = tuple(BOUNDS.index(b) for b in _EXPORTED if b <= 1000.0)
+
+# bucket(): the log of a value names a cell of _CELLS_PER_E per unit, narrower than a
+# bucket, and _FIRST[cell] the lowest bucket the cell's values can fall in: a step or two
+# from there, not a binary search of ten probes through BOUNDS (a cold cache line each)
+_CELLS_PER_E = 128
+_LOG_B0 = math.log(BOUNDS[0])
+_B0 = BOUNDS[0]
+_BLAST = BOUNDS[-1]
+_FIRST: list[int] = [
+    bisect_left(BOUNDS, math.exp(_LOG_B0 + c / _CELLS_PER_E) * (1.0 - 1e-9))
+    for c in range(int((math.log(_BLAST) - _LOG_B0) * _CELLS_PER_E) + 2)]
+
+
+def bucket(v: float) -> int:
+    """The histogram bucket of ``v``: ``bisect_left(BOUNDS, v)``, in a step or two."""
+    if not v > _B0:  # (NaN too: bisect_left's 0)
+        return 0
+    if v > _BLAST:
+        return NB - 1
+    i = _FIRST[int((_log(v) - _LOG_B0) * _CELLS_PER_E)]
+    while BOUNDS[i] < v:
+        i += 1
+    return i
+
 
 
 def label(value: str) -> str:
@@ -161,7 +188,7 @@ class _Observer:
             start = times[0]
             track.first = start
             v = start - track.t0
-            self.ttft_h[bisect_left(BOUNDS, v)] += 1
+            self.ttft_h[bucket(v)] += 1
             self.ttft_h[-1] += v
             gaps = map(_sub, times[1:], times)
         else:
@@ -175,7 +202,7 @@ class _Observer:
         itl_h = self.itl_h
         i = 0
         while i < m:
-            idx = bisect_left(bounds, g[i])
+            idx = bucket(g[i])
             j = bisect_right(g, bounds[idx], i + 1) if idx < nb else m
             itl_h[idx] += j - i
             i = j
@@ -270,7 +297,7 @@ class StreamTrack:
             st.error("client_disconnect")
         v = now - self.t0
         h = self._e2e
-        h[bisect_left(BOUNDS, v)] += 1
+        h[bucket(v)] += 1
         h[-1] += v
         m = st.models.get(self.key)
         if m is not None:
@@ -448,7 +475,7 @@ class Stats:
         self.tokens_delivered += tokens
         if e2e is not None:
             h = self._hist(key)[2]
-            h[bisect_left(BOUNDS, e2e)] += 1
+            h[bucket(e2e)] += 1
             h[-1] += e2e
 
     def track(self, model: str | None, t0: float, transport: str,

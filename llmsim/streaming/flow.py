@@ -194,7 +194,7 @@ class Pump(Timer):
         self._run_at = 0.0
         self._run_i = self._run_n = 0
         # the fast tick's bound on the next token's index (see _tick's end): the run's end, or
-        # sooner, where the token times held reach fold_every (the general tick folds them)
+        # sooner, where the token times held reach fold_every (folded by the tick there)
         self._run_lim = 0
         self._run_gap = -1.0  # the run's gaps when all equal (ConstantGaps), else -1.0
         self._run_pieces: list[str] = _NO_PIECES
@@ -618,5 +618,15 @@ class Pump(Timer):
                 if self.cancelled:  # (not armed meanwhile; never done on this path)
                     return nxt  # (the clock arms it: Clock._run_due)
                 return None
+            times = self._times
+            if (i == self._run_lim < self._run_n and times is not None
+                    and deadline <= now + self._same < nxt and not nw.paused):
+                # the bound is the fold's, not the run's end: fold the times held here, not
+                # in a general tick (one stream's cold pass through it per fold_every tokens)
+                self._fold()  # type: ignore[misc]  # (set with times)
+                lim = self._run_i + self._fold_every - len(times)
+                if lim > i:
+                    self._run_lim = lim if lim < self._run_n else self._run_n
+                    return self.fire()
         self._tick()
         return None
