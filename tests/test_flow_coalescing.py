@@ -298,12 +298,12 @@ async def test_pump_appends_token_write_times_and_folds_when_full(monkeypatch) -
 
     monkeypatch.setattr(stats._Observer, "fold", fold)
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    Pump(EventStream(iter(plan(150)), CHAT), clock, encode.sse_chat, WriteLog(clock),
+    Pump(EventStream(iter(plan(2 * FOLD_EVERY + 22)), CHAT), clock, encode.sse_chat, WriteLog(clock),
          on_done=done.set_result, observer=track.observe).start()
     assert await asyncio.wait_for(done, 5) == "completed"
     assert folds == [FOLD_EVERY, FOLD_EVERY]  # the pump folded each time the list was full
     track.finish("completed", clock.now())
-    assert track.tokens == 150 and st.delivered_total() == 150
+    assert track.tokens == st.delivered_total() == 2 * FOLD_EVERY + 22
 
 
 def test_what_a_pump_reads_once_is_kept_per_family_and_bounded() -> None:
