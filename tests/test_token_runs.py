@@ -640,6 +640,33 @@ async def test_a_long_run_folds_its_token_times_as_the_general_tick_does(dialect
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("const", [True, False], ids=["one-token tick", "general tick"])
+async def test_a_fold_failing_mid_run_ends_the_stream_with_its_error_frame(
+        const: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The statistics' fold raising where a run's held token times reach their bound (in the
+    one-token tick, or the general one): nothing escapes the pump, the stream ends with its
+    terminal error frame and reason ``error`` after the tokens written before."""
+    from llmsim.state import stats
+    from llmsim.state.stats import FOLD_EVERY
+
+    inner = stats._Observer.fold
+    failed: list[int] = []
+
+    def fold(self: Any) -> None:
+        if not failed and len(self.times) >= FOLD_EVERY - 1:
+            failed.append(len(self.times))
+            raise RuntimeError("a broken observer")
+        inner(self)
+
+    monkeypatch.setattr(stats._Observer, "fold", fold)
+    writes, reason, (tokens, _), _, fast = await _through_wire(const, CHAT, "http",
+                                                               tokens=2 * FOLD_EVERY)
+    assert fast is const and failed and reason == "error"
+    assert b'"error"' in writes[-1][1] and FOLD_EVERY - 1 <= tokens <= FOLD_EVERY
+    assert len(writes) == tokens + 1  # a write a token, then the error frame
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize("dialect", [CHAT, RESPONSES], ids=["chat", "responses"])
 async def test_a_write_failing_in_the_one_token_tick_fails_as_in_the_general_tick(
         dialect: Any) -> None:

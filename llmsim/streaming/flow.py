@@ -623,7 +623,12 @@ class Pump(Timer):
                     and deadline <= now + self._same < nxt and not nw.paused):
                 # the bound is the fold's, not the run's end: fold the times held here, not
                 # in a general tick (one stream's cold pass through it per fold_every tokens)
-                self._fold()  # type: ignore[misc]  # (set with times)
+                try:
+                    self._fold()  # type: ignore[misc]  # (set with times)
+                except Exception:  # (nothing written: the general tick's failure)
+                    self._unobserved = 0
+                    self._fail([])
+                    return None
                 lim = self._run_i + self._fold_every - len(times)
                 if lim > i:
                     self._run_lim = lim if lim < self._run_n else self._run_n
