@@ -187,28 +187,10 @@ async def test_responses_token_runs_are_all_of_the_dialects_token_type() -> None
     assert seen_bytes > 40
 
 
-def test_token_json_is_orjson_and_its_cache_is_bounded(monkeypatch: Any) -> None:
-    """encode.TOKEN_JSON renders exactly what orjson does, keeps short strings only, and
-    stops keeping once TOKEN_JSON_MAX strings are held (a stream of ever-new tokens cannot
-    grow it); strings it did not keep are still rendered right."""
-    cache = encode.TokenJSON()
-    monkeypatch.setattr(encode, "TOKEN_JSON_MAX", 50)
-    for s in [*TOKENS, "x" * encode.TOKEN_JSON_CHARS, "y" * (encode.TOKEN_JSON_CHARS + 1)]:
-        assert cache[s] == orjson.dumps(s)
-    assert "y" * (encode.TOKEN_JSON_CHARS + 1) not in cache
-    assert "x" * encode.TOKEN_JSON_CHARS in cache
-    for i in range(1000):
-        assert cache[f"t{i}"] == orjson.dumps(f"t{i}")
-    assert len(cache) == 50
-    assert cache["t999"] == b'"t999"' and "t999" not in cache
-
-
-def test_the_process_token_json_cache_stays_bounded() -> None:
-    """After real streams (this test run's), the module cache is within its bound, and
-    every entry it holds is its key's JSON."""
-    assert len(encode.TOKEN_JSON) <= encode.TOKEN_JSON_MAX
-    for s, b in list(encode.TOKEN_JSON.items())[:2000]:
-        assert len(s) <= encode.TOKEN_JSON_CHARS and b == orjson.dumps(s)
+def test_a_piece_s_json_is_orjson_s() -> None:
+    """The JSON a token's text is written in is orjson's (the template's own encoder)."""
+    for t in [*TOKENS, "x" * 40, "é\n\"\\", "\u2028"]:
+        assert encode.piece_json(t) == orjson.dumps(t)
 
 
 def test_on_end_runs_once_when_the_plan_runs_out_or_is_closed() -> None:

@@ -18,26 +18,10 @@ __all__ = ["sse_chat", "sse_responses", "sse_error_chat", "sse_error_responses",
 _dumps = orjson.dumps
 DONE_FRAME = b"data: [DONE]\n\n"
 
-# The JSON of short token strings, rendered once (issue 15): orjson renders into a 1 KiB
-# heap buffer it then shrinks, an allocation per token, where a dict read is a hash probe.
-# Bounded: strings of at most TOKEN_JSON_CHARS characters, TOKEN_JSON_MAX entries (~3 MB at
-# most); once full, a new string is rendered every time it comes. Read ``TOKEN_JSON[s]``.
-TOKEN_JSON_MAX = 16384
-TOKEN_JSON_CHARS = 32
-
-
-class TokenJSON(dict[str, bytes]):
-    """``orjson.dumps(s)`` by ``self[s]``: a miss renders, and keeps the rendering while
-    the table is within its bounds (see above)."""
-
-    def __missing__(self, s: str) -> bytes:
-        b = _dumps(s)
-        if len(s) <= TOKEN_JSON_CHARS and len(self) < TOKEN_JSON_MAX:
-            self[s] = b
-        return b
-
-
-TOKEN_JSON = TokenJSON()
+# The JSON of a token's text (a run's piece), rendered afresh for each token: a table of
+# renderings, read instead, was dearer live (its entries were cold cache lines by the time a
+# stream's next token read one; orjson renders into memory the allocator just freed).
+piece_json = orjson.dumps
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 _EVENT_PREFIX: dict[str, bytes] = {}

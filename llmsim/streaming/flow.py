@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import APIError, server_error
 from ..sim.latency import ConstantGaps
 from .clock import Clock, Timer, holds_writes
-from .encode import TOKEN_JSON
+from .encode import piece_json
 from .stream import _STAMP, DISCONNECT, STOP, EventStream, TokenRun, stamped_suffixes
 from .wire import Framing, Wire
 
@@ -453,7 +453,7 @@ class Pump(Timer):
                         # the token's parts, joined with the rest of the write (no bytes
                         # built per token but its JSON and, when numbered, its number's)
                         i = self._run_i
-                        x = TOKEN_JSON[self._run_pieces[i]]
+                        x = piece_json(self._run_pieces[i])
                         stamps = self._run_stamps
                         if stamps is not None:  # numbered: the stream's next number
                             st = self.stream
@@ -588,7 +588,7 @@ class Pump(Timer):
             nxt = deadline + self._run_gap
             if deadline <= now + self._same < nxt and i < self._run_lim and not nw.paused:
                 try:
-                    x = TOKEN_JSON[self._run_pieces[i - 1]]
+                    x = piece_json(self._run_pieces[i - 1])
                     stamps = self._run_stamps
                     if stamps is None:
                         n = len(x) + self._run_extra

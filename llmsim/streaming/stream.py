@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .encode import TOKEN_JSON
+from .encode import piece_json
 
 if TYPE_CHECKING:
     from ..errors import APIError
@@ -130,7 +130,7 @@ class TokenRun:
         gaps = self.gaps
         first = True
         for piece in self.pieces:
-            yield (offset if first else next(gaps, 0.0)), etype, pre + TOKEN_JSON[piece] + post
+            yield (offset if first else next(gaps, 0.0)), etype, pre + piece_json(piece) + post
             first = False
 
 
