@@ -291,8 +291,9 @@ class Clock:
         # (a loop, not map(operator.call, ...) drained by a deque: ~3x dearer for a pass's
         # usual ten writes, however fewer its bytecodes)
         for writer, data in items:
-            try:
-                writer.held_write(data)
+            try:  # (the write read as an attribute, then called: as a method, a slot's is
+                w = writer.held_write  # looked up generically, never specialized)
+                w(data)
             except Exception:  # (one connection's broken transport: not the others' writes)
                 try:
                     writer.held_write_failed(data)
