@@ -29,12 +29,12 @@ Gauges never leak: every ``*_open`` has exactly one ``*_close`` (callers use try
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from itertools import chain
+from math import exp as _exp
 from math import log as _log
 from operator import add as _add
 from operator import sub as _sub
@@ -83,12 +83,12 @@ EXPORT_BOUNDS: tuple[int, ...] = tuple(BOUNDS.index(b) for b in _EXPORTED if b <
 # bucket, and _FIRST[cell] the lowest bucket the cell's values can fall in: a step or two
 # from there, not a binary search of ten probes through BOUNDS (a cold cache line each)
 _CELLS_PER_E = 128
-_LOG_B0 = math.log(BOUNDS[0])
+_LOG_B0 = _log(BOUNDS[0])
 _B0 = BOUNDS[0]
 _BLAST = BOUNDS[-1]
 _FIRST: list[int] = [
-    bisect_left(BOUNDS, math.exp(_LOG_B0 + c / _CELLS_PER_E) * (1.0 - 1e-9))
-    for c in range(int((math.log(_BLAST) - _LOG_B0) * _CELLS_PER_E) + 2)]
+    bisect_left(BOUNDS, _exp(_LOG_B0 + c / _CELLS_PER_E) * (1.0 - 1e-9))
+    for c in range(int((_log(_BLAST) - _LOG_B0) * _CELLS_PER_E) + 2)]
 
 
 def bucket(v: float) -> int:
@@ -101,7 +101,6 @@ def bucket(v: float) -> int:
     while BOUNDS[i] < v:
         i += 1
     return i
-
 
 
 def label(value: str) -> str:

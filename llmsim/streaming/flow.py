@@ -543,14 +543,8 @@ class Pump(Timer):
                             if self._per_write is not None:
                                 self._per_write(n, now)
                 if end is None:
-                    if self._fast:  # the fast tick's bound (_run_lim), after these writes
-                        lim = self._run_n
-                        times = self._times
-                        if times is not None:
-                            room = self._run_i + self._fold_every - len(times)
-                            if room < lim:
-                                lim = room
-                        self._run_lim = lim
+                    if self._fast:  # the fast tick's bound, after these writes
+                        self._run_lim = self._run_bound()
                     if not self._done and self.cancelled:  # (armed: a tick comes anyway)
                         self.clock.recall(self, deadline)
                     return
@@ -572,6 +566,17 @@ class Pump(Timer):
             self._unobserved = tokens  # the frames _fail writes still count
             self._fail(frames)
 
+    def _run_bound(self) -> int:
+        """The one-token tick's bound on the next token's index (``_run_lim``): the run's
+        end, or sooner, where the token times held reach ``fold_every``."""
+        lim = self._run_n
+        times = self._times
+        if times is not None:
+            room = self._run_i + self._fold_every - len(times)
+            if room < lim:
+                lim = room
+        return lim
+
     def fire(self) -> float | None:
         """The clock's call at the deadline the last tick armed (:meth:`Timer.fire`). The
         common tick, on time (one token of a run with equal gaps due, the next one not, into
@@ -586,52 +591,52 @@ class Pump(Timer):
             deadline = self._run_at
             i = self._run_i + 1
             nxt = deadline + self._run_gap
-            if deadline <= now + self._same < nxt and i < self._run_lim and not nw.paused:
-                try:
-                    x = piece_json(self._run_pieces[i - 1])
-                    stamps = self._run_stamps
-                    if stamps is None:
-                        n = len(x) + self._run_extra
-                        out: tuple[bytes, ...] = (
-                            self._leads[n] if n < self._nleads else self._lead(n),
-                            self._run_head, x, self._run_tail)
-                    else:  # numbered: the stream's next number
-                        st = self.stream
-                        seq = st.seq
-                        st.seq = seq + 1
-                        y = (stamps[seq] if seq < self._run_nstamps
-                             else self._run_post + (_STAMP % seq))
-                        n = len(x) + len(y) + self._run_extra
-                        out = (self._leads[n] if n < self._nleads else self._lead(n),
-                               self._run_head, x, y, self._run_tail)
-                except Exception:  # (nothing written: the general tick's failure)
-                    self._unobserved = 0
-                    self._fail([])
+            if deadline <= now + self._same < nxt and not nw.paused:  # (due, writable)
+                if i < self._run_lim:
+                    try:
+                        x = piece_json(self._run_pieces[i - 1])
+                        stamps = self._run_stamps
+                        if stamps is None:
+                            n = len(x) + self._run_extra
+                            out: tuple[bytes, ...] = (
+                                self._leads[n] if n < self._nleads else self._lead(n),
+                                self._run_head, x, self._run_tail)
+                        else:  # numbered: the stream's next number
+                            st = self.stream
+                            seq = st.seq
+                            st.seq = seq + 1
+                            y = (stamps[seq] if seq < self._run_nstamps
+                                 else self._run_post + (_STAMP % seq))
+                            n = len(x) + len(y) + self._run_extra
+                            out = (self._leads[n] if n < self._nleads else self._lead(n),
+                                   self._run_head, x, y, self._run_tail)
+                    except Exception:  # (nothing written: the general tick's failure)
+                        self._unobserved = 0
+                        self._fail([])
+                        return None
+                    self._run_i = i
+                    self._run_at = nxt
+                    if nw.open:  # (the wire's own test) held: written as the pass ends
+                        clock.outbox.append(  # type: ignore[union-attr]
+                            (self, b"".join(out)))  # type: ignore[arg-type]
+                    times = self._times
+                    if times is not None:  # (below fold_every: _run_lim)
+                        times.append(now)
+                    if self.cancelled:  # (not armed meanwhile; never done on this path)
+                        return nxt  # (the clock arms it: Clock._run_due)
                     return None
-                self._run_i = i
-                self._run_at = nxt
-                if nw.open:  # (the wire's own test) held: the write made as the pass ends
-                    clock.outbox.append((self, b"".join(out)))  # type: ignore[union-attr,arg-type]
-                times = self._times
-                if times is not None:  # (below fold_every: _run_lim)
-                    times.append(now)
-                if self.cancelled:  # (not armed meanwhile; never done on this path)
-                    return nxt  # (the clock arms it: Clock._run_due)
-                return None
-            times = self._times
-            if (i == self._run_lim < self._run_n and times is not None
-                    and deadline <= now + self._same < nxt and not nw.paused):
-                # the bound is the fold's, not the run's end: fold the times held here, not
-                # in a general tick (one stream's cold pass through it per fold_every tokens)
-                try:
-                    self._fold()  # type: ignore[misc]  # (set with times)
-                except Exception:  # (nothing written: the general tick's failure)
-                    self._unobserved = 0
-                    self._fail([])
-                    return None
-                lim = self._run_i + self._fold_every - len(times)
-                if lim > i:
-                    self._run_lim = lim if lim < self._run_n else self._run_n
-                    return self.fire()
+                if i == self._run_lim < self._run_n and self._times is not None:
+                    # the bound is the fold's, not the run's end: fold the times held
+                    # here, not in a general tick (a cold pass through it)
+                    try:
+                        self._fold()  # type: ignore[misc]  # (set with times)
+                    except Exception:  # (nothing written: the general tick's failure)
+                        self._unobserved = 0
+                        self._fail([])
+                        return None
+                    lim = self._run_bound()
+                    if lim > i:
+                        self._run_lim = lim
+                        return self.fire()
         self._tick()
         return None
