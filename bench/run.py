@@ -659,15 +659,30 @@ def main(argv: list[str] | None = None) -> int:
         out["cpu_rounds"] = [cpu_tok(r) for r in rs]
         return out
 
+    def round_ratios(r: dict[str, Any], a: dict[str, Any]) -> list[float]:
+        """Each round's CPU per token ÷ the anchor's in that round (none without rounds)."""
+        mine, theirs = r.get("cpu_rounds"), a.get("cpu_rounds")
+        if mine and theirs and len(mine) == len(theirs):
+            return [x / max(y, 1e-12) for x, y in zip(mine, theirs, strict=True)]
+        return []
+
     def cpu_ratio(r: dict[str, Any], a: dict[str, Any]) -> float:
         """CPU per token ÷ the anchor's: the median of the rounds' own ratios (each round
         drives both servers seconds apart, so a ratio is taken before the shared machine's
         speed drifts); the ratio of the medians for results without rounds."""
-        mine, theirs = r.get("cpu_rounds"), a.get("cpu_rounds")
-        if mine and theirs and len(mine) == len(theirs):
-            return statistics.median(x / max(y, 1e-12) for x, y in zip(mine, theirs,
-                                                                        strict=True))
+        rounds = round_ratios(r, a)
+        if rounds:
+            return statistics.median(rounds)
         return cpu_tok(r) / max(cpu_tok(a), 1e-12)
+
+    def cpu_cell(r: dict[str, Any], a: dict[str, Any]) -> str:
+        """The ratio, then each round's in parentheses when there are several (their
+        spread is the measurement's: a median near a target says little alone)."""
+        rounds = round_ratios(r, a)
+        cell = f"{cpu_ratio(r, a):.2f}"
+        if len(rounds) > 1:
+            cell += " (" + " ".join(f"{x:.2f}" for x in rounds) + ")"
+        return cell
 
     def ratio_rows(kind: str, runs: list[tuple[str, int, dict[str, Any]]],
                    anchor: dict[int, dict[str, Any]],
@@ -684,8 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, n, r in runs:
             a = anchor[n]
             b = same[n] if same is not None else None
-            rows.append([name, str(n), f"{cpu_ratio(r, a):.2f}",
-                         *([f"{cpu_ratio(r, b):.2f}"] if b is not None else []),
+            rows.append([name, str(n), cpu_cell(r, a),
+                         *([cpu_cell(r, b)] if b is not None else []),
                          diff("gap_err_ms", r, a, b), diff("ttft_err_ms", r, a, b),
                          f"{r.get('abs_gap_err_ms', {}).get('p50', float('nan')):.2f} / "
                          f"{a.get('abs_gap_err_ms', {}).get('p50', float('nan')):.2f}",
@@ -693,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         both = " (chat / same-wire)" if same is not None else ""
         rep.table(f"Streaming {kind} against the bare anchor (targets: CPU/token ≤ 1.10, gap "
                   "p99 ≤ +1 ms, TTFT p99 ≤ +2 ms, abs gap err p50 ≤ 1 ms, events ≥ 1.00; CPU: "
-                  "the median of the rounds' own ratios)",
+                  "the median of the rounds' own ratios, each round's in parentheses)",
                   ["server", "streams", "CPU per token ÷ anchor",
                    *(["CPU per token ÷ same-wire anchor"] if same is not None else []),
                    f"gap err p99 − anchor ms{both}", f"TTFT err p99 − anchor ms{both}",
