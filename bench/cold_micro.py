@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 _pc = time.process_time
@@ -59,49 +58,17 @@ class Thrash:
         return s
 
 
-def chat_request(tokens: int) -> bytes:
-    body = json.dumps({"model": "gpt-4o-mini", "stream": True, "max_tokens": tokens,
-                       "messages": [{"role": "user", "content": "Hi"}]},
-                      separators=(",", ":")).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
-            b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
-
-
 def run_anchor(n: int, tokens: int, thrash: Thrash) -> dict[str, float]:
     sys.path.insert(0, str(HERE))
     import baseline_h11 as b
+    from pump_micro import _AnchorLoop
+    from wire_micro import Transport, request
 
-    class Loop:
-        def __init__(self) -> None:
-            self.t = 1000.0
-            self.h: tuple[float, Any] | None = None
-
-        def time(self) -> float:
-            return self.t
-
-        def call_at(self, when: float, cb: Any) -> Loop:
-            self.h = (when, cb)
-            return self
-
-        def cancel(self) -> None:
-            self.h = None
-
-    class Transport:
-        def write(self, data: bytes) -> None:
-            pass
-
-        def get_extra_info(self, key: str) -> None:
-            return None
-
-        def close(self) -> None:
-            pass
-
-    raw = chat_request(tokens)
-    loop = Loop()
+    raw = request("chat", tokens)
+    loop = _AnchorLoop()
     b.Proto.pacer = b.Pacer(loop)  # type: ignore[arg-type]
     p = b.Proto()
-    p.connection_made(Transport())  # type: ignore[arg-type]
+    p.connection_made(Transport([0, 0, 0]))  # type: ignore[arg-type]
 
     def one(timed: dict[str, float] | None) -> None:
         if timed is not None:
@@ -111,14 +78,13 @@ def run_anchor(n: int, tokens: int, thrash: Thrash) -> dict[str, float]:
         if timed is not None:
             timed["read"] += _pc() - c0
         j = 0
-        while loop.h is not None:
-            when, cb = loop.h
-            loop.h = None
-            loop.t = max(loop.t, when)
+        while (h := loop.handle) is not None:
+            loop.handle = None
+            loop.t = max(loop.t, h.when)
             if timed is not None:
                 thrash()
             c0 = _pc()
-            cb()
+            h.cb()
             if timed is not None:
                 timed[f"pass {j}"] += _pc() - c0
             j += 1
@@ -136,7 +102,7 @@ async def run_llmsim(n: int, tokens: int, thrash: Thrash) -> dict[str, float]:
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(1, str(HERE))
     from pump_micro import ManualClock
-    from wire_micro import connections
+    from wire_micro import connections, request
 
     from llmsim import Config
     from llmsim.transport.server import GC_YOUNG_THRESHOLD, Server
@@ -144,7 +110,7 @@ async def run_llmsim(n: int, tokens: int, thrash: Thrash) -> dict[str, float]:
     clock = ManualClock()
     srv = Server(Config(port=0, latency="realistic", ttft_ms=100, itl_ms=10, quiet=True,
                         max_tokens_mode="exact"), clock=clock)
-    raw = chat_request(tokens)
+    raw = request("chat", tokens)
     (p,) = connections(srv, 1, [0, 0, 0])
 
     async def one(timed: dict[str, float] | None) -> None:

@@ -21,7 +21,7 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # The JSON of a token's text (a run's piece), rendered afresh for each token: a table of
 # renderings, read instead, was dearer live (its entries were cold cache lines by the time a
 # stream's next token read one; orjson renders into memory the allocator just freed).
-piece_json = orjson.dumps
+piece_json = _dumps
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 _EVENT_PREFIX: dict[str, bytes] = {}
