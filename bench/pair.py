@@ -1,15 +1,18 @@
 """Two servers measured at once: a paired CPU-per-token comparison that the box's drift cannot move.
 
 ``python bench/pair.py A B [--kind chat|responses|ws] [--streams 100] [--tokens 100]
-[--ramp S] [--seconds 6] [--reps 5]``
+[--ramp S] [--seconds 6] [--reps 6]``
 
 ``A`` and ``B`` are each ``anchor`` (``bench/baseline_h11.py``, its Responses mode for
 ``responses`` and ``ws``) or a source tree of llmsim (a ``git worktree`` of another commit,
 say). Both run pinned to CPU 0, each with its own load generator pinned to CPU 1, over the
 same seconds, so a slower or busier moment of this shared VM slows both alike: the ratio of
 the two servers' CPU per token is measured within one run instead of between runs seconds or
-minutes apart. Each rep swaps the two servers' ports and start order; the report is every
-rep's ``B ÷ A`` and their median.
+minutes apart. Each rep swaps the two servers' ports and start order, and the start order
+matters: on a busy box the same tree against itself reads 0.94 one rep and 1.06 the next.
+So reps come in pairs, one of each order, and the report is every rep's ``B ÷ A``, each
+pair's geometric mean (the order cancels) and the median of those; a median of single reps
+would lean to whichever order had more of them.
 
 What it measures is a difference, not ``bench/run.py``'s ratio: two servers on one core share
 its caches and its time, so each runs somewhat dearer than alone. Use it to decide whether a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -96,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                          "and back-to-back streams of one length keep them together: each "
                          "loop pass then handles many requests, warm, instead of one, cold")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds a rep (6)")
-    ap.add_argument("--reps", type=int, default=5, help="reps (5)")
+    ap.add_argument("--reps", type=int, default=6,
+                    help="reps, an even number: pairs of one rep in each start order (6)")
     a = ap.parse_args(argv)
-    if not 1 <= a.streams <= 2000 or not 1 <= a.seconds <= 120 or not 1 <= a.reps <= 50:
-        ap.error("--streams 1..2000, --seconds 1..120, --reps 1..50")
+    if not 1 <= a.streams <= 2000 or not 1 <= a.seconds <= 120 or not 2 <= a.reps <= 50 \
+            or a.reps % 2:
+        ap.error("--streams 1..2000, --seconds 1..120, --reps an even number 2..50")
     if a.ramp is not None and not 0 <= a.ramp <= 10:
         ap.error("--ramp 0..10")
     least = bench.least_tokens("responses" if a.kind == "ws" else a.kind)
@@ -123,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(tb / ta)
         print(f"rep {rep + 1}: A {ta * 1e6:.2f} us/token, B {tb * 1e6:.2f} us/token, "
               f"B/A {tb / ta:.3f}", flush=True)
-    print(f"B/A median {statistics.median(ratios):.3f} over {a.reps} reps "
-          f"({a.kind}, {a.streams} streams each, {a.tokens} tokens a stream"
-          + ("" if a.ramp is None else f", ramp {a.ramp:g} s") + ")")
+    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios), 2)]
+    print(f"B/A median {statistics.median(pairs):.3f} over {len(pairs)} pairs of reps, each "
+          f"the geometric mean of its two start orders ({a.kind}, {a.streams} streams each, "
+          f"{a.tokens} tokens a stream" + ("" if a.ramp is None else f", ramp {a.ramp:g} s")
+          + f"); A started first: {statistics.median(ratios[0::2]):.3f}, B first: "
+          f"{statistics.median(ratios[1::2]):.3f}")
     return 0
 
 
