@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import statistics
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(tb / ta)
         print(f"rep {rep + 1}: A {ta * 1e6:.2f} us/token, B {tb * 1e6:.2f} us/token, "
               f"B/A {tb / ta:.3f}", flush=True)
-    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios), 2)]
+    pairs = [statistics.geometric_mean(ratios[i:i + 2]) for i in range(0, len(ratios), 2)]
     print(f"B/A median {statistics.median(pairs):.3f} over {len(pairs)} pairs of reps, each "
           f"the geometric mean of its two start orders ({a.kind}, {a.streams} streams each, "
           f"{a.tokens} tokens a stream" + ("" if a.ramp is None else f", ramp {a.ramp:g} s")

@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         """The ratio, then each round's in parentheses when there are several (their
         spread is the measurement's: a median near a target says little alone)."""
         rounds = round_ratios(r, a)
-        cell = f"{cpu_ratio(r, a):.2f}"
+        cell = f"{statistics.median(rounds) if rounds else cpu_ratio(r, a):.2f}"
         if len(rounds) > 1:
             cell += " (" + " ".join(f"{x:.2f}" for x in rounds) + ")"
         return cell

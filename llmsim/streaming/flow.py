@@ -325,6 +325,12 @@ class Pump(Timer):
                 log.exception("stream observer failed")
         self._finish("error")
 
+    def _fail_unwritten(self) -> None:
+        """The one-token tick failed before writing anything (call from its ``except``
+        block): the general tick's failure, nothing left unobserved."""
+        self._unobserved = 0
+        self._fail([])
+
     def held_write_failed(self, data: bytes) -> None:
         """A write the clock held for this stream's tick raised (called from the clock's
         ``except`` block): end the stream as when the tick's own write raises, the event
@@ -610,9 +616,8 @@ class Pump(Timer):
                             n = len(x) + len(y) + self._run_extra
                             out = (self._leads[n] if n < self._nleads else self._lead(n),
                                    self._run_head, x, y, self._run_tail)
-                    except Exception:  # (nothing written: the general tick's failure)
-                        self._unobserved = 0
-                        self._fail([])
+                    except Exception:
+                        self._fail_unwritten()
                         return None
                     self._run_i = i
                     self._run_at = nxt
@@ -630,9 +635,8 @@ class Pump(Timer):
                     # here, not in a general tick (a cold pass through it)
                     try:
                         self._fold()  # type: ignore[misc]  # (set with times)
-                    except Exception:  # (nothing written: the general tick's failure)
-                        self._unobserved = 0
-                        self._fail([])
+                    except Exception:
+                        self._fail_unwritten()
                         return None
                     lim = self._run_bound()
                     if lim > i:
