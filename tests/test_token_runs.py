@@ -677,3 +677,27 @@ async def test_a_write_failing_in_the_one_token_tick_fails_as_in_the_general_tic
     slow = await _through_wire(False, dialect, "http", fail_at=12)
     assert fast[:4] == slow[:4]
     assert fast[1] == "error" and len(fast[0]) == 12 + 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("dialect", [CHAT, RESPONSES], ids=["chat", "responses"])
+async def test_a_token_failing_to_render_in_the_one_token_tick_fails_as_in_the_general_tick(
+        dialect: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's piece whose JSON cannot be rendered, mid-run: the short tick writes nothing of
+    it and ends the stream as the general one does (the tokens before, then the terminal
+    error frame; reason ``error``; only the tokens written counted)."""
+    from llmsim.streaming import flow
+
+    inner = flow.piece_json
+
+    def piece_json(piece: str) -> bytes:
+        if piece == "t12":
+            raise ValueError("an unrenderable piece")
+        return inner(piece)
+
+    monkeypatch.setattr(flow, "piece_json", piece_json)
+    fast = await _through_wire(True, dialect, "http")
+    slow = await _through_wire(False, dialect, "http")
+    assert fast[4] is True and fast[:4] == slow[:4]
+    assert fast[1] == "error" and fast[2][0] == 12
+    assert b'"error"' in fast[0][-1][1] and len(fast[0]) == 12 + 1 + (dialect is RESPONSES)
